@@ -1,0 +1,43 @@
+#include "actors/probe.hpp"
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gpu/error.hpp"
+#include "gpu/probe.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+probe_fn default_probe_fn() {
+  return [](int32_t device) { return gpu::run_probe(device); };
+}
+
+probe_actor::behavior_type probe_behavior(probe_actor::stateful_pointer<probe_state> self,
+                                          probe_fn compute) {
+  self->state.compute = std::move(compute);
+  self->set_default_handler([](caf::scheduled_actor* me, caf::message_view& view) -> caf::result<caf::message> {
+    auto msg = view.copy_content_to_message();
+    spdlog::error("{} (id {}) got an unexpected message {} from actor {}", probe_state::name,
+                  me->id(), caf::to_string(msg),
+                  me->current_sender() ? me->current_sender()->id() : 0);
+    return make_error(errc::unexpected_message, probe_state::name + std::string(" cannot handle ")
+                                                  + caf::to_string(msg));
+  });
+  return {
+    [self](probe_atom, int32_t device) -> caf::result<probe_report> {
+      try {
+        auto report = self->state.compute(device);
+        ++self->state.probes_run;
+        return report;
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), e.what());
+      } catch (const std::exception& e) {
+        return make_error(errc::device_failure, e.what());
+      }
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace tandem

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The tandem executable as a user meets it:
+#  - `--help` lists exactly the subcommands that exist and work, and each runs;
+#  - it starts on a host without a GPU driver (no hard libcuda.so.1 link);
+#  - `info --json` is one valid JSON object; `doctor` probes the CPU.
+set -euo pipefail
+tandem="$1"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. No hard link-time dependency on the driver library.
+if readelf -d "$tandem" | grep -q 'NEEDED.*libcuda\.so'; then
+  readelf -d "$tandem" | grep NEEDED
+  fail "tandem has a DT_NEEDED on libcuda.so: it would not start without a GPU driver"
+fi
+echo "ok: no DT_NEEDED libcuda.so"
+
+# 2. Help lists the working subcommands, and nothing else.
+expected="doctor info"
+listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
+[[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
+echo "ok: --help lists: $listed"
+for sub in $listed; do
+  "$tandem" "$sub" --help > /dev/null || fail "$sub --help"
+done
+
+# 3. Each subcommand works.
+"$tandem" --version | grep -q '^tandem ' || fail "--version"
+json=$("$tandem" info --json)
+python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["libtorch"].startswith("2.11"), j; assert j["caf"]=="0.17.6", j' "$json" \
+  || fail "info --json: $json"
+echo "ok: info --json: $json"
+"$tandem" doctor --cpu --json | tee /dev/stderr | python3 -c '
+import json, sys
+lines = [json.loads(l) for l in sys.stdin if l.strip()]
+assert lines and all(l["ok"] for l in lines), lines
+assert any(l["device"] == "cpu" for l in lines), lines' || fail "doctor --cpu"
+echo "ok: doctor"
+
+# 4. A bad argument is an error with a message, not a crash.
+if "$tandem" doctor --device notanumber 2> /tmp/tandem_cli_err.$$; then fail "bad --device accepted"; fi
+grep -qi "device" /tmp/tandem_cli_err.$$ || fail "bad --device message does not name the option"
+rm -f /tmp/tandem_cli_err.$$
+echo "cli: all checks passed"

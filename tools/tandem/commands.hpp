@@ -1,0 +1,16 @@
+#pragma once
+/// The `tandem` subcommands.  Each adds itself to the CLI and returns the
+/// process exit code when run.
+
+#include <CLI/CLI.hpp>
+
+namespace tandem::cli {
+
+/// `tandem info`: versions, build options, devices.
+void add_info(CLI::App& app, int& exit_code);
+
+/// `tandem doctor`: a detached actor per device runs LibTorch and a Tandem
+/// CUDA kernel and replies; fails (exit 1) on any wrong or missing answer.
+void add_doctor(CLI::App& app, int& exit_code);
+
+} // namespace tandem::cli
