@@ -15,7 +15,7 @@ fi
 echo "ok: no DT_NEEDED libcuda.so"
 
 # 2. Help lists the working subcommands, and nothing else.
-expected="doctor info"
+expected="bench doctor info"
 listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
 [[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
 echo "ok: --help lists: $listed"
@@ -35,6 +35,15 @@ lines = [json.loads(l) for l in sys.stdin if l.strip()]
 assert lines and all(l["ok"] for l in lines), lines
 assert any(l["device"] == "cpu" for l in lines), lines' || fail "doctor --cpu"
 echo "ok: doctor"
+"$tandem" bench --size tiny --warmup 0 --iters 1 | python3 -c '
+import json, sys
+lines = [json.loads(l) for l in sys.stdin if l.strip()]
+names = sorted(l["case"] for l in lines)
+assert names == ["drafter_step_eager", "target_forward"], names
+for l in lines:
+    assert l["schema"] == 1 and l["median_ms"] > 0 and l["tflop"] > 0 and 0 < l["mfu"] < 1, l
+print("ok: bench", [(l["case"], round(l["median_ms"], 1)) for l in lines])' || fail "bench"
+if "$tandem" bench nosuchcase 2> /dev/null; then fail "unknown bench case accepted"; fi
 
 # 4. A bad argument is an error with a message, not a crash.
 if "$tandem" doctor --device notanumber 2> /tmp/tandem_cli_err.$$; then fail "bad --device accepted"; fi

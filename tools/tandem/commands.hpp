@@ -13,4 +13,7 @@ void add_info(CLI::App& app, int& exit_code);
 /// CUDA kernel and replies; fails (exit 1) on any wrong or missing answer.
 void add_doctor(CLI::App& app, int& exit_code);
 
+/// `tandem bench`: the benchmark suite, JSON lines.
+void add_bench(CLI::App& app, int& exit_code);
+
 } // namespace tandem::cli

@@ -1,0 +1,312 @@
+#include "gpu/bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/dflash_objective.hpp"
+#include "gpu/error.hpp"
+#include "gpu/models/dflash.hpp"
+#include "gpu/models/qwen3.hpp"
+#include "gpu/pch.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace tandem::gpu {
+
+namespace {
+
+constexpr int schema_version = 1;
+
+/// Shapes of one benchmark size.
+struct bench_shapes {
+  qwen3_config target;        ///< target model (its layers up to the deepest tap run)
+  int64_t draft_layers = 5;
+  int64_t batch = 4;          ///< target rows
+  int64_t seq = 3072;         ///< tokens per row
+  int64_t anchors = 512;      ///< N
+  int64_t block = 16;         ///< Bs
+};
+
+bench_shapes shapes_for(const std::string& size) {
+  bench_shapes s;
+  auto& t = s.target;
+  if (size == "8b") {  // Qwen3-8B
+    t.vocab_size = 151936; t.hidden_size = 4096; t.intermediate_size = 12288;
+    t.num_hidden_layers = 36; t.num_attention_heads = 32; t.num_key_value_heads = 8;
+    t.head_dim = 128;
+  } else if (size == "tiny") {  // launch-bound, and fits a 2-core CPU
+    t.vocab_size = 2048; t.hidden_size = 256; t.intermediate_size = 768;
+    t.num_hidden_layers = 8; t.num_attention_heads = 4; t.num_key_value_heads = 2;
+    t.head_dim = 64;
+    s.draft_layers = 2; s.batch = 2; s.seq = 256; s.anchors = 32; s.block = 16;
+  } else {
+    throw error(errc::bad_input, "unknown bench size '" + size + "' (tiny, 8b, auto)");
+  }
+  t.rms_norm_eps = 1e-6; t.rope_theta = 1e6; t.max_position_embeddings = 40960;
+  return s;
+}
+
+struct timing {
+  std::vector<double> ms;
+  double median = 0, mad = 0;
+};
+
+timing summarise(std::vector<double> ms) {
+  timing t;
+  t.ms = ms;
+  std::sort(ms.begin(), ms.end());
+  t.median = ms[ms.size() / 2];
+  std::vector<double> dev;
+  for (auto x : ms)
+    dev.push_back(std::abs(x - t.median));
+  std::sort(dev.begin(), dev.end());
+  t.mad = dev[dev.size() / 2];
+  return t;
+}
+
+/// Times `fn` `iters` times after `warmup` runs, with CUDA events on the
+/// current stream on a GPU, a steady clock on the CPU.
+timing time_runs(const at::Device& dev, int warmup, int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i)
+    fn();
+  std::vector<double> ms;
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda()) {
+    auto stream = c10::cuda::getCurrentCUDAStream(dev.index());
+    stream.synchronize();
+    for (int i = 0; i < iters; ++i) {
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      start.record(stream);
+      fn();
+      stop.record(stream);
+      stop.synchronize();
+      ms.push_back(start.elapsed_time(stop));
+    }
+    return summarise(ms);
+  }
+#endif
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return summarise(ms);
+}
+
+void reset_peak(const at::Device& dev) {
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+#endif
+}
+
+double peak_gib(const at::Device& dev) {
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024 * 1024);
+  }
+#endif
+  return 0;
+}
+
+std::string device_name(const at::Device& dev) {
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    return at::cuda::getDeviceProperties(dev.index())->name;
+#endif
+  return "cpu";
+}
+
+/// FLOPs of one decoder layer's matmuls over `tokens` query tokens and
+/// `kv_tokens` extra key/value-only tokens (the drafter's context).
+double layer_linear_flops(const qwen3_config& c, double tokens, double kv_tokens) {
+  const double d = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+               kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
+  return 2 * tokens * (d * q + q * d + 3 * d * i) + 2 * (tokens + kv_tokens) * 2 * d * kv;
+}
+
+/// FLOPs of attention over `pairs` visible (query, key) pairs: QKᵀ and PV.
+double attention_flops(const qwen3_config& c, double pairs) {
+  return 4 * pairs * c.num_attention_heads * c.head_dim;
+}
+
+nlohmann::json base_line(const std::string& name, const bench_options& o, const at::Device& dev,
+                         const std::string& size) {
+  return {{"schema", schema_version}, {"case", name},         {"git_commit", o.git_commit},
+          {"device", device_name(dev)}, {"size", size},        {"warmup", o.warmup},
+          {"iters", o.iters}};
+}
+
+void finish_line(nlohmann::json& j, const timing& t, double flop, double tokens, double mem_gib) {
+  j["median_ms"] = t.median;
+  j["mad_ms"] = t.mad;
+  j["samples_ms"] = t.ms;
+  j["tokens_per_s"] = tokens / (t.median / 1e3);
+  j["tflop"] = flop / 1e12;
+  j["tflops"] = flop / 1e12 / (t.median / 1e3);
+  j["mfu"] = j["tflops"].get<double>() / peak_tflops_bf16;
+  j["peak_mem_gib"] = mem_gib;
+}
+
+/// Target forward with taps, stopping after the deepest tap (no head).
+nlohmann::json bench_target_forward(const bench_options& o, const at::Device& dev,
+                                    const std::string& size, at::ScalarType dtype) {
+  auto s = shapes_for(size);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+  gen.set_current_seed(1);
+  const auto taps = default_tap_ids(s.target.num_hidden_layers, 5);
+  const auto run_layers = *std::max_element(taps.begin(), taps.end()) + 1;
+  layer_dims d{s.target.hidden_size, s.target.intermediate_size, s.target.num_attention_heads,
+               s.target.num_key_value_heads, s.target.head_dim, s.target.rms_norm_eps};
+  qwen3_weights w;
+  auto opts = at::TensorOptions().dtype(dtype).device(dev);
+  w.embed = at::empty({s.target.vocab_size, s.target.hidden_size}, opts).normal_(0, 0.02, gen);
+  w.lm_head = w.embed;
+  for (int64_t i = 0; i < run_layers; ++i)
+    w.layers.push_back(random_decoder_layer(d, dtype, dev, gen, 0.02));
+  qwen3_target target(s.target, std::move(w), taps);
+  auto ids = at::randint(s.target.vocab_size, {s.batch, s.seq}, gen, at::TensorOptions().dtype(at::kLong).device(dev));
+  reset_peak(dev);
+  auto t = time_runs(dev, o.warmup, o.iters, [&] { (void)target.forward(ids); });
+  const double tokens = s.batch * s.seq;
+  // Causal attention: S(S+1)/2 visible pairs per row.
+  const double flop = run_layers * (layer_linear_flops(s.target, tokens, 0)
+                                    + attention_flops(s.target, s.batch * s.seq * (s.seq + 1) / 2.0));
+  auto j = base_line("target_forward", o, dev, size);
+  j["shapes"] = {{"batch", s.batch}, {"seq", s.seq}, {"hidden", s.target.hidden_size},
+                 {"layers_run", run_layers}, {"layers", s.target.num_hidden_layers},
+                 {"taps", taps}, {"dtype", c10::toString(dtype)}};
+  finish_line(j, t, flop, tokens, peak_gib(dev));
+  return j;
+}
+
+/// One eager drafter training step: anchors, layout, forward, chunked CE,
+/// backward (no optimizer: that is the GPU-engine issue's captured step).
+nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
+                                  const std::string& size, at::ScalarType dtype) {
+  auto s = shapes_for(size);
+  const int64_t batch = 1;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+  gen.set_current_seed(2);
+  auto opts = at::TensorOptions().dtype(dtype).device(dev);
+  dflash_config cfg;
+  cfg.layer = s.target;
+  cfg.layer.num_hidden_layers = s.draft_layers;
+  cfg.block_size = s.block;
+  cfg.num_target_layers = s.target.num_hidden_layers;
+  cfg.mask_token_id = s.target.vocab_size - 1;
+  cfg.target_layer_ids = default_tap_ids(s.target.num_hidden_layers, 5);
+  const auto d = s.target.hidden_size;
+  const auto n_taps = static_cast<int64_t>(cfg.target_layer_ids.size());
+  dflash_weights w;
+  w.fc = at::empty({d, n_taps * d}, opts).normal_(0, 0.02, gen);
+  w.hidden_norm = at::ones({d}, opts);
+  w.norm = at::ones({d}, opts);
+  layer_dims ld{d, s.target.intermediate_size, s.target.num_attention_heads,
+                s.target.num_key_value_heads, s.target.head_dim, s.target.rms_norm_eps};
+  for (int64_t i = 0; i < s.draft_layers; ++i)
+    w.layers.push_back(random_decoder_layer(ld, dtype, dev, gen, 0.02));
+  for (auto& [name, p] : dflash_parameters(w))
+    p->requires_grad_(true);
+  auto embed = at::empty({s.target.vocab_size, d}, opts).normal_(0, 0.02, gen);
+  auto head = at::empty({s.target.vocab_size, d}, opts).normal_(0, 0.02, gen);
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(dev);
+  auto tokens = at::randint(s.target.vocab_size, {batch, s.seq}, gen, lopts);
+  auto loss_mask = at::ones({batch, s.seq}, lopts.dtype(at::kByte));
+  auto hidden = at::empty({batch, s.seq, n_taps * d}, opts).normal_(0, 1, gen);
+  auto docs = whole_row_layout(batch, s.seq, dev);
+  objective_options oo;
+  oo.block_size = s.block;
+  oo.mask_token_id = cfg.mask_token_id;
+  oo.gamma = default_gamma(s.block);
+  oo.chunk_rows = 2048;
+  at::Tensor anchors_used;
+  reset_peak(dev);
+  auto step = [&] {
+    for (auto& [name, p] : dflash_parameters(w))
+      p->mutable_grad() = at::Tensor();
+    auto a = sample_anchors(loss_mask, docs, s.anchors, s.block, gen);
+    auto b = make_block_batch(tokens, loss_mask, docs, hidden, a, embed, s.block, cfg.mask_token_id, oo.gamma);
+    auto out = dflash_objective(w, cfg, b, head, oo);
+    out.loss.backward();
+    anchors_used = a.anchors;
+  };
+  auto t = time_runs(dev, o.warmup, o.iters, step);
+  // Useful FLOPs (docs/bench.md): forward = layers·(linear + attention over
+  // visible pairs) + fc + lm-head; backward = 2 × layers + fc's weight
+  // gradient + lm-head's input gradient (no weight gradient: it is frozen).
+  const double q = s.anchors * s.block;
+  const double pairs = batch * (anchors_used.to(at::kDouble).sum().item<double>() * s.block + q * s.block);
+  const double layer = layer_linear_flops(cfg.layer, batch * q, batch * s.seq) + attention_flops(cfg.layer, pairs);
+  const double fc = 2.0 * batch * s.seq * n_taps * d * d;
+  const double head_f = 2.0 * batch * q * d * s.target.vocab_size;
+  const double flop = 3 * s.draft_layers * layer + 2 * fc + 2 * head_f;
+  auto j = base_line("drafter_step_eager", o, dev, size);
+  j["shapes"] = {{"batch", batch}, {"seq", s.seq}, {"anchors", s.anchors}, {"block", s.block},
+                 {"hidden", d}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
+                 {"attention", "sdpa dense mask"}, {"optimizer", "none (forward + backward)"},
+                 {"dtype", c10::toString(dtype)}};
+  finish_line(j, t, flop, batch * q, peak_gib(dev));
+  return j;
+}
+
+} // namespace
+
+std::vector<std::string> bench_case_names() {
+  return {"target_forward", "drafter_step_eager"};
+}
+
+void run_bench(const bench_options& o, const std::function<void(const std::string&)>& emit) {
+  at::NoGradGuard no_grad_outside;  // the drafter case turns grad on itself
+  int32_t index = o.device;
+  if (index == -2)
+    index = torch::cuda::is_available() ? 0 : -1;
+  const at::Device dev = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  if (dev.is_cuda() && index >= static_cast<int32_t>(torch::cuda::device_count()))
+    throw error(errc::device_unavailable, "bench asked for cuda:" + std::to_string(index));
+  const auto size = o.size == "auto" ? (dev.is_cuda() ? "8b" : "tiny") : o.size;
+  (void)shapes_for(size);  // validates
+  const auto dtype = dev.is_cuda() ? at::kBFloat16 : at::kFloat;
+  auto cases = o.cases.empty() ? bench_case_names() : o.cases;
+  for (const auto& c : cases) {
+    auto known = bench_case_names();
+    if (std::find(known.begin(), known.end(), c) == known.end())
+      throw error(errc::bad_input, "unknown bench case '" + c + "'");
+  }
+#ifdef TANDEM_HAVE_CUDA
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (dev.is_cuda())
+    guard.emplace(dev.index());
+#endif
+  for (const auto& c : cases) {
+    nlohmann::json j;
+    if (c == "target_forward") {
+      j = bench_target_forward(o, dev, size, dtype);
+    } else {
+      at::AutoGradMode grad(true);
+      j = bench_drafter_step(o, dev, size, dtype);
+    }
+    emit(j.dump());
+#ifdef TANDEM_HAVE_CUDA
+    if (dev.is_cuda())
+      c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+}
+
+} // namespace tandem::gpu

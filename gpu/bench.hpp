@@ -1,0 +1,31 @@
+#pragma once
+/// The benchmark harness behind `tandem bench`.  Torch-free facade: one JSON
+/// line per case (schema in docs/bench.md), emitted as each case finishes.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tandem::gpu {
+
+struct bench_options {
+  std::vector<std::string> cases;  ///< empty: all
+  std::string size = "auto";       ///< "tiny", "8b", or "auto" (8b on a GPU, tiny on the CPU)
+  int warmup = 3;                  ///< untimed runs first
+  int iters = 10;                  ///< timed runs
+  int32_t device = -2;             ///< CUDA ordinal; -1 = CPU; -2 = cuda:0 if present
+  std::string git_commit;          ///< recorded in every line
+};
+
+/// Names of the cases `run_bench` knows.
+std::vector<std::string> bench_case_names();
+
+/// Runs the selected cases; throws gpu::error(bad_input) for an unknown case
+/// or size.
+void run_bench(const bench_options& opts, const std::function<void(const std::string&)>& emit);
+
+/// Dense bf16 peak of an H100/H200 (TFLOP/s), the MFU denominator.
+constexpr double peak_tflops_bf16 = 989.0;
+
+} // namespace tandem::gpu

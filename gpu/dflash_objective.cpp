@@ -1,0 +1,169 @@
+#include "gpu/dflash_objective.hpp"
+
+#include <cmath>
+
+namespace tandem::gpu {
+
+anchor_set sample_anchors(const at::Tensor& loss_mask, const doc_layout& docs, int64_t num_anchors,
+                          int64_t block_size, at::Generator gen) {
+  const auto b = loss_mask.size(0), s = loss_mask.size(1);
+  auto idx = at::arange(s, docs.start.options()).unsqueeze(0);
+  auto candidate = (loss_mask != 0) & (idx <= s - block_size) & (idx + 1 < docs.end);
+  auto count = candidate.sum(1);                                           // [B]
+  auto take = at::clamp(count - 1, 0, num_anchors);                        // [B]
+  // Uniform keys; non-candidates get 2 so they sort last.
+  auto keys = at::empty({b, s}, loss_mask.options().dtype(at::kFloat)).uniform_(0, 1, gen);
+  keys = at::where(candidate, keys, 2.0f);
+  const auto n = std::min(num_anchors, s);
+  auto picked = std::get<1>(at::topk(keys, n, /*dim=*/1, /*largest=*/false, /*sorted=*/true));
+  auto slot = at::arange(n, idx.options()).unsqueeze(0);
+  auto chosen = at::where(slot < take.unsqueeze(1), picked, s);            // s marks unused
+  auto sorted = std::get<0>(at::sort(chosen, 1));
+  anchor_set out;
+  out.keep = sorted < s;
+  out.anchors = at::where(out.keep, sorted, 0);
+  if (n < num_anchors) {  // fewer positions than slots: pad with unused slots
+    auto pad = at::zeros({b, num_anchors - n}, out.anchors.options());
+    out.anchors = at::cat({out.anchors, pad}, 1);
+    out.keep = at::cat({out.keep, pad.to(at::kBool)}, 1);
+  }
+  return out;
+}
+
+double default_gamma(int64_t block_size) {
+  switch (block_size) {
+    case 16: return 7.0;
+    case 10: return 5.0;
+    case 8: return 4.0;
+    default: return std::max(1.0, block_size / 2.0 - 1.0);
+  }
+}
+
+block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_mask,
+                             const doc_layout& docs, const at::Tensor& target_hidden,
+                             const anchor_set& a, const at::Tensor& embedding,
+                             int64_t block_size, int64_t mask_token_id, double gamma) {
+  const auto b = tokens.size(0), s = tokens.size(1), n = a.anchors.size(1);
+  const auto q = n * block_size;
+  auto lopts = tokens.options().dtype(at::kLong);
+  auto k = at::arange(block_size, lopts).view({1, 1, block_size});
+  auto anchor = a.anchors.unsqueeze(2);                                     // [B, N, 1]
+  auto pos = anchor + k;                                                    // [B, N, Bs]
+  auto pos_c = at::clamp_max(pos, s - 1).view({b, q});
+  auto anchor_start = docs.start.gather(1, a.anchors).unsqueeze(2);         // [B, N, 1]
+  auto anchor_end = docs.end.gather(1, a.anchors).unsqueeze(2);
+  auto keep = a.keep.unsqueeze(2);                                          // [B, N, 1]
+
+  block_batch out;
+  out.labels = tokens.to(at::kLong).gather(1, pos_c);
+  auto in_doc = (pos < anchor_end).view({b, q});
+  auto scored = (k > 0).expand({b, n, block_size}).reshape({b, q});
+  auto supervised = loss_mask.gather(1, pos_c) != 0;
+  auto m = keep.expand({b, n, block_size}).reshape({b, q}) & in_doc & scored & supervised;
+  out.mask = m.to(at::kFloat);
+  auto decay = at::exp(-(k.to(at::kFloat) - 1.0) / gamma).expand({b, n, block_size});
+  out.loss_weight = out.mask * decay.reshape({b, q});
+
+  // Block input: [anchor token, MASK × (Bs − 1)], embedded by the target.
+  auto first = tokens.to(at::kLong).gather(1, a.anchors).unsqueeze(2);     // [B, N, 1]
+  auto ids = at::where(k == 0, first, mask_token_id).view({b, q});
+  out.inputs.block_embeds = at::embedding(embedding, ids);
+  out.inputs.target_hidden = target_hidden;
+  out.inputs.ctx_positions = docs.position;
+  out.inputs.block_positions = ((anchor - anchor_start) + k).view({b, q});
+
+  // Visibility: block j sees context key kv iff doc_start(a_j) <= kv < a_j,
+  // and block keys only inside block j; padding blocks (keep = 0) see only
+  // their own block, which keeps their softmax finite and their outputs
+  // out of every scored row.
+  auto kv = at::arange(s, lopts).view({1, 1, s});
+  auto ctx_visible = (kv < anchor) & (kv >= anchor_start) & keep;           // [B, N, S]
+  ctx_visible = ctx_visible.unsqueeze(2).expand({b, n, block_size, s}).reshape({b, q, s});
+  auto block_id = at::arange(q, lopts).floor_divide(block_size);
+  auto blk_visible = (block_id.unsqueeze(1) == block_id.unsqueeze(0)).unsqueeze(0).expand({b, q, q});
+  out.inputs.visible = at::cat({ctx_visible, blk_visible}, 2).unsqueeze(1);  // [B, 1, Q, S+Q]
+  return out;
+}
+
+namespace {
+
+/// Forward: per chunk, logits = h·headᵀ in float32, lse, CE and hits; only
+/// the per-row lse is kept.  Backward recomputes each chunk's logits.
+class chunked_ce_fn : public torch::autograd::Function<chunked_ce_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& hidden, const at::Tensor& head,
+                                                const at::Tensor& labels, const at::Tensor& weight,
+                                                const at::Tensor& mask, int64_t chunk_rows) {
+    const auto rows = hidden.size(0);
+    auto lse = at::empty({rows}, hidden.options().dtype(at::kFloat));
+    auto total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    auto hits = at::zeros({}, hidden.options().dtype(at::kFloat));
+    for (int64_t r = 0; r < rows; r += chunk_rows) {
+      const auto len = std::min(chunk_rows, rows - r);
+      auto logits = at::matmul(hidden.narrow(0, r, len), head.t()).to(at::kFloat);  // [len, V]
+      auto y = labels.narrow(0, r, len);
+      auto l = at::logsumexp(logits, 1);
+      lse.narrow(0, r, len).copy_(l);
+      auto picked = logits.gather(1, y.unsqueeze(1)).squeeze(1);
+      total += ((l - picked) * weight.narrow(0, r, len)).sum();
+      hits += ((logits.argmax(1) == y).to(at::kFloat) * mask.narrow(0, r, len)).sum();
+    }
+    ctx->save_for_backward({hidden, head, labels, weight, lse});
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->mark_non_differentiable({hits});
+    return {total, hits};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& hidden = saved[0];
+    const auto& head = saved[1];
+    const auto& labels = saved[2];
+    const auto& weight = saved[3];
+    const auto& lse = saved[4];
+    const auto chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const auto rows = hidden.size(0);
+    auto grad_hidden = at::empty_like(hidden);
+    auto g = grads[0].to(at::kFloat);
+    for (int64_t r = 0; r < rows; r += chunk_rows) {
+      const auto len = std::min(chunk_rows, rows - r);
+      auto logits = at::matmul(hidden.narrow(0, r, len), head.t()).to(at::kFloat);
+      // d(CE)/d(logits) = softmax − onehot(label), scaled by weight·g.
+      auto p = at::exp(logits - lse.narrow(0, r, len).unsqueeze(1));
+      p.scatter_add_(1, labels.narrow(0, r, len).unsqueeze(1),
+                     at::full({len, 1}, -1.0f, p.options()));
+      p.mul_((weight.narrow(0, r, len) * g).unsqueeze(1));
+      grad_hidden.narrow(0, r, len).copy_(at::matmul(p.to(head.scalar_type()), head));
+    }
+    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+} // namespace
+
+chunked_ce_result chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
+                                        const at::Tensor& labels, const at::Tensor& weight,
+                                        const at::Tensor& mask, int64_t chunk_rows) {
+  auto out = chunked_ce_fn::apply(hidden, head.detach(), labels, weight.detach(), mask.detach(),
+                                  chunk_rows);
+  return {out[0], out[1]};
+}
+
+objective_output dflash_objective(const dflash_weights& w, const dflash_config& cfg,
+                                  const block_batch& batch, const at::Tensor& lm_head,
+                                  const objective_options& opts) {
+  auto hidden = dflash_forward(w, cfg, batch.inputs);                       // [B, Q, D]
+  const auto d = hidden.size(2);
+  auto ce = chunked_cross_entropy(hidden.reshape({-1, d}), lm_head, batch.labels.reshape({-1}),
+                                  batch.loss_weight.reshape({-1}), batch.mask.reshape({-1}),
+                                  opts.chunk_rows);
+  objective_output out;
+  out.scored = batch.mask.sum();
+  out.loss = ce.weighted_ce / (batch.loss_weight.sum() + 1e-6);
+  out.accuracy = ce.hits / at::clamp_min(out.scored, 1.0);
+  return out;
+}
+
+} // namespace tandem::gpu

@@ -1,0 +1,166 @@
+#include "gpu/models/common.hpp"
+
+#include "gpu/error.hpp"
+
+namespace tandem::gpu {
+
+namespace {
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+} // namespace
+
+at::Tensor take_tensor(const std::map<std::string, at::Tensor>& tensors, const std::string& name,
+                       at::IntArrayRef shape, at::ScalarType dtype, const std::string& file) {
+  auto it = tensors.find(name);
+  if (it == tensors.end())
+    throw error(errc::bad_input, "missing tensor " + name + " in " + file);
+  const auto& t = it->second;
+  if (t.sizes() != shape)
+    throw error(errc::bad_input, "tensor " + name + " in " + file + " has shape "
+                                   + shape_text(t.sizes()) + ", expected " + shape_text(shape));
+  if (!at::isFloatingType(t.scalar_type()))
+    throw error(errc::bad_input, "tensor " + name + " in " + file + " has dtype "
+                                   + std::string(c10::toString(t.scalar_type()))
+                                   + ", expected a floating-point dtype");
+  return t.to(dtype).contiguous();
+}
+
+decoder_layer_weights take_decoder_layer(const std::map<std::string, at::Tensor>& tensors,
+                                         const std::string& prefix, const layer_dims& d,
+                                         at::ScalarType dtype, const std::string& file) {
+  auto take = [&](const std::string& name, at::IntArrayRef shape) {
+    return take_tensor(tensors, prefix + name, shape, dtype, file);
+  };
+  const int64_t q = d.heads * d.head_dim, kv = d.kv_heads * d.head_dim;
+  decoder_layer_weights w;
+  w.input_norm = take("input_layernorm.weight", {d.hidden});
+  w.q_proj = take("self_attn.q_proj.weight", {q, d.hidden});
+  w.k_proj = take("self_attn.k_proj.weight", {kv, d.hidden});
+  w.v_proj = take("self_attn.v_proj.weight", {kv, d.hidden});
+  w.o_proj = take("self_attn.o_proj.weight", {d.hidden, q});
+  w.q_norm = take("self_attn.q_norm.weight", {d.head_dim});
+  w.k_norm = take("self_attn.k_norm.weight", {d.head_dim});
+  w.post_norm = take("post_attention_layernorm.weight", {d.hidden});
+  w.gate_proj = take("mlp.gate_proj.weight", {d.intermediate, d.hidden});
+  w.up_proj = take("mlp.up_proj.weight", {d.intermediate, d.hidden});
+  w.down_proj = take("mlp.down_proj.weight", {d.hidden, d.intermediate});
+  return w;
+}
+
+decoder_layer_weights random_decoder_layer(const layer_dims& d, at::ScalarType dtype,
+                                           at::Device device, at::Generator gen, double std) {
+  auto opts = at::TensorOptions().dtype(dtype).device(device);
+  auto normal = [&](at::IntArrayRef shape) { return at::empty(shape, opts).normal_(0.0, std, gen); };
+  const int64_t q = d.heads * d.head_dim, kv = d.kv_heads * d.head_dim;
+  decoder_layer_weights w;
+  w.input_norm = at::ones({d.hidden}, opts);
+  w.q_proj = normal({q, d.hidden});
+  w.k_proj = normal({kv, d.hidden});
+  w.v_proj = normal({kv, d.hidden});
+  w.o_proj = normal({d.hidden, q});
+  w.q_norm = at::ones({d.head_dim}, opts);
+  w.k_norm = at::ones({d.head_dim}, opts);
+  w.post_norm = at::ones({d.hidden}, opts);
+  w.gate_proj = normal({d.intermediate, d.hidden});
+  w.up_proj = normal({d.intermediate, d.hidden});
+  w.down_proj = normal({d.hidden, d.intermediate});
+  return w;
+}
+
+void put_decoder_layer(std::map<std::string, at::Tensor>& out, const std::string& prefix,
+                       const decoder_layer_weights& w) {
+  out[prefix + "input_layernorm.weight"] = w.input_norm;
+  out[prefix + "self_attn.q_proj.weight"] = w.q_proj;
+  out[prefix + "self_attn.k_proj.weight"] = w.k_proj;
+  out[prefix + "self_attn.v_proj.weight"] = w.v_proj;
+  out[prefix + "self_attn.o_proj.weight"] = w.o_proj;
+  out[prefix + "self_attn.q_norm.weight"] = w.q_norm;
+  out[prefix + "self_attn.k_norm.weight"] = w.k_norm;
+  out[prefix + "post_attention_layernorm.weight"] = w.post_norm;
+  out[prefix + "mlp.gate_proj.weight"] = w.gate_proj;
+  out[prefix + "mlp.up_proj.weight"] = w.up_proj;
+  out[prefix + "mlp.down_proj.weight"] = w.down_proj;
+}
+
+std::vector<at::Tensor*> layer_tensors(decoder_layer_weights& w) {
+  return {&w.input_norm, &w.q_proj,    &w.k_proj,  &w.v_proj,    &w.o_proj,   &w.q_norm,
+          &w.k_norm,     &w.post_norm, &w.gate_proj, &w.up_proj, &w.down_proj};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t head_dim,
+                                              double theta) {
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(positions.device());
+  // inv_freq_i = theta^(-2i/h), computed in float64 then rounded as HF does
+  // (HF computes it in float32 from an int64 arange; both round the same).
+  auto exponent = at::arange(0, head_dim, 2, opts.dtype(at::kLong)).to(at::kFloat) / head_dim;
+  auto inv_freq = 1.0 / at::pow(theta, exponent);                 // [h/2]
+  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [P..., h/2]
+  auto emb = at::cat({freqs, freqs}, -1);                          // [P..., h]
+  return {emb.cos(), emb.sin()};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto rotated = at::cat({-x2, x1}, -1);
+  auto c = cos.unsqueeze(1).to(x.scalar_type());
+  auto s = sin.unsqueeze(1).to(x.scalar_type());
+  return x * c + rotated * s;
+}
+
+at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
+  const auto groups = heads / kv.size(1);
+  return groups == 1 ? kv : kv.repeat_interleave(groups, 1);
+}
+
+at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
+  auto gate = at::silu(at::linear(x, w.gate_proj));
+  return at::linear(gate * at::linear(x, w.up_proj), w.down_proj);
+}
+
+doc_layout make_doc_layout(const at::Tensor& doc_lengths, int64_t seq_len) {
+  TORCH_CHECK(doc_lengths.dim() == 2, "doc_lengths must be [B, K]");
+  auto lengths = doc_lengths.to(at::kLong);
+  const auto batch = lengths.size(0);
+  auto used = lengths.sum(1, /*keepdim=*/true);                        // [B, 1]
+  auto tail = at::clamp_min(seq_len - used, 0);                        // padding document
+  auto all = at::cat({lengths, tail}, 1);                              // [B, K+1]
+  auto ends = all.cumsum(1);                                           // [B, K+1]
+  auto starts = ends - all;
+  auto idx = at::arange(seq_len, lengths.options()).unsqueeze(0).expand({batch, seq_len});
+  // Document of token t: the number of documents that end at or before t.
+  auto segment = at::searchsorted(ends.contiguous(), idx.contiguous(), /*out_int32=*/false,
+                                  /*right=*/true);
+  segment = at::clamp_max(segment, all.size(1) - 1);
+  doc_layout out;
+  out.segment = segment;
+  out.start = starts.gather(1, segment);
+  out.end = ends.gather(1, segment);
+  out.position = idx - out.start;
+  return out;
+}
+
+doc_layout whole_row_layout(int64_t batch, int64_t seq_len, const at::Device& device) {
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  doc_layout out;
+  out.position = at::arange(seq_len, opts).unsqueeze(0).expand({batch, seq_len}).contiguous();
+  out.start = at::zeros({batch, seq_len}, opts);
+  out.end = at::full({batch, seq_len}, seq_len, opts);
+  out.segment = at::zeros({batch, seq_len}, opts);
+  return out;
+}
+
+} // namespace tandem::gpu

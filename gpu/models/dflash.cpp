@@ -1,0 +1,125 @@
+#include "gpu/models/dflash.hpp"
+
+#include <fstream>
+
+#include "gpu/error.hpp"
+#include "gpu/safetensors.hpp"
+
+namespace tandem::gpu {
+
+namespace {
+
+layer_dims dims_of(const dflash_config& c) {
+  const auto& l = c.layer;
+  return {l.hidden_size, l.intermediate_size, l.num_attention_heads, l.num_key_value_heads,
+          l.head_dim, l.rms_norm_eps};
+}
+
+std::string layer_prefix(size_t i) {
+  return "layers." + std::to_string(i) + ".";
+}
+
+} // namespace
+
+dflash_weights dflash_weights_from(const std::map<std::string, at::Tensor>& t,
+                                   const dflash_config& c, at::ScalarType dtype,
+                                   const std::string& file) {
+  const auto d = c.layer.hidden_size;
+  const auto taps = static_cast<int64_t>(c.target_layer_ids.size());
+  dflash_weights w;
+  w.fc = take_tensor(t, "fc.weight", {d, taps * d}, dtype, file);
+  w.hidden_norm = take_tensor(t, "hidden_norm.weight", {d}, dtype, file);
+  w.norm = take_tensor(t, "norm.weight", {d}, dtype, file);
+  for (int64_t i = 0; i < c.layer.num_hidden_layers; ++i)
+    w.layers.push_back(take_decoder_layer(t, layer_prefix(i), dims_of(c), dtype, file));
+  return w;
+}
+
+std::map<std::string, at::Tensor> dflash_state_dict(const dflash_weights& w) {
+  std::map<std::string, at::Tensor> out;
+  out["fc.weight"] = w.fc;
+  out["hidden_norm.weight"] = w.hidden_norm;
+  out["norm.weight"] = w.norm;
+  for (size_t i = 0; i < w.layers.size(); ++i)
+    put_decoder_layer(out, layer_prefix(i), w.layers[i]);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> dflash_parameters(dflash_weights& w) {
+  std::vector<std::pair<std::string, at::Tensor*>> out{
+    {"fc.weight", &w.fc}, {"hidden_norm.weight", &w.hidden_norm}, {"norm.weight", &w.norm}};
+  static const char* names[] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    auto ptrs = layer_tensors(w.layers[i]);
+    for (size_t k = 0; k < ptrs.size(); ++k)
+      out.emplace_back(layer_prefix(i) + names[k], ptrs[k]);
+  }
+  return out;
+}
+
+std::pair<dflash_config, dflash_weights> load_dflash(const std::filesystem::path& dir,
+                                                     at::Device device, at::ScalarType dtype) {
+  auto cfg = load_dflash_config(dir);
+  auto tensors = load_safetensors(dir);
+  auto w = dflash_weights_from(tensors, cfg, dtype, dir.string());
+  for (auto& [name, p] : dflash_parameters(w))
+    *p = p->to(device);
+  return {std::move(cfg), std::move(w)};
+}
+
+void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
+                   const dflash_weights& w, at::ScalarType dtype) {
+  std::filesystem::create_directories(dir);
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, t] : dflash_state_dict(w))
+    out[name] = t.detach().to(at::kCPU, dtype).contiguous();
+  save_safetensors(dir / "model.safetensors", out, {{"format", "pt"}});
+  auto json = dflash_config_json(cfg, dtype == at::kBFloat16 ? "bfloat16"
+                                      : dtype == at::kHalf   ? "float16"
+                                                             : "float32");
+  auto tmp = dir / "config.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << json << "\n";
+    if (!f)
+      throw error(errc::bad_input, "cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, dir / "config.json");
+}
+
+at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
+                          const dflash_inputs& in) {
+  const auto d = dims_of(cfg);
+  const auto b = in.block_embeds.size(0), q_len = in.block_embeds.size(1);
+  const auto s = in.target_hidden.size(1);
+  // H_t = RMSNorm(fc(concat(taps))): the same context for every layer.
+  auto ctx = rms_norm(at::linear(in.target_hidden, w.fc), w.hidden_norm, d.eps);  // [B, S, D]
+  auto [cos_c, sin_c] = rope_tables(in.ctx_positions, d.head_dim, cfg.layer.rope_theta);
+  auto [cos_q, sin_q] = rope_tables(in.block_positions, d.head_dim, cfg.layer.rope_theta);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+  auto x = in.block_embeds;
+  for (const auto& l : w.layers) {
+    auto h = rms_norm(x, l.input_norm, d.eps);
+    auto q = rms_norm(at::linear(h, l.q_proj).view({b, q_len, d.heads, d.head_dim}), l.q_norm, d.eps)
+               .transpose(1, 2);
+    auto k_ctx = rms_norm(at::linear(ctx, l.k_proj).view({b, s, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
+                   .transpose(1, 2);
+    auto k_blk = rms_norm(at::linear(h, l.k_proj).view({b, q_len, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
+                   .transpose(1, 2);
+    auto v_ctx = at::linear(ctx, l.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
+    auto v_blk = at::linear(h, l.v_proj).view({b, q_len, d.kv_heads, d.head_dim}).transpose(1, 2);
+    q = apply_rope(q, cos_q, sin_q);
+    auto k = expand_kv_heads(at::cat({apply_rope(k_ctx, cos_c, sin_c), apply_rope(k_blk, cos_q, sin_q)}, 2), d.heads);
+    auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), d.heads);
+    auto attn = at::scaled_dot_product_attention(q, k, v, in.visible, 0.0, false, scale);
+    x = x + at::linear(attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim}), l.o_proj);
+    x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+  }
+  return rms_norm(x, w.norm, d.eps);
+}
+
+} // namespace tandem::gpu

@@ -1,0 +1,59 @@
+#pragma once
+/// The DFlash drafter (DFLASH.md): Qwen3 decoder layers whose attention
+/// sees keys/values of the fused target context H_t before the block's own;
+/// no embedding or head of its own (the target's are used, frozen).
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/hf_config.hpp"
+#include "gpu/models/common.hpp"
+
+namespace tandem::gpu {
+
+/// Every trainable parameter of a drafter (z-lab names in comments; n taps).
+struct dflash_weights {
+  at::Tensor fc;                             ///< [D, n·D] fc.weight
+  at::Tensor hidden_norm;                    ///< [D]      hidden_norm.weight
+  std::vector<decoder_layer_weights> layers; ///< layers.{i}.*
+  at::Tensor norm;                           ///< [D]      norm.weight
+};
+
+/// Reads and checks a drafter state dict (z-lab names).
+dflash_weights dflash_weights_from(const std::map<std::string, at::Tensor>& tensors,
+                                   const dflash_config& cfg, at::ScalarType dtype,
+                                   const std::string& file);
+
+/// The state dict under z-lab names (tensors shared, not copied).
+std::map<std::string, at::Tensor> dflash_state_dict(const dflash_weights& w);
+
+/// Pointers to every parameter, in state-dict order (names alongside).
+std::vector<std::pair<std::string, at::Tensor*>> dflash_parameters(dflash_weights& w);
+
+/// Loads `dir` (config.json with dflash_config + model.safetensors).
+std::pair<dflash_config, dflash_weights> load_dflash(const std::filesystem::path& dir,
+                                                     at::Device device, at::ScalarType dtype);
+
+/// Writes the z-lab layout into `dir` (config.json + model.safetensors, in
+/// `dtype`), loadable by the `dflash` package, SGLang and vLLM.
+void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
+                   const dflash_weights& w, at::ScalarType dtype);
+
+/// Inputs of one drafter forward in the training layout: per row, S context
+/// positions then Q = N·Bs block positions.
+struct dflash_inputs {
+  at::Tensor target_hidden;    ///< [B, S, n·D] raw taps (fc + hidden_norm applied inside)
+  at::Tensor block_embeds;     ///< [B, Q, D] target embedding of the block tokens
+  at::Tensor ctx_positions;    ///< [B, S] RoPE positions of the context
+  at::Tensor block_positions;  ///< [B, Q] RoPE positions of the block tokens
+  at::Tensor visible;          ///< [B, 1, Q, S+Q] bool: query may see key
+};
+
+/// Drafter forward: block hidden states after the final norm, [B, Q, D].
+/// Differentiable in the drafter's weights.
+at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
+                          const dflash_inputs& in);
+
+} // namespace tandem::gpu

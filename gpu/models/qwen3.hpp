@@ -1,0 +1,78 @@
+#pragma once
+/// The frozen Qwen3 (dense) target: forward over packed rows, returning the
+/// fused tap tensor the drafter trains on, and logits only when asked.
+/// Inference only (no autograd).  Runs on whatever device its weights are on.
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/hf_config.hpp"
+#include "gpu/models/common.hpp"
+
+namespace tandem::gpu {
+
+/// Every parameter of a Qwen3 causal LM (HF names in comments).
+struct qwen3_weights {
+  at::Tensor embed;                          ///< [V, D] model.embed_tokens.weight
+  std::vector<decoder_layer_weights> layers; ///< L of them: model.layers.{i}.*
+  at::Tensor final_norm;                     ///< [D] model.norm.weight
+  at::Tensor lm_head;                        ///< [V, D] lm_head.weight (= embed when tied)
+};
+
+/// Reads and checks a HF state dict; `dtype` is the compute dtype (float32
+/// on the CPU, bfloat16 on the GPU).  Only layers up to `keep_layers` are
+/// read (the deepest tap + 1), unless `keep_layers` < 0.
+qwen3_weights qwen3_weights_from(const std::map<std::string, at::Tensor>& tensors,
+                                 const qwen3_config& cfg, at::ScalarType dtype,
+                                 const std::string& file, int64_t keep_layers = -1);
+
+struct qwen3_output {
+  at::Tensor taps;    ///< [B, S, n·D]: outputs of the tap layers, concatenated
+  at::Tensor logits;  ///< [B, S, V] float32, or undefined when not asked for
+};
+
+class qwen3_target {
+public:
+  /// `tap_ids`: 0-indexed decoder layers whose outputs are tapped (HF
+  /// hidden_states[id + 1]); empty means DFLASH.md's default for 5 taps.
+  qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<int64_t> tap_ids = {});
+
+  /// Loads config.json + safetensors (single file or sharded) from `dir`
+  /// onto `device` in `dtype`.  Layers past the deepest tap are not loaded
+  /// unless `with_head` (then the final norm and lm-head are kept too).
+  static qwen3_target load(const std::filesystem::path& dir, at::Device device,
+                           at::ScalarType dtype, std::vector<int64_t> tap_ids = {},
+                           bool with_head = false);
+
+  /// input_ids [B, S] int64; `docs` says where packed documents start and
+  /// end (each attends only within itself, positions restart at 0).  With
+  /// `want_logits` all layers run, else it stops after the deepest tap.
+  qwen3_output forward(const at::Tensor& input_ids, const doc_layout& docs,
+                       bool want_logits = false) const;
+
+  /// Same, one document per row.
+  qwen3_output forward(const at::Tensor& input_ids, bool want_logits = false) const;
+
+  const qwen3_config& config() const { return cfg_; }
+  const std::vector<int64_t>& tap_ids() const { return tap_ids_; }
+  const at::Tensor& embedding() const { return w_.embed; }  ///< [V, D]
+  const at::Tensor& lm_head() const { return w_.lm_head; }  ///< [V, D]
+
+private:
+  qwen3_output run(const at::Tensor& input_ids, const at::Tensor& positions,
+                   const at::Tensor& visible, bool want_logits) const;
+
+  qwen3_config cfg_;
+  qwen3_weights w_;
+  std::vector<int64_t> tap_ids_;
+};
+
+/// Causal attention of a decoder layer over packed rows.  `visible` is a
+/// [B, 1, S, S] boolean mask, or undefined for plain causal rows.
+at::Tensor qwen3_attention(const at::Tensor& x, const decoder_layer_weights& w,
+                           const layer_dims& d, const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& visible);
+
+} // namespace tandem::gpu

@@ -1,0 +1,146 @@
+// DFlash objective pieces that need no reference package: anchor sampling
+// properties, padding safety, and the chunked cross-entropy against plain
+// LibTorch cross-entropy (forward and gradient) for several chunk sizes.
+#include <gtest/gtest.h>
+
+#include "gpu/dflash_objective.hpp"
+#include "gpu/pch.hpp"
+
+using namespace tandem::gpu;
+
+namespace {
+
+at::Generator gen(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+} // namespace
+
+TEST(objective, anchors_are_sorted_unique_candidates_within_documents) {
+  const int64_t b = 3, s = 64, bs = 8, n = 6;
+  auto g = gen(7);
+  auto loss_mask = (at::rand({b, s}, g) > 0.3).to(at::kByte);
+  auto docs = make_doc_layout(at::tensor({30, 34, 64, 0, 10, 20}, at::kLong).view({b, 2}), s);
+  for (uint64_t seed : {1, 2, 3}) {
+    auto a = sample_anchors(loss_mask, docs, n, bs, gen(seed));
+    for (int64_t r = 0; r < b; ++r) {
+      std::vector<int64_t> candidates;
+      for (int64_t i = 0; i < s; ++i)
+        if (loss_mask[r][i].item<int>() && i <= s - bs && i + 1 < docs.end[r][i].item<int64_t>())
+          candidates.push_back(i);
+      const auto want = std::min<int64_t>(n, std::max<int64_t>(0, candidates.size() - 1));
+      EXPECT_EQ(a.keep[r].sum().item<int64_t>(), want);
+      int64_t prev = -1;
+      for (int64_t j = 0; j < want; ++j) {
+        EXPECT_TRUE(a.keep[r][j].item<bool>()) << "kept slots come first";
+        const auto x = a.anchors[r][j].item<int64_t>();
+        EXPECT_GT(x, prev) << "sorted, no repeats";
+        EXPECT_NE(std::find(candidates.begin(), candidates.end(), x), candidates.end());
+        prev = x;
+      }
+    }
+  }
+  auto a1 = sample_anchors(loss_mask, docs, n, bs, gen(11));
+  auto a2 = sample_anchors(loss_mask, docs, n, bs, gen(11));
+  auto a3 = sample_anchors(loss_mask, docs, n, bs, gen(12));
+  EXPECT_TRUE(at::equal(a1.anchors, a2.anchors)) << "same seed, same anchors";
+  EXPECT_FALSE(at::equal(a1.anchors, a3.anchors)) << "another seed, other anchors";
+}
+
+TEST(objective, more_slots_than_positions_is_padded) {
+  auto loss_mask = at::ones({1, 10}, at::kByte);
+  auto docs = whole_row_layout(1, 10, at::kCPU);
+  auto a = sample_anchors(loss_mask, docs, 32, 4, gen(1));
+  EXPECT_EQ(a.anchors.size(1), 32);
+  EXPECT_EQ(a.keep.sum().item<int64_t>(), 6);  // candidates 0..6, take count − 1
+}
+
+TEST(objective, chunked_cross_entropy_equals_plain_for_any_chunking) {
+  auto g = gen(5);
+  const int64_t rows = 37, d = 16, v = 50;
+  auto hidden0 = at::randn({rows, d}, g, at::kDouble);
+  auto head = at::randn({v, d}, g, at::kDouble);
+  auto labels = at::randint(v, {rows}, g, at::kLong);
+  auto mask = (at::rand({rows}, g, at::kDouble) > 0.3).to(at::kDouble);
+  auto weight = mask * at::rand({rows}, g, at::kDouble);
+
+  auto h_ref = hidden0.clone().requires_grad_(true);
+  auto logits = at::matmul(h_ref, head.t());
+  auto ref = (at::cross_entropy_loss(logits, labels, {}, at::Reduction::None) * weight).sum();
+  ref.backward();
+  auto hits_ref = ((logits.argmax(1) == labels).to(at::kDouble) * mask).sum();
+
+  for (int64_t chunk : {1, 5, 36, 37, 1000}) {
+    SCOPED_TRACE(chunk);
+    auto h = hidden0.clone().requires_grad_(true);
+    auto out = chunked_cross_entropy(h, head, labels, weight, mask, chunk);
+    // The CE accumulates in float32 by design; compare at float32 precision.
+    EXPECT_NEAR(out.weighted_ce.item<double>(), ref.item<double>(), 1e-4 * std::abs(ref.item<double>()));
+    EXPECT_EQ(out.hits.item<double>(), hits_ref.item<double>());
+    out.weighted_ce.backward();
+    auto err = ((h.grad() - h_ref.grad()).norm() / h_ref.grad().norm()).item<double>();
+    EXPECT_LE(err, 1e-5);
+  }
+}
+
+TEST(objective, rows_without_anchors_give_zero_loss_not_nan) {
+  // No supervised token: every slot is padding; the loss must be 0, finite,
+  // and every gradient finite (padding blocks must not poison anything).
+  const int64_t s = 24, d = 16, taps = 2, v = 40, bs = 4;
+  auto g = gen(3);
+  tandem::gpu::dflash_config cfg;
+  cfg.layer.hidden_size = d;
+  cfg.layer.intermediate_size = 32;
+  cfg.layer.num_hidden_layers = 1;
+  cfg.layer.num_attention_heads = 2;
+  cfg.layer.num_key_value_heads = 1;
+  cfg.layer.head_dim = 8;
+  cfg.layer.rms_norm_eps = 1e-6;
+  cfg.layer.rope_theta = 10000;
+  cfg.layer.vocab_size = v;
+  cfg.block_size = bs;
+  cfg.mask_token_id = v - 1;
+  cfg.target_layer_ids = {0, 1};
+  dflash_weights w;
+  w.fc = at::randn({d, taps * d}, g) * 0.2;
+  w.hidden_norm = at::ones({d});
+  w.norm = at::ones({d});
+  decoder_layer_weights l;
+  l.input_norm = at::ones({d});
+  l.post_norm = at::ones({d});
+  l.q_proj = at::randn({16, d}, g) * 0.2;
+  l.k_proj = at::randn({8, d}, g) * 0.2;
+  l.v_proj = at::randn({8, d}, g) * 0.2;
+  l.o_proj = at::randn({d, 16}, g) * 0.2;
+  l.q_norm = at::ones({8});
+  l.k_norm = at::ones({8});
+  l.gate_proj = at::randn({32, d}, g) * 0.2;
+  l.up_proj = at::randn({32, d}, g) * 0.2;
+  l.down_proj = at::randn({d, 32}, g) * 0.2;
+  w.layers.push_back(l);
+  for (auto& [name, p] : dflash_parameters(w))
+    p->requires_grad_(true);
+  auto embed = at::randn({v, d}, g);
+  auto tokens = at::randint(v, {2, s}, g, at::kLong);
+  auto loss_mask = at::zeros({2, s}, at::kByte);
+  auto docs = whole_row_layout(2, s, at::kCPU);
+  auto a = sample_anchors(loss_mask, docs, 3, bs, gen(1));
+  EXPECT_EQ(a.keep.sum().item<int64_t>(), 0);
+  auto batch = make_block_batch(tokens, loss_mask, docs, at::randn({2, s, taps * d}, g), a, embed,
+                                bs, cfg.mask_token_id, default_gamma(bs));
+  objective_options opts;
+  opts.block_size = bs;
+  opts.mask_token_id = cfg.mask_token_id;
+  auto out = dflash_objective(w, cfg, batch, embed, opts);
+  EXPECT_EQ(out.loss.item<double>(), 0.0);
+  EXPECT_EQ(out.accuracy.item<double>(), 0.0);
+  out.loss.backward();
+  for (auto& [name, p] : dflash_parameters(w))
+    EXPECT_TRUE(at::isfinite(p->grad()).all().item<bool>()) << name;
+}
+
+TEST(objective, default_gamma_follows_dflash) {
+  EXPECT_EQ(default_gamma(16), 7.0);
+  EXPECT_EQ(default_gamma(10), 5.0);
+  EXPECT_EQ(default_gamma(8), 4.0);
+}

@@ -1,0 +1,41 @@
+#include <cstdio>
+#include <memory>
+
+#include "build_info.hpp"
+#include "commands.hpp"
+#include "gpu/bench.hpp"
+#include "gpu/error.hpp"
+
+namespace tandem::cli {
+
+void add_bench(CLI::App& app, int& exit_code) {
+  std::string cases_help = "Cases to run (default: all):";
+  for (const auto& c : gpu::bench_case_names())
+    cases_help += " " + c;
+  auto* cmd = app.add_subcommand(
+    "bench", "Run the benchmark suite: one JSON line per case (docs/bench.md)");
+  auto opts = std::make_shared<gpu::bench_options>();
+  cmd->add_option("cases", opts->cases, cases_help);
+  cmd->add_option("--size", opts->size, "Shapes: tiny, 8b (Qwen3-8B), or auto (8b on a GPU)")
+    ->capture_default_str();
+  cmd->add_option("--warmup", opts->warmup, "Untimed runs before timing")->capture_default_str()
+    ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iters", opts->iters, "Timed runs (median and MAD are reported)")
+    ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
+  cmd->callback([opts, &exit_code] {
+    opts->git_commit = build::git_commit;
+    try {
+      gpu::run_bench(*opts, [](const std::string& line) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      });
+      exit_code = 0;
+    } catch (const gpu::error& e) {
+      std::fprintf(stderr, "tandem bench: %s\n", e.what());
+      exit_code = 2;
+    }
+  });
+}
+
+} // namespace tandem::cli
