@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/data/bench.hpp"
 #include "gpu/dflash_objective.hpp"
 #include "gpu/error.hpp"
 #include "gpu/models/dflash.hpp"
@@ -268,7 +269,7 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
 } // namespace
 
 std::vector<std::string> bench_case_names() {
-  return {"target_forward", "drafter_step_eager"};
+  return {"target_forward", "drafter_step_eager", "prefetch_pack"};
 }
 
 void run_bench(const bench_options& o, const std::function<void(const std::string&)>& emit) {
@@ -295,7 +296,16 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
 #endif
   for (const auto& c : cases) {
     nlohmann::json j;
-    if (c == "target_forward") {
+    if (c == "prefetch_pack") {
+      // The packer runs on the CPU (pinned staging when CUDA is present);
+      // rows × seq_len of the drafter's bucket at this size.
+      const auto s = shapes_for(size);
+      j = nlohmann::json::parse(data::bench_prefetch_json(o.dataset, 1, s.seq, o.seconds));
+      j["git_commit"] = o.git_commit;
+      j["device"] = "cpu (1 thread)";
+      j["size"] = size;
+      j["dataset"] = o.dataset.empty() ? "synthetic" : o.dataset;
+    } else if (c == "target_forward") {
       j = bench_target_forward(o, dev, size, dtype);
     } else {
       at::AutoGradMode grad(true);

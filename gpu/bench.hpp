@@ -16,6 +16,8 @@ struct bench_options {
   int iters = 10;                  ///< timed runs
   int32_t device = -2;             ///< CUDA ordinal; -1 = CPU; -2 = cuda:0 if present
   std::string git_commit;          ///< recorded in every line
+  std::string dataset;             ///< prefetch_pack: a prepared dataset (default: synthetic)
+  double seconds = 3.0;            ///< prefetch_pack: how long to pack
 };
 
 /// Names of the cases `run_bench` knows.

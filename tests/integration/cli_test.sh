@@ -5,6 +5,8 @@
 #  - `info --json` is one valid JSON object; `doctor` probes the CPU.
 set -euo pipefail
 tandem="$1"
+python="${2:-python3}"
+src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # 1. No hard link-time dependency on the driver library.
@@ -15,13 +17,14 @@ fi
 echo "ok: no DT_NEEDED libcuda.so"
 
 # 2. Help lists the working subcommands, and nothing else.
-expected="bench doctor info"
+expected="bench doctor info prepare"
 listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
 [[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
 echo "ok: --help lists: $listed"
 for sub in $listed; do
   "$tandem" "$sub" --help > /dev/null || fail "$sub --help"
 done
+"$tandem" prepare --help | grep -q -- "--tokenizer" || fail "prepare --help does not show the script's options"
 
 # 3. Each subcommand works.
 "$tandem" --version | grep -q '^tandem ' || fail "--version"
@@ -35,7 +38,7 @@ lines = [json.loads(l) for l in sys.stdin if l.strip()]
 assert lines and all(l["ok"] for l in lines), lines
 assert any(l["device"] == "cpu" for l in lines), lines' || fail "doctor --cpu"
 echo "ok: doctor"
-"$tandem" bench --size tiny --warmup 0 --iters 1 | python3 -c '
+"$tandem" bench target_forward drafter_step_eager --size tiny --warmup 0 --iters 1 | python3 -c '
 import json, sys
 lines = [json.loads(l) for l in sys.stdin if l.strip()]
 names = sorted(l["case"] for l in lines)
@@ -44,6 +47,28 @@ for l in lines:
     assert l["schema"] == 1 and l["median_ms"] > 0 and l["tflop"] > 0 and 0 < l["mfu"] < 1, l
 print("ok: bench", [(l["case"], round(l["median_ms"], 1)) for l in lines])' || fail "bench"
 if "$tandem" bench nosuchcase 2> /dev/null; then fail "unknown bench case accepted"; fi
+
+# 4. prepare -> shards -> the C++ reader and packer (bench prefetch_pack --dataset).
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+"$python" "$src/tools/prepare/make_test_tokenizer.py" "$work/tok" > /dev/null
+"$python" - "$work/chat.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(60):
+        f.write(json.dumps({"messages": [
+            {"role": "user", "content": f"Write function number {i} for me."},
+            {"role": "assistant", "content": f"def function_{i}(x):\n    return x * {i} + sum(range({i}))\n" * 3}]}) + "\n")
+    f.write("this line is not json\n")
+PY
+"$tandem" prepare --tokenizer "$work/tok" --output "$work/data" --block-size 4 "$work/chat.jsonl" 2> "$work/prepare.err" \
+  || { cat "$work/prepare.err"; fail "prepare"; }
+grep -q "chat.jsonl:61" "$work/prepare.err" || { cat "$work/prepare.err"; fail "prepare did not report the bad line with file:line"; }
+"$tandem" bench prefetch_pack --dataset "$work/data" --seconds 0.5 | "$python" -c '
+import json, sys
+l = json.loads(sys.stdin.read())
+assert l["case"] == "prefetch_pack" and l["samples_per_s"] > 0 and l["dataset"] != "synthetic", l
+print("ok: prepare -> shards -> packer:", round(l["samples_per_s"]), "samples/s,", round(l["tokens_per_s"]), "tokens/s")' \
+  || fail "bench prefetch_pack on the prepared dataset"
 
 # 4. A bad argument is an error with a message, not a crash.
 if "$tandem" doctor --device notanumber 2> /tmp/tandem_cli_err.$$; then fail "bad --device accepted"; fi

@@ -22,6 +22,11 @@ void add_bench(CLI::App& app, int& exit_code) {
     ->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", opts->iters, "Timed runs (median and MAD are reported)")
     ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--dataset", opts->dataset,
+                  "prefetch_pack: a dataset from `tandem prepare` (default: a synthetic one)")
+    ->check(CLI::ExistingDirectory);
+  cmd->add_option("--seconds", opts->seconds, "prefetch_pack: seconds of packing")
+    ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
   cmd->callback([opts, &exit_code] {
     opts->git_commit = build::git_commit;

@@ -16,4 +16,7 @@ void add_doctor(CLI::App& app, int& exit_code);
 /// `tandem bench`: the benchmark suite, JSON lines.
 void add_bench(CLI::App& app, int& exit_code);
 
+/// `tandem prepare`: chat JSONL -> token shards (runs tools/prepare/tandem_prepare.py).
+void add_prepare(CLI::App& app, int& exit_code);
+
 } // namespace tandem::cli

@@ -1,0 +1,745 @@
+#!/usr/bin/env python3
+"""The Python half of `tandem prepare`: chat data (JSONL) -> token shards + manifest.
+
+    tandem_prepare.py --tokenizer DIR --output DIR [options] INPUT.jsonl [INPUT2.jsonl ...]
+
+The contract (shard and manifest layout, input formats, masks) is docs/data.md; this
+docstring covers what that page leaves to the implementation.
+
+Inputs are read line by line (`.gz` files are decompressed on the fly) and shards are
+written as they fill, so memory stays at about one shard (`--shard-tokens` tokens) whatever
+the size of the data. Each line is one of
+
+    ShareGPT   {"conversations": [{"from": "human"|"user"|"gpt"|"assistant"|"model"|"system", "value": str}]}
+    OpenAI     {"messages": [{"role": "system"|"user"|"assistant", "content": str}]}
+    tokenized  {"input_ids": [int], "loss_mask": [0|1]}         (same length, taken as is)
+
+`--format auto` (the default) decides per line from the key present. Blank lines are
+ignored; every other line ends up in exactly one of: a sample, `invalid_lines` (not JSON,
+no known format, a missing or mistyped field, unequal lengths, a token id outside the
+vocabulary, a conversation the template cannot render or the mask algorithm cannot
+place), or `dropped_short` (fewer than `--min-supervised` supervised tokens after
+truncation). So `report.lines == totals.samples + report.invalid_lines +
+report.dropped_short`. `truncated` counts kept samples that were cut to `--max-length`.
+
+Loss mask of a conversation (the target's own chat template, DFLASH.md pitfall 5):
+
+1. Render the whole conversation with the tokenizer's chat template
+   (`apply_chat_template(..., tokenize=False)`): the text F.
+2. For each assistant turn i, find where its output starts in F:
+   a. prefix: P = render(messages[:i], add_generation_prompt=True) is exactly what the
+      server sends before the model generates turn i; if F starts with P, the turn's output
+      starts at len(P). This holds for ChatML/Qwen2.5/Llama-3 style templates, and for
+      Qwen3's (default thinking mode), where the output then includes the template's think
+      block.
+   b. sentinel (when F does not start with P, e.g. a Qwen3-style template with
+      enable_thinking=false for an earlier turn, whose history form drops the empty think
+      block, or an assistant-first conversation, which has no prefix to render): with
+      B = render(messages[:i]) a prefix of F, render the conversation again with turn i's
+      content replaced by a unique sentinel; the text between B and the sentinel is turn
+      i's header; if F continues B with that header, the output starts after it.
+   c. otherwise the line is counted invalid ("cannot locate assistant turn").
+3. The turn ends after the first end-of-turn marker E at or after its start. E is found
+   once, from the template itself: the common prefix of what follows an assistant turn in
+   the middle of a probe conversation and at its end, whitespace stripped (`<|im_end|>` for
+   ChatML, `<|eot_id|>` for Llama 3). Text after E (ChatML's newline) is the template's
+   separator and is not supervised. An assistant message containing E is invalid (the
+   tokenizer would cut the turn there).
+4. Tokenize F exactly as `apply_chat_template(tokenize=True)` does (add_special_tokens=False)
+   with offsets; a token is supervised iff its character span overlaps an assistant span.
+   The ids are therefore those of apply_chat_template, and the mask covers each assistant
+   turn's output as rendered plus E, never its role header or any other message.
+
+`--last-turn-only` keeps only the last assistant turn's span. `--enable-thinking` /
+`--no-enable-thinking` pass `enable_thinking` to the template (it must match how the
+target is served); the manifest records it under options.chat_template_kwargs.
+
+Shards `shard-NNNNN.safetensors` hold at most `--shard-tokens` tokens (whole samples only;
+`--max-length` must not exceed it); each is written to `*.tmp`, fsynced, and renamed.
+`manifest.json` is written last, the same way; a folder without it is not a data set.
+`content_hash` = sha256 of the concatenated lowercase hex sha256 strings of the shards,
+in shard order, no separator. Output is deterministic: the same inputs, tokenizer and
+options give byte-identical shards and manifest, whatever `--threads`.
+
+Progress goes to stderr (at most four updates a second on a terminal, one every two seconds
+otherwise), then a summary. The first 20 invalid lines are reported as `FILE:LINE: reason`,
+the rest only counted.
+
+Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
+running; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
+folder that already holds a data set (pass --overwrite).
+"""
+
+import argparse
+import gzip
+import hashlib
+import itertools
+import json
+import os
+import struct
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import numpy as np  # noqa: E402
+
+SHARD_FORMAT = "tandem.shard.v1"
+DATASET_FORMAT = "tandem.dataset.v1"
+FORMATS = ("sharegpt", "openai", "tokenized")
+FORMAT_KEY = {"sharegpt": "conversations", "openai": "messages", "tokenized": "input_ids"}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "system": "system"}
+OPENAI_ROLES = ("system", "user", "assistant")
+SENTINEL = "\u27e6tandem-sentinel-7f3a\u27e7"  # never rendered into a sample, only probed
+BATCH_LINES = 256  # lines rendered, then tokenized in one call
+MAX_REPORTED_LINES = 20  # invalid lines reported one by one; the rest only counted
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad options, tokenizer folder, inputs or output folder (exit status 2)."""
+
+
+class BadLine(Exception):
+    """One input line that cannot become a sample (counted as invalid, the run goes on)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Tokenizer folder
+# ----------------------------------------------------------------------------------------
+
+def sha256_file(path, chunk=1 << 20):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def load_tokenizer(tokenizer_dir, need_template):
+    """Returns (tokenizer, chat template text or None); UsageError naming what is missing."""
+    if not os.path.isdir(tokenizer_dir):
+        raise UsageError(f"tokenizer folder {tokenizer_dir} does not exist or is not a directory")
+    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        raise UsageError(f"tokenizer folder {tokenizer_dir} has no tokenizer.json "
+                         "(a Hugging Face fast-tokenizer folder is needed)")
+    import transformers  # slow import (seconds): only once arguments are known to be sane
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except Exception as e:  # any failure of the loader means an unusable folder
+        raise UsageError(f"cannot load the tokenizer in {tokenizer_dir}: {type(e).__name__}: {e}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise UsageError(f"tokenizer in {tokenizer_dir} is not a fast (tokenizers) tokenizer; "
+                         "character offsets are needed for the loss mask")
+    template = None
+    if tokenizer.chat_template:
+        try:
+            template = tokenizer.get_chat_template()
+        except ValueError as e:
+            raise UsageError(f"tokenizer folder {tokenizer_dir}: {e}")
+    if template is None and need_template:
+        raise UsageError(f"tokenizer folder {tokenizer_dir} has no chat template (neither "
+                         "'chat_template' in tokenizer_config.json nor chat_template.jinja); "
+                         "only --format tokenized works without one")
+    return tokenizer, template
+
+
+# ----------------------------------------------------------------------------------------
+# Chat template -> ids and loss mask
+# ----------------------------------------------------------------------------------------
+
+class ChatMasker:
+    """Renders conversations with the tokenizer's own chat template and masks assistant turns
+    (algorithm in the module docstring)."""
+
+    def __init__(self, tokenizer, template_kwargs):
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs)
+        self.eot = self._probe_end_of_turn()
+
+    def render(self, messages, generation_prompt=False):
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt,
+            **self.template_kwargs)
+
+    def _probe_end_of_turn(self):
+        s1, s2 = SENTINEL + "1", SENTINEL + "2"
+        probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": s1},
+                 {"role": "user", "content": SENTINEL + "u"},
+                 {"role": "assistant", "content": s2}]
+        try:
+            text = self.render(probe)
+        except Exception as e:
+            raise UsageError(f"the chat template cannot render a user/assistant conversation: "
+                             f"{type(e).__name__}: {e}")
+        if s1 not in text or s2 not in text or SENTINEL + "u" not in text:
+            raise UsageError("the chat template drops message contents; cannot build loss masks")
+        middle = text[text.index(s1) + len(s1):text.index(SENTINEL + "u")]
+        last = text[text.index(s2) + len(s2):]
+        eot = os.path.commonprefix([middle, last]).strip()
+        if not eot:
+            raise UsageError("the chat template emits no end-of-turn marker after an assistant "
+                             "turn; cannot tell where a turn ends")
+        return eot
+
+    def _turn_start(self, messages, i, full):
+        """Character offset in `full` where assistant turn i's output starts, or None."""
+        if i > 0:  # (a) prefix: what the server renders before the model generates turn i
+            prompt = self.render(messages[:i], generation_prompt=True)
+            if full.startswith(prompt):
+                return len(prompt)
+        # (b) sentinel: header of turn i = text between the history and the sentinel content
+        before = self.render(messages[:i]) if i > 0 else ""
+        if not full.startswith(before):
+            return None
+        probe = list(messages)
+        probe[i] = dict(messages[i], content=SENTINEL)
+        text = self.render(probe)
+        at = text.find(SENTINEL, len(before))
+        if not text.startswith(before) or at < 0:
+            return None
+        header = text[len(before):at]
+        if not full.startswith(header, len(before)):
+            return None
+        return len(before) + len(header)
+
+    def spans(self, messages, last_turn_only):
+        """(rendered text, [(start, end) character spans of the supervised assistant turns])."""
+        full = self.render(messages)
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if last_turn_only:
+            turns = turns[-1:]
+        spans = []
+        cursor = 0
+        for i in turns:
+            if self.eot in messages[i]["content"]:
+                raise BadLine(f"assistant message {i} contains the end-of-turn marker {self.eot!r}")
+            start = self._turn_start(messages, i, full)
+            if start is None or start < cursor:
+                raise BadLine(f"cannot locate assistant message {i} in the rendered conversation "
+                              "(the chat template renders it differently in context)")
+            end = full.find(self.eot, start)
+            if end < 0:
+                raise BadLine(f"no end-of-turn marker {self.eot!r} after assistant message {i}")
+            end += len(self.eot)
+            spans.append((start, end))
+            cursor = end
+        return full, spans
+
+    @staticmethod
+    def mask(offsets, spans):
+        """uint8 [T]: 1 for each token whose character span overlaps one of `spans`.
+        offsets: the tokenizer's (start, end) per token."""
+        flat = np.fromiter(itertools.chain.from_iterable(offsets), dtype=np.int64,
+                           count=2 * len(offsets)).reshape(-1, 2)
+        starts = flat[:, 0]
+        ends = np.maximum(flat[:, 1], starts + 1)  # a zero-width token counts at its position
+        mask = np.zeros(len(offsets), dtype=np.uint8)
+        for s, e in spans:
+            mask[(starts < e) & (ends > s)] = 1
+        return mask
+
+
+# ----------------------------------------------------------------------------------------
+# One input line -> one sample
+# ----------------------------------------------------------------------------------------
+
+def _messages_sharegpt(obj):
+    conv = obj["conversations"]
+    if not isinstance(conv, list) or not conv:
+        raise BadLine("'conversations' is not a non-empty list")
+    messages = []
+    for j, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            raise BadLine(f"conversations[{j}] is not an object")
+        for key in ("from", "value"):
+            if key not in turn:
+                raise BadLine(f"conversations[{j}] has no '{key}'")
+        role = SHAREGPT_ROLES.get(turn["from"]) if isinstance(turn["from"], str) else None
+        if role is None:
+            raise BadLine(f"conversations[{j}]: unknown 'from' {turn['from']!r}")
+        if not isinstance(turn["value"], str):
+            raise BadLine(f"conversations[{j}]: 'value' is not a string")
+        messages.append({"role": role, "content": turn["value"]})
+    return messages
+
+
+def _messages_openai(obj):
+    conv = obj["messages"]
+    if not isinstance(conv, list) or not conv:
+        raise BadLine("'messages' is not a non-empty list")
+    messages = []
+    for j, msg in enumerate(conv):
+        if not isinstance(msg, dict):
+            raise BadLine(f"messages[{j}] is not an object")
+        for key in ("role", "content"):
+            if key not in msg:
+                raise BadLine(f"messages[{j}] has no '{key}'")
+        if msg["role"] not in OPENAI_ROLES:
+            raise BadLine(f"messages[{j}]: unknown role {msg['role']!r}")
+        if not isinstance(msg["content"], str):
+            raise BadLine(f"messages[{j}]: 'content' is not a string")
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    return messages
+
+
+def _tokenized(obj, vocab_size):
+    ids, mask = obj["input_ids"], obj.get("loss_mask")
+    if mask is None:
+        raise BadLine("tokenized line has no 'loss_mask'")
+    if not isinstance(ids, list) or not isinstance(mask, list):
+        raise BadLine("'input_ids' and 'loss_mask' must be lists")
+    if len(ids) != len(mask):
+        raise BadLine(f"'input_ids' and 'loss_mask' differ in length ({len(ids)} vs {len(mask)})")
+    for j, v in enumerate(ids):
+        if type(v) is not int:
+            raise BadLine(f"input_ids[{j}] is not an integer")
+        if not 0 <= v < vocab_size:
+            raise BadLine(f"input_ids[{j}] = {v} is outside the vocabulary [0, {vocab_size})")
+    for j, v in enumerate(mask):
+        if type(v) not in (int, bool) or v not in (0, 1):
+            raise BadLine(f"loss_mask[{j}] is not 0 or 1")
+    return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
+
+
+class BatchProcessor:
+    """Turns raw JSONL lines into results, in order: ("ok", format, ids, mask, truncated),
+    ("short", format) or ("bad", reason). Pure: a line's result depends only on the line.
+    The rendered texts of a batch are tokenized in one call, which the tokenizers library
+    spreads over its threads."""
+
+    def __init__(self, tokenizer, template, opts):
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.format = opts["input_format"]
+        self.max_length = opts["max_length"]
+        self.min_supervised = opts["min_supervised"]
+        self.last_turn_only = opts["last_turn_only"]
+        self.masker = ChatMasker(tokenizer, opts["chat_template_kwargs"]) if template else None
+
+    def _detect(self, obj):
+        if self.format != "auto":
+            if FORMAT_KEY[self.format] not in obj:
+                raise BadLine(f"no '{FORMAT_KEY[self.format]}' field (--format {self.format})")
+            return self.format
+        found = [f for f in FORMATS if FORMAT_KEY[f] in obj]
+        if not found:
+            raise BadLine("unknown format: no 'conversations', 'messages' or 'input_ids' field")
+        if len(found) > 1:
+            raise BadLine("ambiguous format: fields " + ", ".join(repr(FORMAT_KEY[f]) for f in found))
+        return found[0]
+
+    def _stage(self, raw):
+        """("bad", reason) | ("arrays", format, ids, mask) | ("text", format, text, spans)."""
+        try:
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+                raise BadLine(f"invalid JSON: {e}")
+            if not isinstance(obj, dict):
+                raise BadLine("not a JSON object")
+            fmt = self._detect(obj)
+            if fmt == "tokenized":
+                return ("arrays", fmt) + _tokenized(obj, self.vocab_size)
+            if self.masker is None:
+                raise BadLine("conversation line, but the tokenizer has no chat template")
+            messages = _messages_sharegpt(obj) if fmt == "sharegpt" else _messages_openai(obj)
+            try:
+                text, spans = self.masker.spans(messages, self.last_turn_only)
+            except BadLine:
+                raise
+            except Exception as e:  # the template itself refused (raise_exception, ...)
+                raise BadLine(f"chat template error: {type(e).__name__}: {e}")
+            return ("text", fmt, text, spans)
+        except BadLine as e:
+            return ("bad", str(e))
+
+    def _finish(self, fmt, ids, mask):
+        truncated = len(ids) > self.max_length
+        if truncated:
+            ids, mask = ids[:self.max_length], mask[:self.max_length]
+        if len(ids) == 0 or int(mask.sum()) < self.min_supervised:
+            return ("short", fmt)
+        return ("ok", fmt, ids, mask, truncated)
+
+    def process(self, raws):
+        staged = [self._stage(raw) for raw in raws]
+        texts = [st[2] for st in staged if st[0] == "text"]
+        if texts:
+            enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+            encoded = iter(zip(enc["input_ids"], enc["offset_mapping"]))
+        results = []
+        for st in staged:
+            if st[0] == "bad":
+                results.append(st)
+            elif st[0] == "arrays":
+                results.append(self._finish(*st[1:]))
+            else:
+                ids, offsets = next(encoded)
+                ids = np.asarray(ids, dtype=np.int32)
+                if ids.size and int(ids.max()) >= self.vocab_size:
+                    results.append(("bad", "the tokenizer produced an id outside its own vocabulary"))
+                    continue
+                results.append(self._finish(st[1], ids, ChatMasker.mask(offsets, st[3])))
+        return results
+
+
+# ----------------------------------------------------------------------------------------
+# Shards and manifest
+# ----------------------------------------------------------------------------------------
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path, chunks):
+    """Writes the byte chunks to path + ".tmp", fsyncs, renames over path, fsyncs the folder;
+    returns the file's sha256."""
+    tmp = path + ".tmp"
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                h.update(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return h.hexdigest()
+
+
+SAFETENSORS_DTYPE = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("uint8"): "U8"}
+
+
+def safetensors_chunks(tensors, metadata):
+    """A safetensors file as byte chunks, deterministically: header keys in the order given
+    (`__metadata__` first), header padded with spaces to a multiple of 8, tensors in the
+    order given. (The safetensors package writes `__metadata__` in hash-map order, which
+    changes from one process to the next, so shards written with it would not be
+    byte-reproducible.) Pass tensors widest dtype first, as the package orders them."""
+    header = {"__metadata__": metadata}
+    at = 0
+    arrays = []
+    for name, arr in tensors:
+        arr = np.ascontiguousarray(arr)
+        header[name] = {"dtype": SAFETENSORS_DTYPE[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [at, at + arr.nbytes]}
+        at += arr.nbytes
+        arrays.append(arr)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    yield struct.pack("<Q", len(text)) + text
+    for arr in arrays:
+        yield memoryview(arr).cast("B")
+
+
+class ShardWriter:
+    """Concatenates samples into fixed-capacity buffers; writes a shard when the next sample
+    would not fit."""
+
+    def __init__(self, out_dir, shard_tokens):
+        self.out_dir = out_dir
+        self.capacity = shard_tokens
+        self.tokens = np.empty(shard_tokens, dtype=np.int32)  # pages are touched only as filled
+        self.mask = np.empty(shard_tokens, dtype=np.uint8)
+        self.offsets = [0]
+        self.shards = []  # manifest entries
+
+    def add(self, ids, mask):
+        n = len(ids)
+        at = self.offsets[-1]
+        if at + n > self.capacity:
+            self.flush()
+            at = 0
+        self.tokens[at:at + n] = ids
+        self.mask[at:at + n] = mask
+        self.offsets.append(at + n)
+
+    def flush(self):
+        num_samples = len(self.offsets) - 1
+        if num_samples == 0:
+            return
+        num_tokens = self.offsets[-1]
+        tensors = [("offsets", np.asarray(self.offsets, dtype=np.int64)),
+                   ("tokens", self.tokens[:num_tokens]), ("loss_mask", self.mask[:num_tokens])]
+        metadata = {"format": SHARD_FORMAT, "num_samples": str(num_samples),
+                    "num_tokens": str(num_tokens)}
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        digest = _write_atomic(os.path.join(self.out_dir, name), safetensors_chunks(tensors, metadata))
+        self.shards.append({"file": name, "num_samples": num_samples, "num_tokens": num_tokens,
+                            "num_supervised": int(self.mask[:num_tokens].sum(dtype=np.int64)),
+                            "sha256": digest})
+        self.offsets = [0]
+
+
+def _dataset_files(out_dir):
+    return sorted(f for f in os.listdir(out_dir)
+                  if f in ("manifest.json", "manifest.json.tmp")
+                  or (f.startswith("shard-") and (f.endswith(".safetensors")
+                                                  or f.endswith(".safetensors.tmp"))))
+
+
+def prepare_output(out_dir, overwrite):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"output {out_dir} exists and is not a directory")
+    os.makedirs(out_dir, exist_ok=True)
+    existing = _dataset_files(out_dir)
+    if existing and not overwrite:
+        raise UsageError(f"output folder {out_dir} already holds a data set ({existing[0]}, ...); "
+                         "pass --overwrite to replace it")
+    if "manifest.json" in existing:  # first, so a half-deleted folder is never a data set
+        os.unlink(os.path.join(out_dir, "manifest.json"))
+    for f in existing:
+        if f != "manifest.json":
+            os.unlink(os.path.join(out_dir, f))
+
+
+# ----------------------------------------------------------------------------------------
+# Progress on stderr
+# ----------------------------------------------------------------------------------------
+
+class Reporter:
+    def __init__(self, quiet):
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.interval = 0.25 if self.tty else 2.0
+        self.start = self.last = time.monotonic()
+        self.pending = False  # a tty progress line without newline is on screen
+
+    def begin(self):
+        """Starts the clock of the rates (after the slow tokenizer load)."""
+        self.start = self.last = time.monotonic()
+
+    def _clear(self):
+        if self.pending:
+            sys.stderr.write("\r\033[K")
+            self.pending = False
+
+    def message(self, text):
+        self._clear()
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def progress(self, c, force=False):
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        rate = c["lines"] / max(now - self.start, 1e-9)
+        line = (f"prepare: {c['lines']:,} lines ({rate:,.0f}/s), {c['samples']:,} samples, "
+                f"{c['tokens']:,} tokens, {c['invalid']:,} invalid")
+        if self.tty:
+            self._clear()
+            sys.stderr.write(line)
+            self.pending = True
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def done(self):
+        self._clear()
+
+
+# ----------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="tandem prepare",
+        description="Turn chat data (JSONL: ShareGPT, OpenAI messages, or tokenized) into "
+                    "Tandem token shards and a manifest (docs/data.md).")
+    p.add_argument("inputs", nargs="+", metavar="INPUT.jsonl", help="input files (.jsonl or .jsonl.gz)")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="Hugging Face tokenizer folder of the target (tokenizer.json + chat template)")
+    p.add_argument("--output", required=True, metavar="DIR", help="output folder for shards and manifest.json")
+    p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
+                   help="input format; auto decides per line (default)")
+    p.add_argument("--block-size", type=int, default=16, metavar="N", help="drafter block size (default 16)")
+    p.add_argument("--min-supervised", type=int, default=None, metavar="N",
+                   help="drop samples with fewer supervised tokens (default 2*block size)")
+    p.add_argument("--max-length", type=int, default=3072, metavar="N", help="truncate samples to this many tokens (default 3072)")
+    p.add_argument("--last-turn-only", action="store_true", help="supervise only the last assistant turn")
+    p.add_argument("--shard-tokens", type=int, default=1 << 26, metavar="N",
+                   help="at most this many tokens per shard (default 2^26)")
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="pass enable_thinking=true/false to the chat template (default: not passed, "
+                        "the template's default); must match how the target is served")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="tokenizer threads (default 0: all cores); output is identical for any value")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a data set already in --output")
+    p.add_argument("--tandem-version", metavar="VERSION", default=os.environ.get("TANDEM_VERSION", "dev"),
+                   help="version written to manifest created_by (the tandem binary passes its own)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (the summary is still printed)")
+    args = p.parse_args(argv)
+    if args.min_supervised is None:
+        args.min_supervised = 2 * args.block_size
+    for name in ("block_size", "max_length", "shard_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.threads < 0:
+        p.error("--threads must not be negative")
+    if args.min_supervised < 0:
+        p.error("--min-supervised must not be negative")
+    if args.shard_tokens < args.max_length:
+        p.error("--shard-tokens must be at least --max-length (a shard holds whole samples)")
+    return args
+
+
+def _open_input(path):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _read_batches(inputs, batch_lines):
+    """Yields lists of (file, line number, raw bytes), skipping blank lines."""
+    batch = []
+    for path in inputs:
+        with _open_input(path) as f:
+            for line_no, raw in enumerate(f, 1):
+                if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if not raw.strip():
+                    continue
+                batch.append((path, line_no, raw))
+                if len(batch) == batch_lines:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def run(args):
+    reporter = Reporter(args.quiet)
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise UsageError(f"input {path} does not exist or is not a file")
+    need_template = args.format != "tokenized"
+    tokenizer, template = load_tokenizer(args.tokenizer, need_template)
+    template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
+    if template is not None:
+        if args.enable_thinking is not None and "enable_thinking" not in template:
+            reporter.message("prepare: warning: --enable-thinking/--no-enable-thinking given, but the "
+                             "chat template does not read enable_thinking")
+        if args.enable_thinking is None and "enable_thinking" in template:
+            reporter.message("prepare: note: the chat template reads enable_thinking; rendering with its "
+                             "default. Pass --enable-thinking or --no-enable-thinking to match how the "
+                             "target is served.")
+    opts = {"block_size": args.block_size, "min_supervised": args.min_supervised,
+            "max_length": args.max_length, "last_turn_only": args.last_turn_only,
+            "input_format": args.format, "chat_template_kwargs": template_kwargs}
+    processor = BatchProcessor(tokenizer, template, opts)  # probes the template: fails early
+    prepare_output(args.output, args.overwrite)
+
+    counts = {"lines": 0, "samples": 0, "tokens": 0, "invalid": 0, "short": 0, "truncated": 0}
+    by_format = dict.fromkeys(FORMATS, 0)
+    writer = ShardWriter(args.output, args.shard_tokens)
+    reporter.begin()
+    for batch in _read_batches(args.inputs, BATCH_LINES):
+        results = processor.process([raw for _, _, raw in batch])
+        for (path, line_no, _), result in zip(batch, results):
+            counts["lines"] += 1
+            if result[0] == "bad":
+                counts["invalid"] += 1
+                if counts["invalid"] <= MAX_REPORTED_LINES:
+                    reporter.message(f"{path}:{line_no}: {result[1]}")
+            elif result[0] == "short":
+                counts["short"] += 1
+            else:
+                _, fmt, ids, mask, truncated = result
+                writer.add(ids, mask)
+                counts["samples"] += 1
+                counts["tokens"] += len(ids)
+                counts["truncated"] += truncated
+                by_format[fmt] += 1
+        reporter.progress(counts)
+    writer.flush()
+    reporter.progress(counts, force=True)
+    reporter.done()
+    if counts["invalid"] > MAX_REPORTED_LINES:
+        reporter.message(f"prepare: ... and {counts['invalid'] - MAX_REPORTED_LINES:,} more invalid lines")
+
+    if counts["samples"] == 0:
+        reporter.message(
+            f"prepare: error: no sample survived ({counts['lines']:,} lines: {counts['invalid']:,} invalid, "
+            f"{counts['short']:,} with fewer than {args.min_supervised} supervised tokens); "
+            f"nothing written to {args.output}")
+        return EXIT_FAILED
+
+    shards = writer.shards
+    content = hashlib.sha256("".join(s["sha256"] for s in shards).encode("ascii")).hexdigest()
+    manifest = {
+        "format": DATASET_FORMAT,
+        "created_by": f"tandem prepare {args.tandem_version}",
+        "tokenizer": {
+            "source": args.tokenizer,
+            "vocab_size": len(tokenizer),
+            "sha256": sha256_file(os.path.join(args.tokenizer, "tokenizer.json")),
+            "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
+                                     if template is not None else None),
+        },
+        "options": {k: opts[k] for k in ("block_size", "min_supervised", "max_length",
+                                         "last_turn_only", "input_format", "chat_template_kwargs")},
+        "shards": shards,
+        "totals": {"samples": sum(s["num_samples"] for s in shards),
+                   "tokens": sum(s["num_tokens"] for s in shards),
+                   "supervised": sum(s["num_supervised"] for s in shards)},
+        "report": {"lines": counts["lines"], "invalid_lines": counts["invalid"],
+                   "dropped_short": counts["short"], "truncated": counts["truncated"],
+                   "by_format": by_format},
+        "content_hash": content,
+    }
+    text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
+
+    _write_atomic(os.path.join(args.output, "manifest.json"), [text.encode("utf-8")])
+
+    t = manifest["totals"]
+    elapsed = time.monotonic() - reporter.start
+    reporter.message(
+        f"prepare: wrote {t['samples']:,} samples, {t['tokens']:,} tokens "
+        f"({t['supervised']:,} supervised, {100.0 * t['supervised'] / max(t['tokens'], 1):.1f}%) "
+        f"in {len(shards)} shard(s) to {args.output}\n"
+        f"prepare: {counts['lines']:,} lines: {counts['invalid']:,} invalid, "
+        f"{counts['short']:,} dropped (< {args.min_supervised} supervised tokens), "
+        f"{counts['truncated']:,} truncated (> {args.max_length} tokens); "
+        + ", ".join(f"{f} {n:,}" for f, n in by_format.items())
+        + f"; {elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
+    return EXIT_OK
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Read by the tokenizers library when it first tokenizes (batches are encoded in parallel).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false" if args.threads == 1 else "true"
+    if args.threads > 1:
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    try:
+        return run(args)
+    except UsageError as e:
+        sys.stderr.write(f"tandem prepare: error: {e}\n")
+        return EXIT_USAGE
+    except OSError as e:
+        sys.stderr.write(f"tandem prepare: error: {e}\n")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
