@@ -24,10 +24,11 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "messages/atoms.hpp"
+
 namespace tandem {
 
 using probe_atom = caf::atom_constant<caf::atom("probe")>;
-using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 
 /// Device index meaning "the CPU".
 constexpr int32_t cpu_device = -1;

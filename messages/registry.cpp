@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include "messages/coordinator.hpp"
+#include "messages/descriptors.hpp"
 #include "messages/errors.hpp"
 #include "messages/probe.hpp"
 
@@ -18,6 +20,15 @@ void register_messages(caf::actor_system_config& cfg) {
     });
   // Append only, below this line.
   cfg.add_message_type<probe_report>("tandem.probe_report");
+  cfg.add_message_type<device_ref>("tandem.device_ref");
+  cfg.add_message_type<batch_desc>("tandem.batch_desc");
+  cfg.add_message_type<features_desc>("tandem.features_desc");
+  cfg.add_message_type<work_item>("tandem.work_item");
+  cfg.add_message_type<step_report>("tandem.step_report");
+  cfg.add_message_type<snapshot_desc>("tandem.snapshot_desc");
+  cfg.add_message_type<run_summary>("tandem.run_summary");
+  cfg.add_message_type<std::vector<int64_t>>("tandem.int64_list");
+  cfg.add_message_type<coordinator_peers>("tandem.coordinator_peers");
 }
 
 } // namespace tandem

@@ -19,4 +19,7 @@ void add_bench(CLI::App& app, int& exit_code);
 /// `tandem prepare`: chat JSONL -> token shards (runs tools/prepare/tandem_prepare.py).
 void add_prepare(CLI::App& app, int& exit_code);
 
+/// `tandem run CONFIG.toml`: single-node training.
+void add_run(CLI::App& app, int& exit_code);
+
 } // namespace tandem::cli

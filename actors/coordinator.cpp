@@ -1,0 +1,338 @@
+// The coordinator: routes batches prefetch -> target -> drafter against
+// credits, keeps the sample ledger, decides checkpoints, ends epochs and the
+// run.  Cooperative: its handlers only move descriptors and counters.
+#include <deque>
+#include <functional>
+#include <optional>
+#include <set>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/ledger.hpp"
+#include "actors/runtime.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+struct flight {
+  int32_t source = 0;         ///< prefetch (and target) index
+  uint64_t batch_handle = 0;
+  uint64_t features_handle = 0;
+  int64_t real_tokens = 0;
+};
+
+struct coordinator_state {
+  static inline const char* name = "tandem.coordinator";
+  coordinator_options opts;
+  coordinator_peers peers;
+  std::optional<sample_ledger> ledger;
+  caf::typed_response_promise<run_summary> promise;
+  bool running = false;
+  std::map<int64_t, flight> in_flight;  ///< by batch id
+  std::deque<work_item> queue;          ///< features ready, waiting for a drafter
+  std::deque<int32_t> idle;             ///< drafters without work
+  std::set<int32_t> busy;
+  std::vector<bool> exhausted;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int64_t durable_step = -1;
+  bool checkpointing = false;
+  std::vector<std::function<void()>> after_checkpoint;
+  bool stopping = false;
+  run_summary summary;
+  bool have_first_loss = false;
+};
+
+using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+
+void event(self_ptr self, nlohmann::json j) {
+  self->send(self->state.peers.metrics, event_atom::value, j.dump());
+}
+
+void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t features_handle) {
+  auto& s = self->state;
+  if (batch_handle)
+    self->send(s.peers.prefetch[static_cast<size_t>(source)], release_atom::value, batch_handle);
+  if (features_handle)
+    self->send(s.peers.targets[static_cast<size_t>(source)], release_atom::value, features_handle);
+}
+
+void dispatch(self_ptr self) {
+  auto& s = self->state;
+  while (!s.stopping && !s.idle.empty() && !s.queue.empty()) {
+    auto d = s.idle.front();
+    s.idle.pop_front();
+    s.busy.insert(d);
+    self->send(s.peers.drafters[static_cast<size_t>(d)], std::move(s.queue.front()));
+    s.queue.pop_front();
+  }
+}
+
+void fail(self_ptr self, const caf::error& err) {
+  auto& s = self->state;
+  if (s.running) {
+    s.running = false;
+    s.promise.deliver(err);
+  }
+}
+
+std::string ledger_json(self_ptr self) {
+  auto& s = self->state;
+  return nlohmann::json{{"ledger", nlohmann::json::parse(s.ledger->save())},
+                        {"step", s.step},
+                        {"epoch", s.epoch}}
+    .dump();
+}
+
+/// Snapshot drafter 0, write it, mark the ledger durable; then run the
+/// continuations queued meanwhile.
+void checkpoint(self_ptr self, std::function<void()> then) {
+  auto& s = self->state;
+  if (then)
+    s.after_checkpoint.push_back(std::move(then));
+  if (s.checkpointing)
+    return;
+  s.checkpointing = true;
+  const auto extra = ledger_json(self);
+  self->request(s.peers.drafters.front(), std::chrono::minutes(10), snapshot_atom::value)
+    .then(
+      [self, extra](const snapshot_desc& snap) {
+        self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
+          .then(
+            [self, snap](const std::string& dir) {
+              auto& s = self->state;
+              const auto committed = s.ledger->durable(snap.step);
+              s.durable_step = snap.step;
+              s.summary.checkpoint = dir;
+              s.checkpointing = false;
+              event(self, {{"event", "checkpoint"}, {"step", snap.step}, {"dir", dir},
+                           {"committed_now", committed},
+                           {"committed", s.ledger->state_counts().committed}});
+              auto todo = std::move(s.after_checkpoint);
+              s.after_checkpoint.clear();
+              for (auto& f : todo)
+                f();
+            },
+            [self](const caf::error& err) { fail(self, err); });
+      },
+      [self](const caf::error& err) { fail(self, err); });
+}
+
+void deliver(self_ptr self) {
+  auto& s = self->state;
+  if (!s.running)
+    return;
+  s.running = false;
+  s.summary.steps = s.step;
+  s.summary.samples_committed = s.ledger->state_counts().committed;
+  event(self, {{"event", "end"}, {"reason", s.summary.stop_reason}, {"steps", s.step},
+               {"checkpoint", s.summary.checkpoint}});
+  s.promise.deliver(s.summary);
+}
+
+/// When stopping: once no drafter is mid-step, write the last checkpoint
+/// (if there is anything new) and answer the run request.
+void try_complete(self_ptr self) {
+  auto& s = self->state;
+  if (!s.stopping || !s.busy.empty() || s.checkpointing)
+    return;
+  // Everything not trained is abandoned: its samples stay uncommitted and
+  // a resumed run issues them again.
+  for (auto& [id, f] : s.in_flight)
+    release(self, f.source, f.batch_handle, f.features_handle);
+  s.in_flight.clear();
+  s.queue.clear();
+  if (s.step > s.durable_step)
+    checkpoint(self, [self] { deliver(self); });
+  else
+    deliver(self);
+}
+
+void finish(self_ptr self, const std::string& reason) {
+  auto& s = self->state;
+  if (s.stopping)
+    return;
+  s.stopping = true;
+  s.summary.stop_reason = reason;
+  try_complete(self);
+}
+
+void start_epoch(self_ptr self, const std::vector<int64_t>& done) {
+  auto& s = self->state;
+  s.exhausted.assign(s.peers.prefetch.size(), false);
+  event(self, {{"event", "epoch"}, {"epoch", s.epoch}, {"samples", s.ledger->num_samples()},
+               {"already_committed", static_cast<int64_t>(done.size())}});
+  for (auto& p : s.peers.prefetch)
+    self->send(p, epoch_atom::value, s.epoch, done);
+}
+
+void maybe_end_epoch(self_ptr self) {
+  auto& s = self->state;
+  if (s.stopping || s.checkpointing)
+    return;
+  for (bool e : s.exhausted)
+    if (!e)
+      return;
+  if (!s.in_flight.empty() || !s.queue.empty() || !s.busy.empty())
+    return;
+  checkpoint(self, [self] {
+    auto& s = self->state;
+    if (!s.ledger->epoch_complete()) {
+      fail(self, make_error(errc::bad_input,
+                            "epoch " + std::to_string(s.epoch) + " ended with "
+                              + std::to_string(s.ledger->state_counts().committed) + " of "
+                              + std::to_string(s.ledger->num_samples())
+                              + " samples committed (ledger and data disagree)"));
+      return;
+    }
+    ++s.summary.epochs_completed;
+    if (s.epoch + 1 >= s.opts.epochs) {
+      finish(self, "epochs");
+      return;
+    }
+    s.ledger->next_epoch();
+    ++s.epoch;
+    start_epoch(self, {});
+  });
+}
+
+} // namespace
+
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options opts) {
+  auto behavior = [](self_ptr self, coordinator_options o) -> coordinator_actor::behavior_type {
+    self->state.opts = std::move(o);
+    self->set_default_handler([](caf::scheduled_actor* me, caf::message_view& view)
+                                -> caf::result<caf::message> {
+      auto msg = view.copy_content_to_message();
+      spdlog::error("tandem.coordinator cannot handle {}", caf::to_string(msg));
+      return make_error(errc::unexpected_message, "coordinator cannot handle " + caf::to_string(msg));
+    });
+    return {
+      [self](run_atom, coordinator_peers& peers) -> caf::result<run_summary> {
+        auto& s = self->state;
+        if (s.running)
+          return make_error(errc::bad_input, "coordinator: a run is already in progress");
+        if (peers.drafters.size() != 1)
+          return make_error(errc::bad_input,
+                            "coordinator: " + std::to_string(peers.drafters.size())
+                              + " drafters; data-parallel drafters need the NCCL all-reduce of the "
+                                "GPU engine (not yet built): use one drafter");
+        if (peers.prefetch.size() != peers.targets.size() || peers.prefetch.empty())
+          return make_error(errc::bad_input, "coordinator: one prefetch per target is required");
+        s.peers = std::move(peers);
+        s.running = true;
+        s.promise = self->make_response_promise<run_summary>();
+        std::vector<int64_t> done;
+        if (s.opts.resume_ledger.empty()) {
+          s.ledger.emplace(s.opts.num_samples);
+        } else {
+          s.ledger.emplace(sample_ledger::restore(s.opts.resume_ledger));
+          if (s.ledger->num_samples() != s.opts.num_samples)
+            return make_error(errc::bad_input, "resume: the checkpoint's ledger covers "
+                                                 + std::to_string(s.ledger->num_samples())
+                                                 + " samples, the dataset has "
+                                                 + std::to_string(s.opts.num_samples));
+          s.epoch = s.ledger->epoch();
+          for (int64_t i = 0; i < s.ledger->num_samples(); ++i)
+            if (s.ledger->is_committed(i))
+              done.push_back(i);
+          s.step = s.opts.resume_step;
+          s.durable_step = s.opts.resume_step;
+        }
+        for (size_t d = 0; d < s.peers.drafters.size(); ++d)
+          s.idle.push_back(static_cast<int32_t>(d));
+        start_epoch(self, done);
+        for (auto& p : s.peers.prefetch)
+          self->send(p, credit_atom::value, s.opts.credits);
+        return s.promise;
+      },
+      [self](stop_atom) { finish(self, "signal"); },
+      [self](status_atom) -> std::string {
+        auto& s = self->state;
+        nlohmann::json j{{"running", s.running}, {"stopping", s.stopping}, {"epoch", s.epoch},
+                         {"step", s.step},       {"in_flight", s.in_flight.size()},
+                         {"queued", s.queue.size()}, {"busy", s.busy.size()}};
+        if (s.ledger) {
+          auto c = s.ledger->state_counts();
+          j["ledger"] = {{"pending", c.pending}, {"issued", c.issued}, {"trained", c.trained},
+                         {"committed", c.committed}};
+        }
+        return j.dump();
+      },
+      [self](batch_desc& batch) {
+        auto& s = self->state;
+        if (s.stopping) {
+          release(self, batch.source, batch.handle, 0);
+          return;
+        }
+        batch.batch_id = s.ledger->issue(batch.sample_ids);
+        s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens};
+        self->send(s.peers.targets[static_cast<size_t>(batch.source)], std::move(batch));
+      },
+      [self](exhausted_atom, int32_t source, int64_t epoch) {
+        auto& s = self->state;
+        if (epoch == s.epoch && source >= 0 && static_cast<size_t>(source) < s.exhausted.size())
+          s.exhausted[static_cast<size_t>(source)] = true;
+        maybe_end_epoch(self);
+      },
+      [self](work_item& w) {
+        auto& s = self->state;
+        auto it = s.in_flight.find(w.batch.batch_id);
+        if (it == s.in_flight.end() || s.stopping) {
+          release(self, w.batch.source, w.batch.handle, w.features.handle);
+          if (it != s.in_flight.end())
+            s.in_flight.erase(it);
+          try_complete(self);
+          return;
+        }
+        it->second.features_handle = w.features.handle;
+        s.queue.push_back(std::move(w));
+        dispatch(self);
+      },
+      [self](const step_report& r) {
+        auto& s = self->state;
+        s.busy.erase(r.drafter);
+        s.idle.push_back(r.drafter);
+        auto it = s.in_flight.find(r.batch_id);
+        if (it != s.in_flight.end()) {
+          release(self, it->second.source, it->second.batch_handle, it->second.features_handle);
+          if (!s.stopping)
+            self->send(s.peers.prefetch[static_cast<size_t>(it->second.source)], credit_atom::value,
+                       int32_t{1});
+          s.in_flight.erase(it);
+        }
+        s.ledger->trained(r.batch_id, r.step);
+        s.step = r.step;
+        if (!s.have_first_loss) {
+          s.summary.first_loss = r.loss;
+          s.have_first_loss = true;
+        }
+        s.summary.last_loss = r.loss;
+        self->send(s.peers.metrics, r);
+        if (!r.finite)
+          event(self, {{"event", "non_finite"}, {"step", r.step}, {"batch", r.batch_id},
+                       {"drafter", r.drafter}});
+        if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
+          finish(self, "max_steps");
+          return;
+        }
+        if (s.stopping) {
+          try_complete(self);
+          return;
+        }
+        if (s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
+          checkpoint(self, [self] { maybe_end_epoch(self); });
+        dispatch(self);
+        maybe_end_epoch(self);
+      },
+      [self](shutdown_atom) { self->quit(); },
+    };
+  };
+  return sys.spawn(behavior, std::move(opts));
+}
+
+} // namespace tandem

@@ -1,0 +1,212 @@
+#pragma once
+/// The run configuration: the one TOML file `tandem run CONFIG.toml` reads
+/// (DESIGN.md §2, §5), the command line's `--set SECTION.KEY=VALUE` and
+/// `--fault SPEC` on top of it, and the placement of the actors on this
+/// host's devices.  config/README.md has the schema; every field below
+/// carries its default and its key.
+///
+///   load_run_config(file, overrides)  →  run_config       (validated)
+///   resolve_placement(config, gpus)   →  placement_plan   (devices checked)
+///   to_toml(config)                   →  TOML text        (every field; reloads to the same config)
+///
+/// Errors are config_error, one line per problem, located as a compiler
+/// would locate them:
+///
+///   config/tiny.toml:12:1: unknown key 'train.learning_rate' (did you mean 'train.lr'?)
+///   config/tiny.toml:7:11: 'data.seq_len' must be a positive integer, got -5
+///   --set data.seq_len=abc: 'data.seq_len' must be a positive integer, got "abc"
+///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", got "oops"
+///
+/// Plain C++: no CAF, no LibTorch, and toml++ only inside run_config.cpp.
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+/// Any problem with a run configuration or its placement.  what() is one
+/// line per problem, each starting with where it is: "FILE:LINE:COLUMN: ",
+/// "FILE: " (a missing key), "--set KEY=VALUE: " or "--fault SPEC: ".
+class config_error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// One injected failure, for the fault-injection tests (DESIGN.md §7):
+/// TOML `[[faults.inject]]`, or `--fault drafter=0,kind=nan,at_step=5`.
+struct fault_spec {
+  int64_t drafter = 0;  ///< index of the drafter that fails (placement.drafters order)
+  std::string kind;     ///< "throw" (an exception), "nan" (a non-finite loss),
+                        ///< "hang" (stops answering; the heartbeat catches it)
+  int64_t at_step = 0;  ///< the global optimizer step at which it fails
+
+  /// The `--fault` form: "drafter=0,kind=nan,at_step=5".
+  std::string to_string() const;
+};
+
+/// Everything a run needs to know, section by section as in the TOML file.
+/// After load_run_config every path except checkpoint.dir and metrics.jsonl
+/// is absolute (relative ones in the file are taken from the file's folder,
+/// relative ones from the command line from the working directory);
+/// checkpoint.dir and metrics.jsonl stay relative to run.output_dir (an
+/// absolute one is used as it is).
+struct run_config {
+  /// [model]: the frozen target.
+  struct model_section {
+    std::filesystem::path target;    ///< target: a Hugging Face Qwen3 folder (required)
+    std::vector<int64_t> tap_layers; ///< tap_layers: decoder-layer outputs to tap, strictly
+                                     ///< increasing; [] = DFLASH.md's default_tap_ids(L, 5)
+    std::string dtype = "auto";      ///< dtype: "auto" (bfloat16 on a GPU, float32 on the CPU),
+                                     ///< "float32" or "bfloat16"
+  } model;
+
+  /// [drafter]: the DFlash drafter being trained.
+  struct drafter_section {
+    int64_t layers = 1;          ///< layers: Qwen3 decoder layers (5 for Qwen3-4B/8B)
+    int64_t block_size = 16;     ///< block_size: Bs, tokens per draft block (≥ 2)
+    int64_t mask_token_id = -1;  ///< mask_token_id: a row of the target's embedding (required,
+                                 ///< ≥ 0; Qwen3: 151669); -1 only before loading
+    uint64_t seed = 0;           ///< seed: weight initialisation
+    std::filesystem::path init_from;  ///< init_from: "" (fresh weights) or a Tandem checkpoint
+                                      ///< or z-lab export folder to start from
+  } drafter;
+
+  /// [data]: the prepared token shards and how they are packed.
+  struct data_section {
+    std::filesystem::path path;  ///< path: a `tandem prepare` output folder (required)
+    int64_t seq_len = 3072;      ///< seq_len: S, tokens per packed row (≥ block_size)
+    int64_t rows = 1;            ///< rows: B, rows per batch
+    int64_t anchors = 512;       ///< anchors: N, draft blocks per row
+    int64_t max_docs = 16;       ///< max_docs: documents packed into one row at most
+    int64_t lookahead = 16;      ///< lookahead: pending samples first-fit packing picks from
+    uint64_t seed = 0;           ///< seed: epoch shuffle and anchor sampling
+    int64_t epochs = 1;          ///< epochs: passes over the data (DFLASH.md recipe: 6)
+  } data;
+
+  /// [train]: the optimizer (AdamW, cosine schedule with linear warm-up).
+  struct train_section {
+    double lr = 6e-4;             ///< lr: peak learning rate
+    double warmup_ratio = 0.04;   ///< warmup_ratio: fraction of the steps warming up, in [0, 1]
+    double weight_decay = 0.0;    ///< weight_decay: AdamW decoupled weight decay
+    double grad_clip = 1.0;       ///< grad_clip: global gradient-norm clip; 0 = off
+    double beta1 = 0.9;           ///< beta1: in [0, 1)
+    double beta2 = 0.95;          ///< beta2: in [0, 1)
+    double eps = 1e-8;            ///< eps: AdamW denominator epsilon, > 0
+    int64_t max_steps = 0;        ///< max_steps: stop after this many steps; 0 = run the epochs
+    int64_t chunk_rows = 2048;    ///< chunk_rows: lm-head rows per chunk of the cross-entropy
+    int64_t log_every = 10;       ///< log_every: steps between metric records
+  } train;
+
+  /// [placement]: which device each actor owns.  A device string is "cpu",
+  /// "cuda:N", or "auto" alone (the GPUs in order if any, else the CPU).
+  /// One actor per entry; several actors may share a device.
+  struct placement_section {
+    std::vector<std::string> targets{"auto"};   ///< targets: one target actor per entry
+    std::vector<std::string> drafters{"auto"};  ///< drafters: one drafter per entry (replicas)
+    std::string prefetch = "per_target";        ///< prefetch: "per_target" (one per target, on its device)
+  } placement;
+
+  /// [runtime]: flow control and liveness.
+  struct runtime_section {
+    int64_t credits = 4;          ///< credits: batches in flight per target
+    double heartbeat_s = 10.0;    ///< heartbeat_s: a silent actor is declared failed after this
+    double step_timeout_s = 120.0;  ///< step_timeout_s: a step slower than this is a failure
+    bool capture_graphs = true;   ///< capture_graphs: CUDA graphs (ignored on the CPU)
+  } runtime;
+
+  /// [checkpoint]: snapshots.
+  struct checkpoint_section {
+    std::filesystem::path dir = "checkpoints";  ///< dir: relative to run.output_dir
+    int64_t every_steps = 100;  ///< every_steps: steps between snapshots; 0 = none periodic
+    int64_t keep = 3;           ///< keep: newest snapshots kept (≥ 1)
+    bool on_signal = true;      ///< on_signal: snapshot on SIGINT/SIGTERM before exiting
+  } checkpoint;
+
+  /// [supervision]: restarting failed drafters.
+  struct supervision_section {
+    int64_t restart_budget = 3;              ///< restart_budget: restarts per drafter within window_s
+    std::vector<double> backoff_s{1, 2, 4};  ///< backoff_s: wait before restart k (the last repeats)
+    double window_s = 600.0;                 ///< window_s: failures older than this do not count
+  } supervision;
+
+  /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.
+  std::vector<fault_spec> faults;
+
+  /// [metrics]
+  struct metrics_section {
+    std::filesystem::path jsonl = "metrics.jsonl";  ///< jsonl: JSON-lines log, relative to
+                                                    ///< run.output_dir; "" = none
+    bool progress = true;  ///< progress: a progress line on the terminal
+    double every_s = 1.0;  ///< every_s: seconds between progress updates
+  } metrics;
+
+  /// [run]
+  struct run_section {
+    std::filesystem::path output_dir;  ///< output_dir: default "runs/<config file stem>" in the
+                                       ///< working directory
+    std::string name;                  ///< name: default the config file's stem
+  } run;
+
+  /// The file this was loaded from (or the name given to parse_run_config).
+  std::filesystem::path source;
+
+  /// run.output_dir / checkpoint.dir.
+  std::filesystem::path checkpoint_dir() const { return run.output_dir / checkpoint.dir; }
+  /// run.output_dir / metrics.jsonl, or empty when metrics.jsonl is "".
+  std::filesystem::path metrics_file() const {
+    return metrics.jsonl.empty() ? std::filesystem::path{} : run.output_dir / metrics.jsonl;
+  }
+};
+
+/// Reads `toml_file`, applies `overrides` ("section.key=value", in order,
+/// after the file; the value is TOML typed like the field, where a bare word
+/// is taken as a string and "a,b" as an array), fills the defaults and
+/// validates.  Unknown sections and keys are errors.  Throws config_error.
+run_config load_run_config(const std::filesystem::path& toml_file,
+                           const std::vector<std::string>& overrides = {});
+
+/// Same, from TOML text; `source` names it in errors and is where relative
+/// paths are taken from (its folder) and output_dir's default (its stem).
+run_config parse_run_config(std::string_view toml_text, const std::filesystem::path& source,
+                            const std::vector<std::string>& overrides = {});
+
+/// A `--fault` argument: "drafter=N,kind=throw|nan|hang,at_step=S" (all
+/// three, any order).  Throws config_error.
+fault_spec parse_fault(const std::string& spec);
+
+/// The complete TOML of `c`: every field, with a comment each.  Written into
+/// a run's output folder as the effective config; load_run_config of it gives
+/// `c` back (paths are absolute, so it reloads from anywhere).
+std::string to_toml(const run_config& c);
+
+/// Every key the schema knows, "section.key", in file order (faults as
+/// "faults.inject.drafter" …).
+std::vector<std::string> run_config_keys();
+
+/// -1 → "cpu", N → "cuda:N".
+std::string device_string(int32_t device);
+
+/// Which device each actor gets.
+struct placement_plan {
+  struct slot {
+    std::string role;  ///< "target", "drafter" or "prefetch"
+    int index;         ///< within its role, in placement order
+    int32_t device;    ///< -1 = CPU, else the CUDA ordinal
+  };
+  std::vector<slot> targets, drafters, prefetch;  ///< prefetch[i] serves targets[i]
+
+  /// One line per device in use, e.g. "cuda:0: target 0, prefetch 0".
+  std::string describe() const;
+};
+
+/// Expands "auto" for a host with `gpus_available` GPUs and checks every
+/// "cuda:N" against it; puts one prefetch actor per target on the target's
+/// device; checks that each fault names an existing drafter.  Throws
+/// config_error naming the field and the number of GPUs.
+placement_plan resolve_placement(const run_config& c, int32_t gpus_available);
+
+} // namespace tandem

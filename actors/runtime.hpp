@@ -1,0 +1,64 @@
+#pragma once
+/// Spawning the training actors (DESIGN.md §3).  GPU-owning actors are
+/// spawned detached (one private thread each; all their device work on it)
+/// and build their engines inside the behaviour, never in a constructor.
+/// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator}.hpp.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+
+#include "gpu/engine/drafter_engine.hpp"
+#include "gpu/engine/prefetch_engine.hpp"
+#include "gpu/engine/target_engine.hpp"
+#include "messages/checkpointer.hpp"
+#include "messages/coordinator.hpp"
+#include "messages/drafter.hpp"
+#include "messages/metrics.hpp"
+#include "messages/prefetch.hpp"
+#include "messages/target.hpp"
+
+namespace tandem {
+
+prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
+                              gpu::prefetch_engine_options opts, coordinator_actor coordinator);
+
+target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
+                          coordinator_actor coordinator);
+
+/// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
+drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
+                            std::string restore_from, coordinator_actor coordinator);
+
+/// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`.
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
+
+struct metrics_options {
+  std::filesystem::path jsonl;  ///< "" = no file
+  bool progress = true;         ///< a progress line on stderr
+  double every_s = 1.0;
+  int64_t total_steps = 0;      ///< for the ETA (0 = unknown)
+  int64_t log_every = 10;       ///< JSON line every N steps
+};
+metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);
+
+struct coordinator_options {
+  int64_t num_samples = 0;           ///< in the dataset
+  int32_t credits = 4;               ///< batches in flight per prefetch
+  int64_t max_steps = 0;             ///< 0: run `epochs`
+  int64_t epochs = 1;
+  int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
+  std::string resume_ledger;         ///< a saved ledger (resume), or ""
+  int64_t resume_step = 0;           ///< the drafters' step when resuming
+};
+
+/// Spawns the coordinator.  It learns its peers from the run request
+/// (messages/coordinator.hpp), since they need its handle to be spawned.
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options opts);
+
+} // namespace tandem

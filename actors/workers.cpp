@@ -1,0 +1,258 @@
+// The detached, device-owning actors: prefetch, target, drafter, and the
+// checkpointer (detached for its blocking file I/O).  Each keeps its engine
+// in its state and builds it inside the behaviour, on its own thread.
+#include <chrono>
+#include <optional>
+#include <unordered_set>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/runtime.hpp"
+#include "gpu/error.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+/// Logs and answers anything a protocol does not know (STYLE habit 7).
+template <class Self>
+void install_default_handler(Self* self, const char* name) {
+  self->set_default_handler([name](caf::scheduled_actor* me, caf::message_view& view)
+                              -> caf::result<caf::message> {
+    auto msg = view.copy_content_to_message();
+    spdlog::error("{} (actor {}) cannot handle {}", name, me->id(), caf::to_string(msg));
+    return make_error(errc::unexpected_message, std::string(name) + " cannot handle "
+                                                  + caf::to_string(msg));
+  });
+}
+
+// ------------------------------------------------------------------ prefetch
+
+struct prefetch_state {
+  static inline const char* name = "tandem.prefetch";
+  int32_t index = 0;
+  std::optional<gpu::prefetch_engine> engine;
+  coordinator_actor coordinator;
+  int32_t device = -1;
+  int32_t credit = 0;
+  int64_t epoch = -1;
+  bool exhausted = true;
+};
+
+prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer<prefetch_state> self,
+                                                int32_t index, gpu::prefetch_engine_options opts,
+                                                coordinator_actor coordinator) {
+  install_default_handler(self, prefetch_state::name);
+  auto& st = self->state;
+  st.index = index;
+  st.coordinator = coordinator;
+  st.device = opts.device;
+  st.engine.emplace(opts);  // on this actor's own thread
+  // Packs and sends batches while credit lasts.
+  auto pump = [self] {
+    auto& s = self->state;
+    while (s.credit > 0 && !s.exhausted) {
+      auto b = s.engine->next();
+      if (!b) {
+        s.exhausted = true;
+        self->send(s.coordinator, exhausted_atom::value, s.index, s.epoch);
+        break;
+      }
+      batch_desc d;
+      d.epoch = s.epoch;
+      d.source = s.index;
+      d.sample_ids = std::move(b->sample_ids);
+      d.rows = b->rows;
+      d.seq_len = b->seq_len;
+      d.real_tokens = b->real_tokens;
+      d.where.device = s.device;
+      d.handle = b->handle;
+      --s.credit;
+      self->send(s.coordinator, std::move(d));
+    }
+  };
+  return {
+    [self, pump](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
+      auto& s = self->state;
+      s.epoch = epoch;
+      s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
+      s.exhausted = false;
+      pump();
+    },
+    [self, pump](credit_atom, int32_t n) {
+      self->state.credit += n;
+      pump();
+    },
+    [self, pump](reissue_atom, const std::vector<int64_t>& ids) {
+      auto& s = self->state;
+      s.engine->reissue(ids);
+      if (s.exhausted) {  // the epoch ran out here, but these must still go
+        s.exhausted = false;
+      }
+      pump();
+    },
+    [self](release_atom, uint64_t handle) { self->state.engine->release(handle); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// -------------------------------------------------------------------- target
+
+struct target_state {
+  static inline const char* name = "tandem.target";
+  int32_t index = 0;
+  std::optional<gpu::target_engine> engine;
+  coordinator_actor coordinator;
+};
+
+target_actor::behavior_type target_behavior(target_actor::stateful_pointer<target_state> self,
+                                            int32_t index, gpu::target_engine_options opts,
+                                            coordinator_actor coordinator) {
+  install_default_handler(self, target_state::name);
+  self->state.index = index;
+  self->state.coordinator = coordinator;
+  self->state.engine.emplace(opts);
+  return {
+    [self](batch_desc& batch) {
+      auto& s = self->state;
+      auto t0 = clock_type::now();
+      work_item w;
+      w.features.batch_id = batch.batch_id;
+      w.features.target = s.index;
+      w.features.handle = s.engine->forward(batch.handle);
+      w.features.forward_ms = ms_since(t0);
+      w.batch = std::move(batch);
+      self->send(s.coordinator, std::move(w));
+    },
+    [self](release_atom, uint64_t handle) { gpu::transport::release(handle); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// ------------------------------------------------------------------- drafter
+
+struct drafter_state {
+  static inline const char* name = "tandem.drafter";
+  int32_t index = 0;
+  std::optional<gpu::drafter_engine> engine;
+  coordinator_actor coordinator;
+  clock_type::time_point idle_since = clock_type::now();
+};
+
+drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<drafter_state> self,
+                                              int32_t index, gpu::drafter_engine_options opts,
+                                              std::string restore_from,
+                                              coordinator_actor coordinator) {
+  install_default_handler(self, drafter_state::name);
+  auto& st = self->state;
+  st.index = index;
+  st.coordinator = coordinator;
+  st.engine.emplace(opts);
+  if (!restore_from.empty())
+    st.engine->restore(restore_from);
+  st.idle_since = clock_type::now();
+  return {
+    [self](const work_item& w) {
+      auto& s = self->state;
+      const double wait = ms_since(s.idle_since);
+      // An exception here ends the actor; the supervisor restarts it.
+      auto r = s.engine->train_step(w.batch.handle, w.features.handle);
+      step_report rep;
+      rep.drafter = s.index;
+      rep.step = r.step;
+      rep.batch_id = w.batch.batch_id;
+      rep.loss = r.loss;
+      rep.accuracy = r.accuracy;
+      rep.grad_norm = r.grad_norm;
+      rep.lr = r.lr;
+      rep.scored_tokens = r.scored_tokens;
+      rep.real_tokens = w.batch.real_tokens;
+      rep.finite = r.finite;
+      rep.compute_ms = r.compute_ms;
+      rep.wait_ms = wait;
+      s.idle_since = clock_type::now();
+      self->send(s.coordinator, rep);
+    },
+    [self](snapshot_atom) -> snapshot_desc {
+      auto& s = self->state;
+      snapshot_desc d;
+      d.drafter = s.index;
+      d.step = s.engine->step();
+      d.handle = s.engine->snapshot();
+      return d;
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// -------------------------------------------------------------- checkpointer
+
+struct checkpointer_state {
+  static inline const char* name = "tandem.checkpointer";
+  std::filesystem::path dir;
+  int keep = 3;
+  std::vector<std::filesystem::path> written;
+};
+
+checkpointer_actor::behavior_type
+checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> self,
+                      std::filesystem::path dir, int keep) {
+  install_default_handler(self, checkpointer_state::name);
+  self->state.dir = std::move(dir);
+  self->state.keep = keep;
+  return {
+    [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
+      auto& s = self->state;
+      char name[32];
+      std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(snap.step));
+      auto target = s.dir / name;
+      try {
+        gpu::write_checkpoint(snap.handle, target, extra);
+      } catch (const std::exception& e) {
+        gpu::transport::release(snap.handle);
+        return make_error(errc::bad_input, std::string("checkpoint ") + target.string() + ": " + e.what());
+      }
+      gpu::transport::release(snap.handle);
+      s.written.push_back(target);
+      while (s.keep > 0 && static_cast<int>(s.written.size()) > s.keep) {
+        std::error_code ec;
+        std::filesystem::remove_all(s.written.front(), ec);
+        s.written.erase(s.written.begin());
+      }
+      return target.string();
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace
+
+prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
+                              gpu::prefetch_engine_options opts, coordinator_actor coordinator) {
+  return sys.spawn<caf::detached>(prefetch_behavior, index, std::move(opts), std::move(coordinator));
+}
+
+target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
+                          coordinator_actor coordinator) {
+  return sys.spawn<caf::detached>(target_behavior, index, std::move(opts), std::move(coordinator));
+}
+
+drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
+                            std::string restore_from, coordinator_actor coordinator) {
+  return sys.spawn<caf::detached>(drafter_behavior, index, std::move(opts), std::move(restore_from),
+                                  std::move(coordinator));
+}
+
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep) {
+  return sys.spawn<caf::detached>(checkpointer_behavior, std::move(dir), keep);
+}
+
+} // namespace tandem

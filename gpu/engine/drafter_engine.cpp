@@ -1,0 +1,418 @@
+#include "gpu/engine/drafter_engine.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/dflash_objective.hpp"
+#include "gpu/engine/adamw.hpp"
+#include "gpu/engine/checkpoint_io.hpp"
+#include "gpu/engine/engine_common.hpp"
+#include "gpu/error.hpp"
+#include "gpu/hf_config.hpp"
+#include "gpu/models/dflash.hpp"
+#include "gpu/models/qwen3.hpp"
+#include "gpu/pch.hpp"
+#include "gpu/safetensors.hpp"
+#include "gpu/transport_tensors.hpp"
+
+namespace tandem::gpu {
+
+namespace {
+
+using json = nlohmann::json;
+
+const std::string who = "drafter engine";
+
+void require(bool ok, const std::string& what) {
+  if (!ok)
+    throw error(errc::bad_input, who + ": " + what);
+}
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+/// The fields of the drafter's shape that a checkpoint must agree with.
+json shape_json(const dflash_config& c) {
+  return {{"vocab_size", c.layer.vocab_size},
+          {"hidden_size", c.layer.hidden_size},
+          {"intermediate_size", c.layer.intermediate_size},
+          {"num_hidden_layers", c.layer.num_hidden_layers},
+          {"num_attention_heads", c.layer.num_attention_heads},
+          {"num_key_value_heads", c.layer.num_key_value_heads},
+          {"head_dim", c.layer.head_dim},
+          {"block_size", c.block_size},
+          {"num_target_layers", c.num_target_layers},
+          {"mask_token_id", c.mask_token_id},
+          {"target_layer_ids", c.target_layer_ids}};
+}
+
+json options_json(const drafter_engine_options& o) {
+  return {{"target_dir", o.target_dir.string()}, {"device", o.device},
+          {"dtype", o.dtype},                    {"layers", o.layers},
+          {"block_size", o.block_size},          {"mask_token_id", o.mask_token_id},
+          {"anchors", o.anchors},                {"chunk_rows", o.chunk_rows},
+          {"tap_ids", o.tap_ids},                {"seed", o.seed},
+          {"lr", o.lr},                          {"warmup_ratio", o.warmup_ratio},
+          {"weight_decay", o.weight_decay},      {"grad_clip", o.grad_clip},
+          {"beta1", o.beta1},                    {"beta2", o.beta2},
+          {"eps", o.eps},                        {"total_steps", o.total_steps}};
+}
+
+} // namespace
+
+struct drafter_engine::impl {
+  drafter_engine_options opts;
+  at::Device device{at::kCPU};
+  at::ScalarType dtype = at::kFloat;
+  dflash_config cfg;
+  objective_options objective;
+  at::Tensor embed;                  ///< [V, D] target's, frozen, dtype
+  at::Tensor lm_head;                ///< [V, D] target's, frozen, dtype (= embed when tied)
+  dflash_weights master;             ///< fp32, what the optimizer updates
+  dflash_weights model;              ///< dtype, what forward/backward use (= master on fp32)
+  std::vector<std::string> names;    ///< z-lab names, dflash_parameters order
+  std::vector<at::Tensor> masters;   ///< master's tensors in that order
+  std::vector<at::Tensor> params;    ///< model's tensors in that order
+  std::vector<at::Tensor> fp32_grads;  ///< the optimizer's gradients (= params' grads on fp32)
+  std::unique_ptr<adamw> optimizer;
+  at::Generator gen;                 ///< anchors; private, on the device
+  drafter_info info;
+  int64_t applied = 0;               ///< host mirror of the optimizer's update count
+  bool nan_armed = false, throw_armed = false;
+
+  bool mixed() const { return dtype != at::kFloat; }
+
+  explicit impl(const drafter_engine_options& o) : opts(o) {
+    device = detail::engine_device(o.device, who);
+    dtype = detail::engine_dtype(o.dtype, device, who);
+    detail::device_scope scope(device);
+    check_options();
+    build_config();
+    load_frozen();
+    init_weights();
+    optimizer = std::make_unique<adamw>(masters, optimizer_options());
+    gen = detail::private_generator(device, detail::mix_seed(o.seed, 1));
+    fill_info();
+  }
+
+  void check_options() const {
+    require(opts.layers >= 1, "layers must be at least 1, got " + std::to_string(opts.layers));
+    require(opts.block_size >= 2, "block_size must be at least 2, got " + std::to_string(opts.block_size));
+    require(opts.anchors >= 1, "anchors must be at least 1, got " + std::to_string(opts.anchors));
+    require(opts.chunk_rows >= 1, "chunk_rows must be at least 1, got " + std::to_string(opts.chunk_rows));
+    require(opts.lr > 0 && std::isfinite(opts.lr), "lr must be positive");
+    require(opts.warmup_ratio >= 0 && opts.warmup_ratio <= 1, "warmup_ratio must be in [0, 1]");
+    require(opts.weight_decay >= 0, "weight_decay must be non-negative");
+    require(opts.beta1 >= 0 && opts.beta1 < 1, "beta1 must be in [0, 1)");
+    require(opts.beta2 >= 0 && opts.beta2 < 1, "beta2 must be in [0, 1)");
+    require(opts.eps > 0, "eps must be positive");
+  }
+
+  void build_config() {
+    auto tc = load_qwen3_config(opts.target_dir);
+    auto taps = opts.tap_ids.empty() ? default_tap_ids(tc.num_hidden_layers, 5) : opts.tap_ids;
+    for (auto id : taps)
+      require(id >= 0 && id < tc.num_hidden_layers,
+              "tap layer " + std::to_string(id) + " outside the target's "
+                + std::to_string(tc.num_hidden_layers) + " layers");
+    require(opts.mask_token_id >= 0 && opts.mask_token_id < tc.vocab_size,
+            "mask_token_id " + std::to_string(opts.mask_token_id)
+              + " is not a row of the target's embedding (vocab_size "
+              + std::to_string(tc.vocab_size) + "; Qwen3 uses 151669)");
+    cfg.layer = tc;
+    cfg.layer.num_hidden_layers = opts.layers;
+    cfg.block_size = opts.block_size;
+    cfg.num_target_layers = tc.num_hidden_layers;
+    cfg.mask_token_id = opts.mask_token_id;
+    cfg.target_layer_ids = taps;
+    objective.block_size = opts.block_size;
+    objective.mask_token_id = opts.mask_token_id;
+    objective.gamma = default_gamma(opts.block_size);
+    objective.chunk_rows = opts.chunk_rows;
+  }
+
+  void load_frozen() {
+    // Embedding and head only (keep_layers = 0): no decoder layer is read.
+    auto tensors = load_safetensors(opts.target_dir);
+    auto w = qwen3_weights_from(tensors, cfg.layer, dtype, opts.target_dir.string(), 0);
+    const bool tied = w.lm_head.is_same(w.embed);
+    embed = w.embed.to(device);
+    lm_head = tied ? embed : w.lm_head.to(device);
+  }
+
+  void init_weights() {
+    // Drawn on the CPU with a private generator: the same weights on any device.
+    auto g = detail::private_generator(at::Device(at::kCPU), detail::mix_seed(opts.seed, 0));
+    const auto d = cfg.layer.hidden_size;
+    const auto taps = static_cast<int64_t>(cfg.target_layer_ids.size());
+    auto f32 = at::TensorOptions().dtype(at::kFloat);
+    master.fc = at::empty({d, taps * d}, f32).normal_(0.0, 0.02, g);
+    master.hidden_norm = at::ones({d}, f32);
+    const layer_dims dims{d, cfg.layer.intermediate_size, cfg.layer.num_attention_heads,
+                          cfg.layer.num_key_value_heads, cfg.layer.head_dim, cfg.layer.rms_norm_eps};
+    for (int64_t i = 0; i < cfg.layer.num_hidden_layers; ++i)
+      master.layers.push_back(random_decoder_layer(dims, at::kFloat, at::kCPU, g, 0.02));
+    master.norm = at::ones({d}, f32);
+    for (auto& [name, p] : dflash_parameters(master)) {
+      *p = p->to(device).contiguous();
+      names.push_back(name);
+      masters.push_back(*p);
+    }
+    if (!mixed()) {
+      model = master;
+      for (auto& p : masters)
+        p.requires_grad_(true);
+      params = masters;
+    } else {
+      model = master;
+      for (auto& [name, p] : dflash_parameters(model)) {
+        *p = p->to(dtype).detach().requires_grad_(true);
+        params.push_back(*p);
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = at::zeros_like(params[i]);
+      fp32_grads.push_back(mixed() ? at::zeros_like(masters[i]) : params[i].grad());
+    }
+  }
+
+  adamw_options optimizer_options() const {
+    adamw_options a;
+    a.lr = opts.lr;
+    a.beta1 = opts.beta1;
+    a.beta2 = opts.beta2;
+    a.eps = opts.eps;
+    a.weight_decay = opts.weight_decay;
+    a.grad_clip = opts.grad_clip;
+    a.warmup_ratio = opts.warmup_ratio;
+    a.total_steps = opts.total_steps;
+    return a;
+  }
+
+  void fill_info() {
+    info.vocab_size = cfg.layer.vocab_size;
+    info.hidden_size = cfg.layer.hidden_size;
+    info.layers = cfg.layer.num_hidden_layers;
+    info.block_size = cfg.block_size;
+    info.num_target_layers = cfg.num_target_layers;
+    info.mask_token_id = cfg.mask_token_id;
+    info.tap_ids = cfg.target_layer_ids;
+    info.parameters = 0;
+    for (const auto& p : masters)
+      info.parameters += p.numel();
+    info.dtype = detail::dtype_name(dtype);
+    info.device = device.is_cuda() ? device.index() : -1;
+  }
+
+  /// The model copy follows the masters (after an update or a restore).
+  void refresh_model() {
+    if (!mixed())
+      return;
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].copy_(masters[i]);
+  }
+
+  step_result train_step(transport::handle batch_h, transport::handle features_h) {
+    const auto t0 = std::chrono::steady_clock::now();
+    detail::device_scope scope(device);
+    auto batch = transport::acquire(batch_h, device);
+    detail::check_batch_payload(batch, batch_h, who);
+    auto features = transport::acquire(features_h, device);
+    const auto b = batch[0].size(0), s = batch[0].size(1);
+    const auto width = static_cast<int64_t>(cfg.target_layer_ids.size()) * cfg.layer.hidden_size;
+    require(features.size() == 1, "features payload " + std::to_string(features_h) + " has "
+                                    + std::to_string(features.size()) + " tensors, expected {taps}");
+    const auto& taps = features[0];
+    require(taps.dim() == 3 && taps.size(0) == b && taps.size(1) == s && taps.size(2) == width
+              && at::isFloatingType(taps.scalar_type()),
+            "features payload " + std::to_string(features_h) + " has shape "
+              + shape_text(taps.sizes()) + ", expected [" + std::to_string(b) + ", "
+              + std::to_string(s) + ", " + std::to_string(width) + "] (the batch's rows and length, "
+              + std::to_string(cfg.target_layer_ids.size()) + " taps of "
+              + std::to_string(cfg.layer.hidden_size) + ")");
+    const bool inject_nan = std::exchange(nan_armed, false);
+    const bool inject_throw = std::exchange(throw_armed, false);
+
+    at::Tensor readback;
+    try {
+      for (auto& p : params)
+        p.mutable_grad().zero_();
+      auto docs = make_doc_layout(batch[2], s);
+      auto anchors = sample_anchors(batch[1], docs, opts.anchors, opts.block_size, gen);
+      auto blocks = make_block_batch(batch[0], batch[1], docs, taps.to(dtype), anchors, embed,
+                                     opts.block_size, opts.mask_token_id, objective.gamma);
+      auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
+      auto loss = out.loss;
+      if (inject_nan)
+        loss = loss * std::numeric_limits<float>::quiet_NaN();
+      loss.backward();
+      if (inject_throw)
+        throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
+      if (mixed()) {
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i)
+          fp32_grads[i].copy_(params[i].grad());
+      } else {
+        for (size_t i = 0; i < params.size(); ++i)
+          fp32_grads[i] = params[i].grad();  // the same buffers; autograd accumulates in place
+      }
+      auto st = optimizer->step(fp32_grads, loss);
+      refresh_model();
+      // One read-back for every reported value (the only host sync).
+      readback = at::stack({loss.detach().to(at::kFloat), out.accuracy.to(at::kFloat),
+                            st.grad_norm.to(at::kFloat), st.lr.to(at::kFloat),
+                            out.scored.to(at::kFloat), st.skipped,
+                            optimizer->step_count().to(at::kFloat)})
+                   .to(at::kCPU, at::kDouble);
+    } catch (const c10::Error& e) {
+      throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
+    }
+    auto v = readback.accessor<double, 1>();
+    step_result r;
+    r.loss = v[0];
+    r.accuracy = v[1];
+    r.grad_norm = v[2];
+    r.lr = v[3];
+    r.scored_tokens = static_cast<int64_t>(v[4]);
+    r.finite = v[5] == 0.0;
+    r.step = static_cast<int64_t>(v[6]);
+    applied = r.step;
+    r.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  json state_json() const {
+    json j;
+    j["format"] = checkpoint_format;
+    j["version"] = checkpoint_version;
+    j["step"] = applied;
+    auto g = gen;
+    j["generator"] = {{"device", device.is_cuda() ? "cuda" : "cpu"},
+                      {"state", detail::generator_state_hex(g)}};
+    j["parameters"] = names;
+    j["drafter"] = shape_json(cfg);
+    j["options"] = options_json(opts);
+    return j;
+  }
+
+  transport::handle snapshot() const {
+    detail::device_scope scope(device);
+    at::NoGradGuard no_grad;
+    auto cpu = [](const at::Tensor& t) {
+      return t.detach().to(at::TensorOptions().device(at::kCPU).dtype(at::kFloat),
+                           /*non_blocking=*/false, /*copy=*/true);
+    };
+    snapshot_parts parts;
+    parts.state = state_json().dump();
+    for (const auto& p : masters)
+      parts.weights.push_back(cpu(p));
+    for (const auto& m : optimizer->exp_avg())
+      parts.exp_avg.push_back(cpu(m));
+    for (const auto& v : optimizer->exp_avg_sq())
+      parts.exp_avg_sq.push_back(cpu(v));
+    parts.step = cpu(optimizer->step_count());
+    return publish_snapshot(parts);
+  }
+
+  void restore(const std::filesystem::path& dir) {
+    detail::device_scope scope(device);
+    auto ck = read_checkpoint(dir);  // checks files, names, shapes, dtypes
+    const auto state_file = (dir / "state.json").string();
+    auto field = [&](const std::string& f) { return state_file + ": field '" + f + "'"; };
+    // The drafter's shape must be the one this engine was built with.
+    const auto want = shape_json(cfg);
+    const auto& have = ck.state.at("drafter");
+    for (auto it = want.begin(); it != want.end(); ++it)
+      if (!have.contains(it.key()) || have.at(it.key()) != it.value())
+        throw error(errc::bad_input, field("drafter." + it.key()) + " is "
+                                       + (have.contains(it.key()) ? have.at(it.key()).dump() : "missing")
+                                       + ", this drafter has " + it.value().dump());
+    require(ck.names == names, field("parameters") + " lists other parameters than this drafter's");
+    for (size_t i = 0; i < names.size(); ++i)
+      if (ck.weights[i].sizes() != masters[i].sizes())
+        throw error(errc::bad_input, (dir / "weights.safetensors").string() + ": tensor '" + names[i]
+                                       + "' has shape " + shape_text(ck.weights[i].sizes())
+                                       + ", this drafter's is " + shape_text(masters[i].sizes()));
+    // Generator: validated on a clone, so a bad state leaves the engine as it was.
+    auto next_gen = gen.clone();
+    const auto& g = ck.state.at("generator");
+    const std::string kind = device.is_cuda() ? "cuda" : "cpu";
+    if (g.at("device").get<std::string>() == kind)
+      detail::set_generator_state(next_gen, g.at("state").get<std::string>(), field("generator.state"));
+    else  // another device kind: draws cannot continue bit-exactly; reseed deterministically
+      next_gen = detail::private_generator(device, detail::mix_seed(opts.seed, 2 + static_cast<uint64_t>(ck.step)));
+    // All checked: apply.
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i)
+        masters[i].copy_(ck.weights[i]);
+    }
+    for (auto& m : ck.exp_avg)
+      m = m.to(device);
+    for (auto& v : ck.exp_avg_sq)
+      v = v.to(device);
+    optimizer->load_state(ck.exp_avg, ck.exp_avg_sq, ck.step);
+    refresh_model();
+    gen = next_gen;
+    applied = ck.step;
+  }
+};
+
+drafter_engine::drafter_engine(const drafter_engine_options& opts)
+  : impl_(std::make_unique<impl>(opts)) {}
+drafter_engine::~drafter_engine() = default;
+drafter_engine::drafter_engine(drafter_engine&&) noexcept = default;
+drafter_engine& drafter_engine::operator=(drafter_engine&&) noexcept = default;
+
+const drafter_info& drafter_engine::info() const {
+  return impl_->info;
+}
+
+int64_t drafter_engine::step() const {
+  return impl_->applied;
+}
+
+step_result drafter_engine::train_step(transport::handle batch, transport::handle features) {
+  return impl_->train_step(batch, features);
+}
+
+void drafter_engine::inject(fault f) {
+  switch (f) {
+    case fault::nan_loss: impl_->nan_armed = true; break;
+    case fault::throw_in_step: impl_->throw_armed = true; break;
+  }
+}
+
+transport::handle drafter_engine::snapshot() const {
+  return impl_->snapshot();
+}
+
+void drafter_engine::restore(const std::filesystem::path& dir) {
+  impl_->restore(dir);
+}
+
+void drafter_engine::export_zlab(const std::filesystem::path& dir, const std::string& dtype) const {
+  at::ScalarType dt;
+  if (dtype == "bfloat16")
+    dt = at::kBFloat16;
+  else if (dtype == "float16")
+    dt = at::kHalf;
+  else if (dtype == "float32")
+    dt = at::kFloat;
+  else
+    throw error(errc::bad_input, who + ": export dtype '" + dtype
+                                   + "' is not one of bfloat16, float16, float32");
+  detail::device_scope scope(impl_->device);
+  export_dflash(dir, impl_->cfg, impl_->master, dt);
+}
+
+} // namespace tandem::gpu

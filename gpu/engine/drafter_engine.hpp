@@ -1,0 +1,139 @@
+#pragma once
+/// The drafter actor's engine: a DFlash drafter being trained next to a
+/// frozen target (DFLASH.md), its optimizer, its private generator and its
+/// checkpoints.  Torch-free facade (actors/ include it): tensors cross only
+/// as transport handles.  Single owner: construct it and call it on one
+/// thread (the actor's), which is also where its device work runs; only
+/// write_checkpoint and read_checkpoint_extra are meant for another thread.
+///
+/// Precision: the trainable parameters live as fp32 master weights, which
+/// the optimizer updates; the forward and backward run on a copy in `dtype`
+/// refreshed after every update (on fp32 the copy is the masters themselves).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/transport.hpp"
+
+namespace tandem::gpu {
+
+struct drafter_engine_options {
+  std::filesystem::path target_dir;  ///< the target's config.json + weights (embedding and
+                                     ///< lm-head are read from it, frozen; no layers)
+  int32_t device = -1;               ///< CUDA ordinal; −1 = CPU
+  std::string dtype = "auto";        ///< compute: auto (bf16 on CUDA, fp32 on the CPU), float32, bfloat16
+  int64_t layers = 5;                ///< draft decoder layers (DFLASH.md: 5 for Qwen3-4B/8B)
+  int64_t block_size = 16;           ///< Bs
+  int64_t mask_token_id = -1;        ///< required: a row of the target's embedding (Qwen3: 151669)
+  int64_t anchors = 512;             ///< N anchors per row
+  int64_t chunk_rows = 2048;         ///< lm-head + cross-entropy rows per chunk
+  std::vector<int64_t> tap_ids;      ///< empty: DFLASH.md's default for 5 taps
+  uint64_t seed = 0;                 ///< initial weights and anchor draws
+  double lr = 6e-4;                  ///< peak learning rate
+  double warmup_ratio = 0.04;        ///< linear warmup, fraction of total_steps
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;            ///< max global gradient norm; ≤ 0: no clipping
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  int64_t total_steps = 0;           ///< cosine to 0 after warmup; ≤ 0: constant lr
+};
+
+struct drafter_info {
+  int64_t vocab_size = 0, hidden_size = 0, layers = 0, block_size = 0;
+  int64_t num_target_layers = 0, mask_token_id = 0;
+  std::vector<int64_t> tap_ids;
+  int64_t parameters = 0;            ///< trainable
+  std::string dtype;                 ///< compute dtype
+  int32_t device = -1;
+};
+
+/// What one training step did (read back after the step).
+struct step_result {
+  int64_t step = 0;           ///< updates applied so far (a skipped one does not count)
+  double loss = 0;            ///< decay-weighted CE (DFLASH.md step 4)
+  double accuracy = 0;        ///< argmax hits over scored tokens
+  double grad_norm = 0;       ///< global norm before clipping
+  double lr = 0;              ///< the learning rate of this update
+  int64_t scored_tokens = 0;  ///< Σ m
+  bool finite = true;         ///< false: non-finite loss or grad norm; nothing was updated
+  double compute_ms = 0;      ///< wall time of the step, results read back
+};
+
+/// Failures to inject (tests of the supervision paths).
+enum class fault {
+  nan_loss,       ///< the next step's loss (and so its gradients) becomes NaN
+  throw_in_step,  ///< the next step throws gpu::error(errc::device_failure) after backward
+};
+
+class drafter_engine {
+public:
+  /// Reads the target's config, embedding and lm-head, builds the drafter
+  /// config and initialises the weights from `seed` (normal std 0.02 for the
+  /// linear weights, 1 for the norms; drawn on the CPU, so the same on every
+  /// device), all on the calling thread.  Throws gpu::error: bad_input (an
+  /// option or the target's files; the message names which),
+  /// device_unavailable.
+  explicit drafter_engine(const drafter_engine_options& opts);
+  ~drafter_engine();
+  drafter_engine(drafter_engine&&) noexcept;
+  drafter_engine& operator=(drafter_engine&&) noexcept;
+
+  const drafter_info& info() const;
+
+  /// Updates applied so far.
+  int64_t step() const;
+
+  /// One step on `batch` {tokens, loss_mask, doc_lengths} and `features`
+  /// {taps [B, S, n·D]}: anchors from the engine's generator, block layout,
+  /// objective, backward, clip, AdamW.  Neither handle is released.  A
+  /// non-finite loss or gradient norm applies nothing (finite = false); the
+  /// caller decides what follows.  Throws gpu::error(bad_input) for payloads
+  /// that do not fit the drafter, gpu::error(device_failure) when the
+  /// computation fails.
+  step_result train_step(transport::handle batch, transport::handle features);
+
+  /// Arms a fault for the next train_step.
+  void inject(fault f);
+
+  /// Publishes CPU fp32 copies of the master weights and the optimizer
+  /// state plus the engine's state (step, generator, options), for
+  /// write_checkpoint on another thread.  The caller owns the handle.  The
+  /// copies are complete when this returns.
+  transport::handle snapshot() const;
+
+  /// Loads a checkpoint written by write_checkpoint: weights, optimizer
+  /// moments, step and generator, bit-exactly (a run restored from step k
+  /// continues exactly as the run that wrote it).  The checkpoint must be of
+  /// a drafter of the same shape.  Throws gpu::error(bad_input) naming the
+  /// file and field at fault; the engine is unchanged then.
+  void restore(const std::filesystem::path& dir);
+
+  /// Writes the z-lab DFlash layout (config.json + model.safetensors) of the
+  /// current master weights in `dtype` ("bfloat16", "float16", "float32").
+  void export_zlab(const std::filesystem::path& dir, const std::string& dtype = "bfloat16") const;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// Writes the snapshot `snap` (from drafter_engine::snapshot; not released)
+/// as `dir`: first `dir`.tmp/ {weights.safetensors (z-lab names, fp32),
+/// optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>, step),
+/// state.json}, each fsynced, then swapped into place atomically (an
+/// existing `dir` is replaced; a crash leaves either the old or the new
+/// checkpoint).  `extra_json` (the runtime's cursor and ledger; JSON text or
+/// "") is stored verbatim in state.json.  Any thread.  Throws
+/// gpu::error(bad_input) on failure, naming the path.
+void write_checkpoint(transport::handle snap, const std::filesystem::path& dir,
+                      const std::string& extra_json);
+
+/// The `extra_json` a checkpoint was written with, verbatim.  Throws
+/// gpu::error(bad_input) naming the file for a missing or malformed state.json.
+std::string read_checkpoint_extra(const std::filesystem::path& dir);
+
+} // namespace tandem::gpu

@@ -1,0 +1,69 @@
+#pragma once
+/// The prefetch actor's engine: reads its rank's share of a dataset in the
+/// epoch's seeded order, packs static-shape batches, stages them onto the
+/// device and publishes them for the target (gpu/transport.hpp).
+/// Torch-free facade (actors/prefetch.cpp includes it).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include "gpu/transport.hpp"
+
+namespace tandem::gpu {
+
+struct prefetch_engine_options {
+  std::filesystem::path dataset;  ///< a folder written by `tandem prepare`
+  int32_t device = -1;            ///< CUDA ordinal; −1 = CPU
+  int64_t rows = 1, seq_len = 3072, max_docs = 16, lookahead = 16;
+  uint64_t seed = 0;
+  int32_t rank = 0, world = 1;    ///< this prefetch's share of every epoch
+  bool verify_hashes = false;
+};
+
+/// One staged batch: the payload {tokens, loss_mask, doc_lengths} is
+/// behind `handle`, owned by the engine until released.
+struct staged_batch {
+  transport::handle handle = 0;
+  std::vector<int64_t> sample_ids;
+  int64_t rows = 0, seq_len = 0, real_tokens = 0, padding_tokens = 0;
+};
+
+class prefetch_engine {
+public:
+  /// Opens and checks the dataset (throws gpu::error(bad_input) naming the
+  /// file), on the calling thread.
+  explicit prefetch_engine(const prefetch_engine_options& opts);
+  ~prefetch_engine();
+  prefetch_engine(prefetch_engine&&) noexcept;
+  prefetch_engine& operator=(prefetch_engine&&) noexcept;
+
+  /// Samples in the whole dataset.
+  int64_t dataset_samples() const;
+
+  /// Starts `epoch`: this rank's order, minus the samples in `done` (already
+  /// committed, on a resumed run).
+  void start_epoch(int64_t epoch, const std::unordered_set<int64_t>& done = {});
+
+  /// Samples to pack before anything else (re-issued after a rollback).
+  void reissue(const std::vector<int64_t>& sample_ids);
+
+  /// Packs and stages the next batch; nullopt when the epoch (and the
+  /// re-issue queue) is exhausted.
+  std::optional<staged_batch> next();
+
+  /// The consumer is done with a batch: drop the payload.
+  void release(transport::handle h);
+
+  /// Fraction of batch tokens that were padding so far.
+  double padding_waste() const;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace tandem::gpu

@@ -1,0 +1,81 @@
+#include "gpu/engine/target_engine.hpp"
+
+#include <optional>
+
+#include "gpu/engine/batch.hpp"
+#include "gpu/engine/engine_common.hpp"
+#include "gpu/error.hpp"
+#include "gpu/models/qwen3.hpp"
+#include "gpu/pch.hpp"
+#include "gpu/transport_tensors.hpp"
+
+namespace tandem::gpu {
+
+struct target_engine::impl {
+  at::Device device{at::kCPU};
+  at::ScalarType dtype = at::kFloat;
+  std::optional<qwen3_target> target;
+  target_info info;
+
+  explicit impl(const target_engine_options& o) {
+    const std::string who = "target engine (" + o.dir.string() + ")";
+    device = detail::engine_device(o.device, who);
+    dtype = detail::engine_dtype(o.dtype, device, who);
+    detail::device_scope scope(device);
+    target.emplace(qwen3_target::load(o.dir, device, dtype, o.tap_ids));
+    const auto& c = target->config();
+    info.vocab_size = c.vocab_size;
+    info.hidden_size = c.hidden_size;
+    info.num_layers = c.num_hidden_layers;
+    info.tap_ids = target->tap_ids();
+    info.dtype = detail::dtype_name(dtype);
+    info.device = device.is_cuda() ? device.index() : -1;
+  }
+};
+
+target_engine::target_engine(const target_engine_options& opts)
+  : impl_(std::make_unique<impl>(opts)) {}
+target_engine::~target_engine() = default;
+target_engine::target_engine(target_engine&&) noexcept = default;
+target_engine& target_engine::operator=(target_engine&&) noexcept = default;
+
+const target_info& target_engine::info() const {
+  return impl_->info;
+}
+
+transport::handle target_engine::forward(transport::handle batch) {
+  auto& m = *impl_;
+  detail::device_scope scope(m.device);
+  at::NoGradGuard no_grad;
+  auto t = transport::acquire(batch, m.device);
+  detail::check_batch_payload(t, batch, "target engine");
+  const auto s = t[0].size(1);
+  auto docs = make_doc_layout(t[2], s);
+  auto out = m.target->forward(t[0].to(at::kLong), docs);
+  transport::payload p;
+  p.tensors = {out.taps};
+#ifdef TANDEM_HAVE_CUDA
+  if (m.device.is_cuda()) {
+    p.ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
+    p.ready->record(c10::cuda::getCurrentCUDAStream(m.device.index()));
+  }
+#endif
+  return transport::publish(std::move(p));
+}
+
+transport::handle publish_batch(const data::packed_batch& b) {
+  transport::payload p;
+  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
+  return transport::publish(std::move(p));
+}
+
+transport::handle publish_batch(const data::device_batch& b) {
+  transport::payload p;
+  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
+#ifdef TANDEM_HAVE_CUDA
+  p.ready = b.ready;
+#endif
+  return transport::publish(std::move(p));
+}
+
+} // namespace tandem::gpu

@@ -1,0 +1,92 @@
+#pragma once
+/// Coordinator protocol.  Cooperative (cheap handlers, no device work): the
+/// global step, the epoch, the sample ledger, credits and routing.
+///
+///   launcher      coordinator         prefetch[i]   target[i]   drafter[j]   checkpointer
+///     | -- run --> |                      |             |            |             |
+///     |            | -- epoch, credit --> |             |            |             |
+///     |            | <------ batch_desc - |             |            |             |
+///     |            | -- batch_desc -------------------> |            |             |
+///     |            | <------------------------ work_item |            |             |
+///     |            | -- work_item --------------------------------> |             |
+///     |            | <------------------------------------ step_report             |
+///     |            | -- release --------> |  release -> |            |             |
+///     |            | -- credit 1 -------> |             |            |             |
+///     |            |  every N steps, at epoch ends and at the end:   |             |
+///     |            | -- snapshot -----------------------------------> |             |
+///     |            | <---------------------------------- snapshot_desc             |
+///     |            | -- snapshot_desc, ledger json ----------------------------->  |
+///     |            | <------------------------------------------------ dir written |
+///     | <- summary |  (after max_steps / the last epoch / a stop)
+///
+/// run_atom:    the launcher's request, carrying the peers it spawned;
+///              answered with a run_summary when the run ends (or an error
+///              naming what failed).
+/// stop_atom:   SIGINT/SIGTERM: stop issuing work, let the drafter finish
+///              its step, write a checkpoint, answer the run request.
+/// status_atom: a JSON text of the ledger, step and queues (shell, tests).
+/// The other messages come from the actors named above, asynchronously.
+
+#include <cstdint>
+#include <string>
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/checkpointer.hpp"
+#include "messages/descriptors.hpp"
+#include "messages/drafter.hpp"
+#include "messages/metrics.hpp"
+#include "messages/prefetch.hpp"
+#include "messages/target.hpp"
+
+namespace tandem {
+
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+
+/// How a run ended.
+struct run_summary {
+  int64_t steps = 0;             ///< optimizer steps taken in total
+  int64_t epochs_completed = 0;
+  int64_t samples_committed = 0; ///< in the current epoch
+  double last_loss = 0;
+  double first_loss = 0;         ///< loss of this process's first step
+  std::string stop_reason;       ///< "max_steps", "epochs", "signal"
+  std::string checkpoint;        ///< the newest checkpoint written ("" if none)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_summary& x) {
+  return f(caf::meta::type_name("tandem.run_summary"), x.steps, x.epochs_completed,
+           x.samples_committed, x.last_loss, x.first_loss, x.stop_reason, x.checkpoint);
+}
+
+/// The actors a coordinator drives: prefetch[i] feeds targets[i].
+struct coordinator_peers {
+  std::vector<prefetch_actor> prefetch;
+  std::vector<target_actor> targets;
+  std::vector<drafter_actor> drafters;
+  checkpointer_actor checkpointer;
+  metrics_actor metrics;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, coordinator_peers& x) {
+  return f(caf::meta::type_name("tandem.coordinator_peers"), x.prefetch, x.targets, x.drafters,
+           x.checkpointer, x.metrics);
+}
+
+using coordinator_actor = caf::typed_actor<
+  caf::replies_to<run_atom, coordinator_peers>::with<run_summary>,
+  caf::reacts_to<stop_atom>,
+  caf::replies_to<status_atom>::with<std::string>,
+  caf::reacts_to<batch_desc>,
+  caf::reacts_to<exhausted_atom, int32_t, int64_t>,  ///< prefetch index, epoch
+  caf::reacts_to<work_item>,
+  caf::reacts_to<step_report>,
+  caf::reacts_to<shutdown_atom>>;
+
+} // namespace tandem

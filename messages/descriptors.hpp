@@ -1,0 +1,103 @@
+#pragma once
+/// Descriptors that cross actors (and, later, nodes): shapes, ids and
+/// transport handles — never tensor payloads (DESIGN.md §3).  Registered in
+/// messages/registry.cpp; append fields at the end only.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/meta/type_name.hpp>
+
+namespace tandem {
+
+/// Where a payload lives: node (0 on a single host) and CUDA ordinal (−1 = CPU).
+struct device_ref {
+  int32_t node = 0;
+  int32_t device = -1;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_ref& x) {
+  return f(caf::meta::type_name("tandem.device_ref"), x.node, x.device);
+}
+
+/// A packed batch staged by a prefetch actor: tokens [rows, seq_len] int32,
+/// loss_mask [rows, seq_len] uint8, doc_lengths [rows, K] int64 behind `handle`.
+struct batch_desc {
+  int64_t batch_id = -1;             ///< the ledger's id
+  int64_t epoch = 0;
+  int32_t source = 0;                ///< prefetch index
+  std::vector<int64_t> sample_ids;   ///< every sample in the batch
+  int64_t rows = 0, seq_len = 0;
+  int64_t real_tokens = 0;           ///< tokens that are not padding
+  device_ref where;
+  uint64_t handle = 0;               ///< gpu::transport handle
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, batch_desc& x) {
+  return f(caf::meta::type_name("tandem.batch_desc"), x.batch_id, x.epoch, x.source, x.sample_ids,
+           x.rows, x.seq_len, x.real_tokens, x.where, x.handle);
+}
+
+/// The target's taps for one batch: [rows, seq_len, n·D] behind `handle`.
+struct features_desc {
+  int64_t batch_id = -1;
+  int32_t target = 0;                ///< target index (owner of the handle)
+  std::vector<int64_t> shape;
+  device_ref where;
+  uint64_t handle = 0;
+  double forward_ms = 0;             ///< target compute time
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, features_desc& x) {
+  return f(caf::meta::type_name("tandem.features_desc"), x.batch_id, x.target, x.shape, x.where,
+           x.handle, x.forward_ms);
+}
+
+/// What a drafter trains on: a batch and its features.
+struct work_item {
+  batch_desc batch;
+  features_desc features;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, work_item& x) {
+  return f(caf::meta::type_name("tandem.work_item"), x.batch, x.features);
+}
+
+/// A drafter's report of one optimizer step.
+struct step_report {
+  int32_t drafter = 0;
+  int64_t step = 0;          ///< optimizer steps taken by this drafter, after this one
+  int64_t batch_id = -1;
+  double loss = 0, accuracy = 0, grad_norm = 0, lr = 0;
+  int64_t scored_tokens = 0;
+  int64_t real_tokens = 0;   ///< batch tokens that are not padding
+  bool finite = true;        ///< false: non-finite loss or gradient, update skipped
+  double compute_ms = 0;     ///< the step itself
+  double wait_ms = 0;        ///< idle time before this work item arrived
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_report& x) {
+  return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
+           x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
+           x.wait_ms);
+}
+
+/// A drafter's state copied off its device, ready for the checkpointer.
+struct snapshot_desc {
+  int32_t drafter = 0;
+  int64_t step = 0;
+  uint64_t handle = 0;       ///< gpu::transport handle of the CPU copies
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, snapshot_desc& x) {
+  return f(caf::meta::type_name("tandem.snapshot_desc"), x.drafter, x.step, x.handle);
+}
+
+} // namespace tandem

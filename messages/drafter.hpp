@@ -1,0 +1,35 @@
+#pragma once
+/// Drafter protocol.  One drafter actor per GPU, detached, owning the
+/// drafter's weights, optimizer state and (on a GPU) its captured step.
+///
+///   coordinator                   drafter[j]
+///     | -- work_item ------------> |  one training step
+///     | <------------ step_report  |  loss, accuracy, wait, …
+///     | -- (snapshot) -----------> |  copy weights + optimizer off the device
+///     | <----------- snapshot_desc |  (a request: the reply carries the handle;
+///     |                            |   whoever receives it owns and releases it)
+///     | -- (shutdown) -----------> |  quits
+///
+/// A step that throws kills the actor: the supervisor sees the down message
+/// and restarts it.  A non-finite loss is reported (finite = false) without
+/// applying the update.  Work items are handled one at a time, so a
+/// snapshot request never arrives mid-step.
+
+#include <cstdint>
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/descriptors.hpp"
+
+namespace tandem {
+
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+
+using drafter_actor = caf::typed_actor<
+  caf::reacts_to<work_item>,
+  caf::replies_to<snapshot_atom>::with<snapshot_desc>,
+  caf::reacts_to<shutdown_atom>>;
+
+} // namespace tandem
