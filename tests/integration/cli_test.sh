@@ -17,7 +17,7 @@ fi
 echo "ok: no DT_NEEDED libcuda.so"
 
 # 2. Help lists the working subcommands, and nothing else.
-expected="bench doctor info prepare"
+expected="bench doctor info prepare run"
 listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
 [[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
 echo "ok: --help lists: $listed"
