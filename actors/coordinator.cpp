@@ -1,6 +1,7 @@
 // The coordinator: routes batches prefetch -> target -> drafter against
 // credits, keeps the sample ledger, decides checkpoints, ends epochs and the
 // run.  Cooperative: its handlers only move descriptors and counters.
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -45,6 +46,13 @@ struct coordinator_state {
   bool stopping = false;
   run_summary summary;
   bool have_first_loss = false;
+  // Supervision.
+  std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
+  std::set<int64_t> abandoned;                   ///< rolled back while at a target
+  std::vector<caf::actor_addr> drafter_addr;     ///< the live incarnation of each drafter
+  std::vector<std::chrono::steady_clock::time_point> dispatched;  ///< when its step started
+  std::vector<std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>>> failures;
+  std::vector<bool> down;                        ///< waiting for its restart
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
@@ -67,6 +75,7 @@ void dispatch(self_ptr self) {
     auto d = s.idle.front();
     s.idle.pop_front();
     s.busy.insert(d);
+    s.dispatched[static_cast<size_t>(d)] = std::chrono::steady_clock::now();
     self->send(s.peers.drafters[static_cast<size_t>(d)], std::move(s.queue.front()));
     s.queue.pop_front();
   }
@@ -82,7 +91,9 @@ void fail(self_ptr self, const caf::error& err) {
 
 std::string ledger_json(self_ptr self) {
   auto& s = self->state;
-  return nlohmann::json{{"ledger", nlohmann::json::parse(s.ledger->save())},
+  // The checkpoint holds the weights after s.step (the drafter is idle when
+  // a checkpoint is asked for), so its ledger commits what they include.
+  return nlohmann::json{{"ledger", nlohmann::json::parse(s.ledger->save(s.step))},
                         {"step", s.step},
                         {"epoch", s.epoch}}
     .dump();
@@ -119,7 +130,12 @@ void checkpoint(self_ptr self, std::function<void()> then) {
             },
             [self](const caf::error& err) { fail(self, err); });
       },
-      [self](const caf::error& err) { fail(self, err); });
+      [self](const caf::error& err) {
+        // The drafter died before answering: supervision restarts it, and
+        // the continuations wait for the next checkpoint.
+        self->state.checkpointing = false;
+        spdlog::warn("checkpoint: snapshot failed: {}", self->system().render(err));
+      });
 }
 
 void deliver(self_ptr self) {
@@ -140,6 +156,9 @@ void try_complete(self_ptr self) {
   auto& s = self->state;
   if (!s.stopping || !s.busy.empty() || s.checkpointing)
     return;
+  for (bool d : s.down)
+    if (d)
+      return;  // its restart calls back here
   // Everything not trained is abandoned: its samples stay uncommitted and
   // a resumed run issues them again.
   for (auto& [id, f] : s.in_flight)
@@ -179,8 +198,15 @@ void maybe_end_epoch(self_ptr self) {
       return;
   if (!s.in_flight.empty() || !s.queue.empty() || !s.busy.empty())
     return;
-  checkpoint(self, [self] {
+  checkpoint(self, [self, e = s.epoch] {
     auto& s = self->state;
+    if (s.epoch != e || s.stopping)
+      return;  // already handled (a continuation can run late after a failure)
+    for (bool x : s.exhausted)
+      if (!x)
+        return;
+    if (!s.in_flight.empty() || !s.queue.empty() || !s.busy.empty())
+      return;
     if (!s.ledger->epoch_complete()) {
       fail(self, make_error(errc::bad_input,
                             "epoch " + std::to_string(s.epoch) + " ended with "
@@ -198,6 +224,105 @@ void maybe_end_epoch(self_ptr self) {
     ++s.epoch;
     start_epoch(self, {});
   });
+}
+
+/// A drafter failed: roll back to the newest checkpoint, re-issue what was
+/// lost, and restart it after its backoff — or end the run past the budget.
+void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
+  auto& s = self->state;
+  const auto di = static_cast<size_t>(d);
+  if (s.down[di] || !s.running)
+    return;
+  s.down[di] = true;
+  const auto now = std::chrono::steady_clock::now();
+  auto& f = s.failures[di];
+  f.emplace_back(now, reason);
+  while (!f.empty() && std::chrono::duration<double>(now - f.front().first).count() > s.opts.window_s)
+    f.erase(f.begin());
+  // Forget the failed incarnation: its late messages and its down message
+  // no longer match, and it is killed (a hung one dies when it unblocks).
+  if (s.peers.drafters[di])
+    self->send_exit(s.peers.drafters[di], caf::exit_reason::kill);
+  s.drafter_addr[di] = caf::actor_addr{};
+  s.busy.erase(d);
+  s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
+  const auto restarts = static_cast<int64_t>(f.size());
+  if (restarts > s.opts.restart_budget) {
+    std::string report = "drafter " + std::to_string(d) + " failed " + std::to_string(restarts)
+                         + " times within " + std::to_string(static_cast<int64_t>(s.opts.window_s))
+                         + " s (restart budget " + std::to_string(s.opts.restart_budget) + "):";
+    for (auto& [t, why] : f)
+      report += "\n  - " + why;
+    event(self, {{"event", "budget_exhausted"}, {"drafter", d}, {"failures", restarts}});
+    fail(self, make_error(errc::device_failure, report));
+    return;
+  }
+  // Roll back: everything after the newest checkpoint goes back to pending.
+  auto back = s.ledger->rollback(s.durable_step);
+  const int64_t lost_steps = s.step - std::max<int64_t>(s.durable_step, 0);
+  s.step = std::max<int64_t>(s.durable_step, 0);
+  std::vector<int32_t> credit(s.peers.prefetch.size(), 0);
+  for (auto& [id, fl] : s.in_flight) {
+    ++credit[static_cast<size_t>(fl.source)];
+    if (fl.features_handle)
+      release(self, fl.source, fl.batch_handle, fl.features_handle);
+    else
+      s.abandoned.insert(id);  // still at its target: released when it comes back
+  }
+  s.in_flight.clear();
+  s.queue.clear();
+  std::vector<std::vector<int64_t>> reissue(s.peers.prefetch.size());
+  for (auto id : back) {
+    auto it = s.sample_source.find(id);
+    const auto src = it == s.sample_source.end() ? 0 : it->second;
+    reissue[static_cast<size_t>(src)].push_back(id);
+    if (it != s.sample_source.end())
+      s.sample_source.erase(it);
+  }
+  (void)s.ledger->take_reissue(back.size());  // the prefetches re-pack them
+  for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
+    if (!reissue[p].empty()) {
+      s.exhausted[p] = false;
+      self->send(s.peers.prefetch[p], reissue_atom::value, reissue[p]);
+    }
+    if (credit[p] > 0 && !s.stopping)
+      self->send(s.peers.prefetch[p], credit_atom::value, credit[p]);
+  }
+  const auto& b = s.opts.backoff_s;
+  const double wait = b.empty() ? 0.0 : b[std::min(b.size(), static_cast<size_t>(restarts)) - 1];
+  event(self, {{"event", "drafter_failed"}, {"drafter", d}, {"reason", reason},
+               {"restart", restarts}, {"budget", s.opts.restart_budget},
+               {"restore_step", s.step}, {"steps_lost", lost_steps},
+               {"samples_reissued", static_cast<int64_t>(back.size())},
+               {"checkpoint", s.summary.checkpoint}, {"backoff_s", wait}});
+  self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::duration<double>(wait)),
+                     respawn_atom::value, d);
+}
+
+void respawn(self_ptr self, int32_t d) {
+  auto& s = self->state;
+  const auto di = static_cast<size_t>(d);
+  if (!s.running || !s.down[di])
+    return;
+  auto fresh = s.opts.respawn_drafter(d, s.summary.checkpoint);
+  self->monitor(fresh);
+  s.peers.drafters[di] = fresh;
+  s.drafter_addr[di] = fresh.address();
+  s.down[di] = false;
+  s.idle.push_back(d);
+  event(self, {{"event", "drafter_restarted"}, {"drafter", d}, {"step", s.step},
+               {"from", s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint}});
+  dispatch(self);
+  try_complete(self);
+}
+
+int32_t drafter_index(self_ptr self, const caf::actor_addr& a) {
+  auto& s = self->state;
+  for (size_t i = 0; i < s.drafter_addr.size(); ++i)
+    if (s.drafter_addr[i] && s.drafter_addr[i] == a)
+      return static_cast<int32_t>(i);
+  return -1;
 }
 
 } // namespace
@@ -243,8 +368,25 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
           s.step = s.opts.resume_step;
           s.durable_step = s.opts.resume_step;
         }
-        for (size_t d = 0; d < s.peers.drafters.size(); ++d)
+        s.summary.checkpoint = s.opts.resume_checkpoint;
+        const auto n = s.peers.drafters.size();
+        s.drafter_addr.resize(n);
+        s.dispatched.resize(n);
+        s.failures.resize(n);
+        s.down.assign(n, false);
+        for (size_t d = 0; d < n; ++d) {
           s.idle.push_back(static_cast<int32_t>(d));
+          s.drafter_addr[d] = s.peers.drafters[d].address();
+          self->monitor(s.peers.drafters[d]);
+        }
+        self->set_down_handler([self](caf::down_msg& m) {
+          auto d = drafter_index(self, m.source);
+          if (d >= 0)
+            on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step "
+                                          + std::to_string(self->state.step + 1) + ": "
+                                          + self->system().render(m.reason));
+        });
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
         start_epoch(self, done);
         for (auto& p : s.peers.prefetch)
           self->send(p, credit_atom::value, s.opts.credits);
@@ -270,6 +412,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
           return;
         }
         batch.batch_id = s.ledger->issue(batch.sample_ids);
+        for (auto id : batch.sample_ids)
+          s.sample_source[id] = batch.source;
         s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens};
         self->send(s.peers.targets[static_cast<size_t>(batch.source)], std::move(batch));
       },
@@ -281,6 +425,10 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
       },
       [self](work_item& w) {
         auto& s = self->state;
+        if (s.abandoned.erase(w.batch.batch_id) > 0) {
+          release(self, w.batch.source, w.batch.handle, w.features.handle);
+          return;
+        }
         auto it = s.in_flight.find(w.batch.batch_id);
         if (it == s.in_flight.end() || s.stopping) {
           release(self, w.batch.source, w.batch.handle, w.features.handle);
@@ -295,6 +443,16 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
       },
       [self](const step_report& r) {
         auto& s = self->state;
+        if (r.drafter < 0 || static_cast<size_t>(r.drafter) >= s.drafter_addr.size()
+            || self->current_sender() != s.drafter_addr[static_cast<size_t>(r.drafter)])
+          return;  // a replaced incarnation's late report
+        if (!r.finite) {
+          self->send(s.peers.metrics, r);
+          on_drafter_failure(self, r.drafter, "drafter " + std::to_string(r.drafter)
+                                                + ": non-finite loss or gradient at step "
+                                                + std::to_string(s.step + 1));
+          return;
+        }
         s.busy.erase(r.drafter);
         s.idle.push_back(r.drafter);
         auto it = s.in_flight.find(r.batch_id);
@@ -313,9 +471,6 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         }
         s.summary.last_loss = r.loss;
         self->send(s.peers.metrics, r);
-        if (!r.finite)
-          event(self, {{"event", "non_finite"}, {"step", r.step}, {"batch", r.batch_id},
-                       {"drafter", r.drafter}});
         if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
           finish(self, "max_steps");
           return;
@@ -329,7 +484,29 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         dispatch(self);
         maybe_end_epoch(self);
       },
-      [self](shutdown_atom) { self->quit(); },
+      [self](respawn_atom, int32_t d) { respawn(self, d); },
+      [self](tick_atom) {
+        auto& s = self->state;
+        if (!s.running)
+          return;
+        const auto now = std::chrono::steady_clock::now();
+        for (auto d : std::vector<int32_t>(s.busy.begin(), s.busy.end())) {
+          const double t = std::chrono::duration<double>(now - s.dispatched[static_cast<size_t>(d)]).count();
+          if (t > s.opts.step_timeout_s)
+            on_drafter_failure(self, d, "drafter " + std::to_string(d) + " hung: step "
+                                          + std::to_string(s.step + 1) + " still running after "
+                                          + std::to_string(static_cast<int64_t>(t)) + " s (step_timeout_s "
+                                          + std::to_string(s.opts.step_timeout_s) + ")");
+        }
+        self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
+      },
+      [self](shutdown_atom) {
+        // The drafters' current incarnations are known only here.
+        for (auto& d : self->state.peers.drafters)
+          if (d)
+            self->send(d, shutdown_atom::value);
+        self->quit();
+      },
     };
   };
   return sys.spawn(behavior, std::move(opts));

@@ -134,12 +134,22 @@ void sample_ledger::next_epoch() {
 }
 
 std::string sample_ledger::save() const {
+  return save(-1);
+}
+
+std::string sample_ledger::save(int64_t durable_through) const {
+  std::vector<bool> extra(static_cast<size_t>(num_samples_), false);
+  for (const auto& [id, b] : batches_)
+    if (b.step >= 0 && b.step <= durable_through)
+      for (auto s : b.samples)
+        extra[static_cast<size_t>(s)] = true;
   // Committed samples as sorted [first, last] runs: compact for the usual
   // case (a shuffled epoch half done is still ~N/2 runs at worst).
   nlohmann::json runs = nlohmann::json::array();
   int64_t start = -1;
   for (int64_t i = 0; i <= num_samples_; ++i) {
-    const bool c = i < num_samples_ && state_[static_cast<size_t>(i)] == state::committed;
+    const bool c = i < num_samples_ && (state_[static_cast<size_t>(i)] == state::committed
+                                        || extra[static_cast<size_t>(i)]);
     if (c && start < 0)
       start = i;
     if (!c && start >= 0) {

@@ -71,6 +71,10 @@ public:
   /// trained-but-uncommitted samples are deliberately not saved: after a
   /// restart they are pending again.
   std::string save() const;
+
+  /// As save(), as if `durable(step)` had been called first: the image a
+  /// checkpoint of the weights after `step` must carry.
+  std::string save(int64_t durable_through) const;
   static sample_ledger restore(const std::string& text);
 
 private:

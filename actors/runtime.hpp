@@ -4,6 +4,7 @@
 /// and build their engines inside the behaviour, never in a constructor.
 /// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator}.hpp.
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -31,9 +32,24 @@ prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
                           coordinator_actor coordinator);
 
+/// Injected faults (config `[[faults.inject]]`, `--fault`): each fires once
+/// per run, whichever incarnation of its drafter reaches its step first.
+/// Test and demonstration machinery, shared by the drafter's incarnations.
+struct fault_plan {
+  struct entry {
+    int32_t drafter = 0;
+    std::string kind;       ///< "throw", "nan", "hang"
+    int64_t at_step = 0;    ///< fires when the drafter is about to take this step
+    std::atomic<bool> fired{false};
+  };
+  std::vector<std::unique_ptr<entry>> entries;
+  double hang_s = 0;        ///< how long "hang" blocks (beyond the step timeout)
+};
+
 /// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
 drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
-                            std::string restore_from, coordinator_actor coordinator);
+                            std::string restore_from, coordinator_actor coordinator,
+                            std::shared_ptr<fault_plan> faults = nullptr);
 
 /// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`.
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
@@ -55,6 +71,14 @@ struct coordinator_options {
   int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
   std::string resume_ledger;         ///< a saved ledger (resume), or ""
   int64_t resume_step = 0;           ///< the drafters' step when resuming
+  std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
+  // Supervision (config [supervision], [runtime]).
+  int64_t restart_budget = 3;        ///< restarts per drafter within window_s
+  std::vector<double> backoff_s{1, 2, 4};
+  double window_s = 600;
+  double step_timeout_s = 120;       ///< a step longer than this is a hang
+  /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
+  std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
 };
 
 /// Spawns the coordinator.  It learns its peers from the run request

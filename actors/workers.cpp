@@ -3,6 +3,7 @@
 // in its state and builds it inside the behaviour, on its own thread.
 #include <chrono>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 
 #include <caf/all.hpp>
@@ -145,16 +146,36 @@ struct drafter_state {
   std::optional<gpu::drafter_engine> engine;
   coordinator_actor coordinator;
   clock_type::time_point idle_since = clock_type::now();
+  std::shared_ptr<fault_plan> faults;
 };
+
+/// Applies an injected fault due at `next_step`, if any (once per run).
+void apply_faults(drafter_state& s, int64_t next_step) {
+  if (!s.faults)
+    return;
+  for (auto& f : s.faults->entries) {
+    if (f->drafter != s.index || f->at_step != next_step || f->fired.exchange(true))
+      continue;
+    spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
+    if (f->kind == "throw")
+      s.engine->inject(gpu::fault::throw_in_step);
+    else if (f->kind == "nan")
+      s.engine->inject(gpu::fault::nan_loss);
+    else if (f->kind == "hang")
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.faults->hang_s));
+  }
+}
 
 drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<drafter_state> self,
                                               int32_t index, gpu::drafter_engine_options opts,
                                               std::string restore_from,
-                                              coordinator_actor coordinator) {
+                                              coordinator_actor coordinator,
+                                              std::shared_ptr<fault_plan> faults) {
   install_default_handler(self, drafter_state::name);
   auto& st = self->state;
   st.index = index;
   st.coordinator = coordinator;
+  st.faults = std::move(faults);
   st.engine.emplace(opts);
   if (!restore_from.empty())
     st.engine->restore(restore_from);
@@ -163,8 +184,20 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
     [self](const work_item& w) {
       auto& s = self->state;
       const double wait = ms_since(s.idle_since);
-      // An exception here ends the actor; the supervisor restarts it.
-      auto r = s.engine->train_step(w.batch.handle, w.features.handle);
+      apply_faults(s, s.engine->step() + 1);
+      // A failed step ends the actor with the reason; the coordinator
+      // (its supervisor) restarts it from the newest checkpoint.
+      gpu::step_result r;
+      try {
+        r = s.engine->train_step(w.batch.handle, w.features.handle);
+      } catch (const gpu::error& e) {
+        self->quit(make_error(e.code(), "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        return;
+      } catch (const std::exception& e) {
+        self->quit(make_error(errc::device_failure,
+                              "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        return;
+      }
       step_report rep;
       rep.drafter = s.index;
       rep.step = r.step;
@@ -246,9 +279,10 @@ target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_eng
 }
 
 drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
-                            std::string restore_from, coordinator_actor coordinator) {
+                            std::string restore_from, coordinator_actor coordinator,
+                            std::shared_ptr<fault_plan> faults) {
   return sys.spawn<caf::detached>(drafter_behavior, index, std::move(opts), std::move(restore_from),
-                                  std::move(coordinator));
+                                  std::move(coordinator), std::move(faults));
 }
 
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep) {

@@ -25,6 +25,14 @@
 /// stop_atom:   SIGINT/SIGTERM: stop issuing work, let the drafter finish
 ///              its step, write a checkpoint, answer the run request.
 /// status_atom: a JSON text of the ledger, step and queues (shell, tests).
+/// respawn_atom, tick_atom: the coordinator's own timers (a drafter's
+///              restart after its backoff; the step-timeout watchdog).
+/// Supervision: a drafter that dies (exception, CUDA error), reports a
+/// non-finite loss, or overruns step_timeout_s is replaced on its device
+/// from the newest checkpoint; training after that checkpoint is rolled back
+/// in the ledger and its samples re-issued; targets keep running.  Past the
+/// restart budget the run request is answered with an error naming the
+/// drafter and its failures.
 /// The other messages come from the actors named above, asynchronously.
 
 #include <cstdint>
@@ -46,6 +54,8 @@ namespace tandem {
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
+using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
 
 /// How a run ended.
 struct run_summary {
@@ -87,6 +97,8 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<exhausted_atom, int32_t, int64_t>,  ///< prefetch index, epoch
   caf::reacts_to<work_item>,
   caf::reacts_to<step_report>,
+  caf::reacts_to<respawn_atom, int32_t>,
+  caf::reacts_to<tick_atom>,
   caf::reacts_to<shutdown_atom>>;
 
 } // namespace tandem

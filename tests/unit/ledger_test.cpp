@@ -75,6 +75,19 @@ TEST(ledger, save_and_restore_keep_only_committed_samples) {
   EXPECT_THROW(sample_ledger::restore(R"({"format":"other"})"), std::invalid_argument);
 }
 
+TEST(ledger, save_as_of_a_step_commits_what_those_weights_include) {
+  sample_ledger l(6);
+  l.trained(l.issue({0, 1}), 1);
+  l.trained(l.issue({2, 3}), 2);
+  l.issue({4});
+  auto r = sample_ledger::restore(l.save(1));
+  EXPECT_TRUE(r.is_committed(0));
+  EXPECT_TRUE(r.is_committed(1));
+  EXPECT_FALSE(r.is_committed(2)) << "trained after the checkpoint's step";
+  EXPECT_FALSE(r.is_committed(4)) << "in flight";
+  EXPECT_EQ(l.state_counts().committed, 0) << "save does not change the ledger";
+}
+
 TEST(ledger, random_failures_never_lose_or_duplicate_a_sample) {
   for (uint32_t seed = 1; seed <= 200; ++seed) {
     std::mt19937 rng(seed);

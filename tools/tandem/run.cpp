@@ -69,6 +69,10 @@ int run_training(const run_options& ro) {
   co.max_steps = cfg.train.max_steps;
   co.epochs = cfg.data.epochs;
   co.checkpoint_every = cfg.checkpoint.every_steps;
+  co.restart_budget = cfg.supervision.restart_budget;
+  co.backoff_s = cfg.supervision.backoff_s;
+  co.window_s = cfg.supervision.window_s;
+  co.step_timeout_s = cfg.runtime.step_timeout_s;
   std::string restore_from;
   if (ro.resume) {
     auto last = newest_checkpoint(ckpt_dir);
@@ -80,17 +84,17 @@ int run_training(const run_options& ro) {
     co.resume_ledger = extra.at("ledger").dump();
     co.resume_step = extra.at("step").get<int64_t>();
     restore_from = last.string();
+    co.resume_checkpoint = restore_from;
     std::fprintf(stderr, "resuming from %s (step %lld)\n", last.c_str(),
                  static_cast<long long>(co.resume_step));
   }
-  // Steps for the schedule and the ETA: max_steps, else an estimate from
-  // the data (one packed batch per step).
-  int64_t total_steps = cfg.train.max_steps;
-  if (total_steps <= 0) {
-    const double tokens_per_batch = static_cast<double>(cfg.data.rows * cfg.data.seq_len) * 0.9;
-    total_steps = static_cast<int64_t>(static_cast<double>(ds.num_tokens()) * cfg.data.epochs
-                                       / tokens_per_batch) + 1;
-  }
+  // The learning-rate schedule spans the epochs (estimated from the data:
+  // one packed batch per step at ~90% fill); max_steps only stops earlier,
+  // so a run stopped at step k and resumed follows the same schedule.
+  const double tokens_per_batch = static_cast<double>(cfg.data.rows * cfg.data.seq_len) * 0.9;
+  const int64_t total_steps = static_cast<int64_t>(static_cast<double>(ds.num_tokens())
+                                                   * static_cast<double>(cfg.data.epochs)
+                                                   / tokens_per_batch) + 1;
 
   caf::actor_system_config sys_cfg;
   register_messages(sys_cfg);
@@ -99,12 +103,30 @@ int run_training(const run_options& ro) {
   mo.jsonl = cfg.metrics.jsonl.empty() ? std::filesystem::path() : cfg.run.output_dir / cfg.metrics.jsonl;
   mo.progress = cfg.metrics.progress;
   mo.every_s = cfg.metrics.every_s;
-  mo.total_steps = total_steps;
+  mo.total_steps = cfg.train.max_steps > 0 ? std::min(cfg.train.max_steps, total_steps) : total_steps;
   mo.log_every = cfg.train.log_every;
   coordinator_peers peers;
   peers.metrics = spawn_metrics(sys, mo);
   peers.checkpointer = spawn_checkpointer(sys, ckpt_dir, cfg.checkpoint.keep);
+  auto faults = std::make_shared<fault_plan>();
+  faults->hang_s = 2 * cfg.runtime.step_timeout_s + 1;
+  for (const auto& f : cfg.faults) {
+    auto e = std::make_unique<fault_plan::entry>();
+    e->drafter = static_cast<int32_t>(f.drafter);
+    e->kind = f.kind;
+    e->at_step = f.at_step;
+    faults->entries.push_back(std::move(e));
+  }
+  // Drafter options per index, for the first spawn and every restart.
+  auto drafter_opts = std::make_shared<std::vector<gpu::drafter_engine_options>>();
+  auto coordinator_handle = std::make_shared<coordinator_actor>();
+  co.respawn_drafter = [&sys, drafter_opts, coordinator_handle, faults](int32_t index,
+                                                                         const std::string& from) {
+    return spawn_drafter(sys, index, (*drafter_opts)[static_cast<size_t>(index)], from,
+                         *coordinator_handle, faults);
+  };
   auto coordinator = spawn_coordinator(sys, co);
+  *coordinator_handle = coordinator;
   const auto world = static_cast<int32_t>(plan.targets.size());
   for (const auto& t : plan.targets) {
     gpu::prefetch_engine_options po;
@@ -145,29 +167,29 @@ int run_training(const run_options& ro) {
     o.beta2 = cfg.train.beta2;
     o.eps = cfg.train.eps;
     o.total_steps = total_steps;
-    peers.drafters.push_back(spawn_drafter(sys, d.index, o, restore_from, coordinator));
+    drafter_opts->push_back(o);
+    peers.drafters.push_back(spawn_drafter(sys, d.index, o, restore_from, coordinator, faults));
   }
 
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   caf::scoped_actor self{sys};
   auto all = peers;  // handles kept for the shutdown below
-  // The launcher asks the coordinator to run and watches every worker: a
-  // worker that dies ends the run with its reason (supervised restarts come
-  // with the supervisor).  It reports to this thread by plain messages, so
-  // this thread can keep polling for signals.
+  // The launcher asks the coordinator to run and watches the targets and
+  // prefetchers: one that dies ends the run with its reason (the coordinator
+  // supervises the drafters).  It reports to this thread by plain messages,
+  // so this thread can keep polling for signals.
   auto reply_to = caf::actor_cast<caf::actor>(self);
   sys.spawn([reply_to, coordinator, p = std::move(peers)](caf::event_based_actor* me) mutable
               -> caf::behavior {
     auto watch = [me](const auto& h) { me->monitor(h); };
-    for (auto& d : p.drafters) watch(d);
     for (auto& t : p.targets) watch(t);
     for (auto& x : p.prefetch) watch(x);
     me->set_down_handler([me, reply_to](caf::down_msg& m) {
       me->send(reply_to, make_error(errc::device_failure,
                                     "actor " + caf::to_string(m.source) + " ended: "
                                       + me->system().render(m.reason)
-                                      + " (supervised restarts are not built yet)"));
+                                      + " (only drafters are restarted)"));
       me->quit();
     });
     me->request(coordinator, caf::infinite, run_atom::value, std::move(p))
