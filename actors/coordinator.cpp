@@ -161,8 +161,12 @@ void try_complete(self_ptr self) {
       return;  // its restart calls back here
   // Everything not trained is abandoned: its samples stay uncommitted and
   // a resumed run issues them again.
-  for (auto& [id, f] : s.in_flight)
-    release(self, f.source, f.batch_handle, f.features_handle);
+  for (auto& [id, f] : s.in_flight) {
+    if (f.features_handle)
+      release(self, f.source, f.batch_handle, f.features_handle);
+    else
+      s.abandoned.insert(id);  // still at its target: released when it comes back
+  }
   s.in_flight.clear();
   s.queue.clear();
   if (s.step > s.durable_step)

@@ -12,7 +12,7 @@
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+work=$(mktemp -d); [[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$work"' EXIT; echo "work: $work"
 fail() { echo "FAIL: $*"; exit 1; }
 passed=0; failed=0
 check() { if "$@"; then passed=$((passed+1)); else failed=$((failed+1)); echo "FAILED: $*"; fi; }
@@ -20,7 +20,10 @@ check() { if "$@"; then passed=$((passed+1)); else failed=$((failed+1)); echo "F
 "$python" "$here/make_run_dataset.py" "$work/data"
 sed "s|@TARGET@|$fixtures/qwen3_tiny|" "$here/run_test.toml" > "$work/run.toml"
 
-run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" "$@"; }
+# TANDEM_RUN_EXTRA: more arguments for every run, e.g. a GPU placement
+# ("--set placement.targets=cuda:0 --set placement.drafters=cuda:0").
+read -r -a extra <<< "${TANDEM_RUN_EXTRA:-}"
+run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" "${extra[@]}" "$@"; }
 summary() { "$python" "$here/run_summary.py" "$1"; }
 field() { "$python" -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 both_epochs_exact() {
@@ -57,7 +60,7 @@ else
 fi
 
 # 4. SIGTERM: finish the step, checkpoint, exit 0.
-"$tandem" run "$work/run.toml" --set run.output_dir="$work/signal" --set data.epochs=200 \
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/signal" "${extra[@]}" --set data.epochs=200 \
   > "$work/signal.log" 2>&1 &
 pid=$!  # tandem itself (a shell function here would put a subshell in between)
 for _ in $(seq 150); do
