@@ -15,6 +15,11 @@ if readelf -d "$tandem" | grep -q 'NEEDED.*libcuda\.so'; then
   fail "tandem has a DT_NEEDED on libcuda.so: it would not start without a GPU driver"
 fi
 echo "ok: no DT_NEEDED libcuda.so"
+# libtorch.so exports broken copies of std::filesystem functions; libstdc++
+# must come first in the lookup order (CMakeLists.txt explains).
+first=$(readelf -d "$tandem" | awk '/NEEDED/ {print $NF; exit}')
+[[ "$first" == "[libstdc++.so.6]" ]] || fail "first DT_NEEDED is $first, not libstdc++.so.6"
+echo "ok: libstdc++ first in DT_NEEDED"
 
 # 2. Help lists the working subcommands, and nothing else.
 expected="bench doctor info prepare run"
