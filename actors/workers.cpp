@@ -56,7 +56,14 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   st.index = index;
   st.coordinator = coordinator;
   st.device = opts.device;
-  st.engine.emplace(opts);  // on this actor's own thread
+  try {
+    st.engine.emplace(opts);  // on this actor's own thread
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+    return {[](shutdown_atom) {}, [](epoch_atom, int64_t, const std::vector<int64_t>&) {},
+            [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
+            [](release_atom, uint64_t) {}};
+  }
   // Packs and sends batches while credit lasts.
   auto pump = [self] {
     auto& s = self->state;
@@ -120,7 +127,12 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
   install_default_handler(self, target_state::name);
   self->state.index = index;
   self->state.coordinator = coordinator;
-  self->state.engine.emplace(opts);
+  try {
+    self->state.engine.emplace(opts);
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, "target " + std::to_string(index) + ": " + e.what()));
+    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}};
+  }
   return {
     [self](batch_desc& batch) {
       auto& s = self->state;
@@ -128,7 +140,14 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
       work_item w;
       w.features.batch_id = batch.batch_id;
       w.features.target = s.index;
-      w.features.handle = s.engine->forward(batch.handle);
+      try {
+        w.features.handle = s.engine->forward(batch.handle);
+      } catch (const std::exception& e) {
+        self->quit(make_error(errc::device_failure, "target " + std::to_string(s.index)
+                                                      + ", batch " + std::to_string(batch.batch_id)
+                                                      + ": " + e.what()));
+        return;
+      }
       w.features.forward_ms = ms_since(t0);
       w.batch = std::move(batch);
       self->send(s.coordinator, std::move(w));
@@ -176,9 +195,15 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   st.index = index;
   st.coordinator = coordinator;
   st.faults = std::move(faults);
-  st.engine.emplace(opts);
-  if (!restore_from.empty())
-    st.engine->restore(restore_from);
+  try {
+    st.engine.emplace(opts);
+    if (!restore_from.empty())
+      st.engine->restore(restore_from);
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
+    return {[](const work_item&) {}, [](snapshot_atom) { return snapshot_desc{}; },
+            [](shutdown_atom) {}};
+  }
   st.idle_since = clock_type::now();
   return {
     [self](const work_item& w) {
