@@ -305,7 +305,8 @@ std::vector<std::string> read_devices(const value_reader& v) {
 
 // ----------------------------------------------------------------- schema --
 
-enum class kind { integer, number, boolean, string, path, int_array, number_array, string_array };
+enum class kind { integer, number, boolean, string, path, int_array, number_array, string_array,
+                  path_array };
 
 struct field_def {
   std::string_view section, key;
@@ -330,6 +331,11 @@ std::string w_ints(const std::vector<int64_t>& xs) {
 std::string w_nums(const std::vector<double>& xs) {
   std::vector<std::string> parts;
   for (auto x : xs) parts.push_back(format_double(x));
+  return "[" + join(parts, ", ") + "]";
+}
+std::string w_paths(const std::vector<fs::path>& xs) {
+  std::vector<std::string> parts;
+  for (auto& x : xs) parts.push_back(quote(x.string()));
   return "[" + join(parts, ", ") + "]";
 }
 std::string w_strs(const std::vector<std::string>& xs) {
@@ -387,10 +393,28 @@ const field_def fields[] = {
    [](const rc& c) { return w_path(c.drafter.init_from); },
    "\"\" = fresh weights; else a Tandem checkpoint or z-lab DFlash export folder to start from"},
   // [data]
-  {"data", "path", kind::path, true,
+  {"data", "path", kind::path, false,
    [](rc& c, const vr& v) { c.data.path = v.path(false); },
    [](const rc& c) { return w_path(c.data.path); },
-   "prepared data set: a `tandem prepare` output folder (manifest.json + shards); required"},
+   "prepared data set: a `tandem prepare` output folder (manifest.json + shards); required\n"
+   "unless data.sources is given (then default: run.output_dir/data)"},
+  {"data", "sources", kind::path_array, false,
+   [](rc& c, const vr& v) {
+     auto& arr = v.array("an array of paths");
+     std::vector<fs::path> paths;
+     for (size_t i = 0; i < arr.size(); ++i)
+       paths.push_back(v.element(i, arr[i]).path(false));
+     c.data.sources = paths;
+   },
+   [](const rc& c) { return w_paths(c.data.sources); },
+   "chat JSONL files (ShareGPT, OpenAI messages or tokenized) that `tandem run` prepares\n"
+   "into data.path before training, with the target's tokenizer and chat template; a data.path\n"
+   "already prepared from the same files, tokenizer and options is reused; [] = data.path is\n"
+   "prepared already"},
+  {"data", "tokenizer", kind::path, false,
+   [](rc& c, const vr& v) { c.data.tokenizer = v.path(true); },
+   [](const rc& c) { return w_path(c.data.tokenizer); },
+   "tokenizer folder (tokenizer.json + chat template) for data.sources; \"\" = model.target"},
   {"data", "seq_len", kind::integer, false,
    [](rc& c, const vr& v) { c.data.seq_len = v.positive(); },
    [](const rc& c) { return w_int(c.data.seq_len); },
@@ -736,7 +760,7 @@ std::string apply_override(toml::table& root, const std::string& arg,
 
   bool stringy = f->type == kind::string || f->type == kind::path;
   bool array = f->type == kind::int_array || f->type == kind::number_array ||
-               f->type == kind::string_array;
+               f->type == kind::string_array || f->type == kind::path_array;
   auto* sec = root[f->section].as_table();
   if (!sec) {
     root.insert_or_assign(f->section, toml::table{});
@@ -755,7 +779,7 @@ std::string apply_override(toml::table& root, const std::string& arg,
       sec->insert_or_assign(key, std::move(a));
     } else if (auto list = parse_value("[" + text + "]")) {  // 1,9,17
       put(*(*list)["v"].node());
-    } else if (f->type == kind::string_array) {  // cuda:0,cuda:1
+    } else if (f->type == kind::string_array || f->type == kind::path_array) {  // cuda:0,cuda:1
       toml::array a;
       for (auto& item : split(text, ',')) a.push_back(item);
       sec->insert_or_assign(key, std::move(a));
@@ -834,6 +858,16 @@ run_config read_config(toml::table& root, const fs::path& source,
   if (c.run.output_dir.empty())
     c.run.output_dir = (fs::absolute("runs") / source.stem()).lexically_normal();
   if (c.run.name.empty()) c.run.name = source.stem().string();
+  if (c.data.path.empty()) {
+    if (c.data.sources.empty()) {
+      auto sec = root["data"].as_table();
+      std::string at = sec ? locate(file, sec->source()) : file;
+      throw config_error(at + ": missing required key 'data.path' (a `tandem prepare` output "
+                         "folder; or give data.sources to prepare one)");
+    }
+    c.data.path = c.run.output_dir / "data";
+  }
+  if (c.data.tokenizer.empty()) c.data.tokenizer = c.model.target;
   if (c.data.seq_len < c.drafter.block_size) {
     auto at = where.count("data.seq_len") ? where["data.seq_len"] : where["drafter.block_size"];
     throw config_error(at + ": 'data.seq_len' must be at least drafter.block_size (" +
@@ -917,6 +951,45 @@ fault_spec parse_fault(const std::string& spec) {
     throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", got " +
                        quote(f.kind));
   return f;
+}
+
+void check_paths(const run_config& c, bool need_data) {
+  const std::string file = c.source.empty() ? std::string("config") : c.source.string();
+  auto fail = [&](std::string_view field, const fs::path& p, const std::string& why) {
+    throw config_error(file + ": '" + std::string(field) + "' = " + quote(p.string()) + ": " + why);
+  };
+  std::error_code ec;
+  auto folder_with = [&](std::string_view field, const fs::path& dir, const std::string& what,
+                         auto&& has) {
+    if (!fs::exists(dir, ec)) fail(field, dir, "no such folder");
+    if (!fs::is_directory(dir, ec)) fail(field, dir, "not a folder");
+    if (!has(dir)) fail(field, dir, "no " + what + " there");
+  };
+  auto has_file = [&](const char* name) {
+    return [name, &ec](const fs::path& d) { return fs::is_regular_file(d / name, ec); };
+  };
+  folder_with("model.target", c.model.target, "config.json (a Hugging Face model folder)",
+              has_file("config.json"));
+  folder_with("model.target", c.model.target, "*.safetensors weights", [&](const fs::path& d) {
+    for (auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".safetensors") return true;
+    return false;
+  });
+  if (!c.drafter.init_from.empty() && !fs::exists(c.drafter.init_from, ec))
+    fail("drafter.init_from", c.drafter.init_from, "no such file or folder");
+  for (size_t i = 0; i < c.data.sources.size(); ++i) {
+    const auto& p = c.data.sources[i];
+    std::string field = "data.sources[" + std::to_string(i) + "]";
+    if (!fs::exists(p, ec)) fail(field, p, "no such file");
+    if (!fs::is_regular_file(p, ec)) fail(field, p, "not a file");
+  }
+  if (!c.data.sources.empty())
+    folder_with("data.tokenizer", c.data.tokenizer, "tokenizer.json (a Hugging Face tokenizer folder)",
+                has_file("tokenizer.json"));
+  if (need_data)
+    folder_with("data.path", c.data.path,
+                "manifest.json (prepare the data with `tandem prepare`, or give data.sources)",
+                has_file("manifest.json"));
 }
 
 std::string to_toml(const run_config& c) {

@@ -6,6 +6,7 @@
 /// carries its default and its key.
 ///
 ///   load_run_config(file, overrides)  →  run_config       (validated)
+///   check_paths(config, need_data)    →  throws unless model, data and tokenizer paths exist
 ///   resolve_placement(config, gpus)   →  placement_plan   (devices checked)
 ///   to_toml(config)                   →  TOML text        (every field; reloads to the same config)
 ///
@@ -77,7 +78,11 @@ struct run_config {
 
   /// [data]: the prepared token shards and how they are packed.
   struct data_section {
-    std::filesystem::path path;  ///< path: a `tandem prepare` output folder (required)
+    std::filesystem::path path;  ///< path: a `tandem prepare` output folder (required
+                                 ///< unless sources is given; then run.output_dir/data)
+    std::vector<std::filesystem::path> sources;  ///< sources: chat JSONL that `tandem run`
+                                                 ///< prepares into path first ([] = none)
+    std::filesystem::path tokenizer;  ///< tokenizer: for sources; "" = model.target
     int64_t seq_len = 3072;      ///< seq_len: S, tokens per packed row (≥ block_size)
     int64_t rows = 1;            ///< rows: B, rows per batch
     int64_t anchors = 512;       ///< anchors: N, draft blocks per row
@@ -202,6 +207,14 @@ struct placement_plan {
   /// One line per device in use, e.g. "cuda:0: target 0, prefetch 0".
   std::string describe() const;
 };
+
+/// Checks that the paths the run reads exist and look right before anything
+/// is spawned: model.target holds config.json and *.safetensors; every
+/// data.sources file exists and data.tokenizer holds tokenizer.json (when
+/// sources are given); drafter.init_from exists; with `need_data`,
+/// data.path holds manifest.json.  Throws config_error naming the config
+/// file, the field and the path.
+void check_paths(const run_config& c, bool need_data);
 
 /// Expands "auto" for a host with `gpus_available` GPUs and checks every
 /// "cuda:N" against it; puts one prefetch actor per target on the target's

@@ -100,7 +100,7 @@ def load_dataset(test, out):
     with samples a list of (ids int32, mask uint8)."""
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    test.assertEqual(list(manifest), ["format", "created_by", "tokenizer", "options", "shards",
+    test.assertEqual(list(manifest), ["format", "created_by", "tokenizer", "options", "inputs", "shards",
                                       "totals", "report", "content_hash"])
     test.assertEqual(manifest["format"], "tandem.dataset.v1")
     test.assertTrue(manifest["created_by"].startswith("tandem prepare "))
@@ -431,6 +431,37 @@ class Dataset(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         manifest, _ = load_dataset(self, out)  # stale shards are gone
         self.assertEqual([s["file"] for s in manifest["shards"]], ["shard-00000.safetensors"])
+
+
+    def test_reuse_keeps_an_identical_data_set_and_refuses_another(self):
+        path = write_jsonl(self.many_lines(6))
+        rc, err, out = prepare([path], "--reuse")
+        self.assertEqual(rc, 0, err)
+        manifest, _ = load_dataset(self, out)
+        self.assertEqual(manifest["inputs"], [{"path": os.path.abspath(path),
+                                               "sha256": sha256_of(path),
+                                               "bytes": os.path.getsize(path)}])
+        shard = os.path.join(out, manifest["shards"][0]["file"])
+        before = os.stat(shard).st_mtime_ns
+        rc, err, _ = prepare([path], "--reuse", output=out)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("reusing it", err)
+        self.assertEqual(os.stat(shard).st_mtime_ns, before)  # not rewritten
+        rc, err, _ = prepare([path], "--reuse", "--max-length", "500", output=out)
+        self.assertEqual(rc, 2)
+        self.assertIn("prepared from other options", err)
+        other = write_jsonl(self.many_lines(5))
+        rc, err, _ = prepare([other], "--reuse", output=out)
+        self.assertEqual(rc, 2)
+        self.assertIn("prepared from other inputs", err)
+        rc, err, _ = prepare([other], "--reuse", "--overwrite", output=out)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(load_dataset(self, out)[0]["inputs"][0]["sha256"], sha256_of(other))
+        os.unlink(os.path.join(out, load_dataset(self, out)[0]["shards"][0]["file"]))
+        rc, err, _ = prepare([other], "--reuse", output=out)  # damaged: prepared again
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("reusing it", err)
+        load_dataset(self, out)
 
 
 class BadInput(unittest.TestCase):

@@ -461,6 +461,67 @@ TEST_F(run_config_test, missing_file_required_keys_and_syntax_errors) {
   EXPECT_EQ(msg.rfind(p.string() + ":2:", 0), 0u) << msg;
 }
 
+TEST_F(run_config_test, data_sources_default_the_path_and_the_tokenizer) {
+  auto p = write("sub/s.toml", "[model]\ntarget = \"m\"\n[drafter]\nmask_token_id = 7\n"
+                               "[data]\nsources = [\"a.jsonl\", \"/abs/b.jsonl\"]\n"
+                               "[run]\noutput_dir = \"out\"\n");
+  auto c = load_run_config(p);
+  EXPECT_EQ(c.data.sources, (std::vector<fs::path>{dir_ / "sub" / "a.jsonl", "/abs/b.jsonl"}));
+  EXPECT_EQ(c.data.path, dir_ / "sub" / "out" / "data");
+  EXPECT_EQ(c.data.tokenizer, dir_ / "sub" / "m");
+  auto cli = load_run_config(p, {"data.sources=x.jsonl,y.jsonl", "data.tokenizer=tok"});
+  EXPECT_EQ(cli.data.sources,
+            (std::vector<fs::path>{fs::absolute("x.jsonl"), fs::absolute("y.jsonl")}));
+  EXPECT_EQ(cli.data.tokenizer, fs::absolute("tok"));
+  auto back = load_run_config(write("again.toml", to_toml(c)));
+  EXPECT_EQ(back.data.sources, c.data.sources);
+  EXPECT_EQ(back.data.path, c.data.path);
+  EXPECT_EQ(back.data.tokenizer, c.data.tokenizer);
+
+  p = write("n.toml", "[model]\ntarget = \"m\"\n[drafter]\nmask_token_id = 7\n[data]\nseq_len = 64\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":5:1: missing required key 'data.path' (a `tandem prepare` output "
+                         "folder; or give data.sources to prepare one)");
+  p = write("e.toml", "[model]\ntarget = \"m\"\n[drafter]\nmask_token_id = 7\n[data]\nsources = [3]\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":6:12: 'data.sources[0]' must be a non-empty string, got 3");
+}
+
+TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
+  auto model = dir_ / "model";
+  auto cfg_text = "[model]\ntarget = \"model\"\n[drafter]\nmask_token_id = 7\n"
+                  "[data]\npath = \"data\"\n";
+  auto p = write("c.toml", cfg_text);
+  auto c = load_run_config(p);
+  auto prefix = p.string() + ": ";
+  EXPECT_EQ(error_of([&] { check_paths(c, true); }),
+            prefix + "'model.target' = \"" + model.string() + "\": no such folder");
+  write("model/config.json", "{}");
+  EXPECT_EQ(error_of([&] { check_paths(c, true); }),
+            prefix + "'model.target' = \"" + model.string() + "\": no *.safetensors weights there");
+  write("model/model.safetensors", "x");
+  EXPECT_EQ(error_of([&] { check_paths(c, true); }),
+            prefix + "'data.path' = \"" + (dir_ / "data").string() +
+              "\": no such folder");
+  write("data/shard-00000.safetensors", "x");
+  EXPECT_EQ(error_of([&] { check_paths(c, true); }),
+            prefix + "'data.path' = \"" + (dir_ / "data").string() +
+              "\": no manifest.json (prepare the data with `tandem prepare`, or give data.sources) there");
+  EXPECT_NO_THROW(check_paths(c, false));
+  write("data/manifest.json", "{}");
+  EXPECT_NO_THROW(check_paths(c, true));
+
+  auto s = load_run_config(p, {"data.sources=in.jsonl"});
+  EXPECT_EQ(error_of([&] { check_paths(s, false); }),
+            prefix + "'data.sources[0]' = \"" + fs::absolute("in.jsonl").string() + "\": no such file");
+  s = load_run_config(p, {"data.sources=" + write("in.jsonl", "{}").string()});
+  EXPECT_EQ(error_of([&] { check_paths(s, false); }),
+            prefix + "'data.tokenizer' = \"" + model.string() +
+              "\": no tokenizer.json (a Hugging Face tokenizer folder) there");
+  write("model/tokenizer.json", "{}");
+  EXPECT_NO_THROW(check_paths(s, false));
+}
+
 TEST_F(run_config_test, faults_from_toml_and_command_line) {
   auto c = load_run_config(
     write("f.toml", minimal + "[[faults.inject]]\ndrafter = 2\nkind = \"throw\"\nat_step = 7\n"));
@@ -639,6 +700,17 @@ TEST_F(run_config_test, to_toml_round_trips) {
     EXPECT_NE(text.find("\n" + field), std::string::npos) << key;
   }
   EXPECT_NE(text.find("# the frozen target: a Hugging Face Qwen3 folder"), std::string::npos);
+}
+
+TEST_F(run_config_test, embedded_default_loads_and_its_paths_exist) {
+  fs::path file = fs::path(TANDEM_SOURCE_DIR) / "config" / "default.toml";
+  auto c = load_run_config(file);
+  EXPECT_EQ(c.model.target, fs::path(TANDEM_SOURCE_DIR) / "config" / "default" / "target");
+  EXPECT_EQ(c.data.path, c.run.output_dir / "data");
+  EXPECT_NO_THROW(check_paths(c, false));
+  auto plan = resolve_placement(c, 0);
+  EXPECT_EQ(plan.targets.size(), 1u);
+  EXPECT_EQ(plan.drafters.size(), 1u);
 }
 
 TEST_F(run_config_test, example_single_node_8gpu_loads_and_resolves) {

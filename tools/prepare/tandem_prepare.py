@@ -495,6 +495,38 @@ def _dataset_files(out_dir):
                                                   or f.endswith(".safetensors.tmp"))))
 
 
+MANIFEST_OPTIONS = ("block_size", "min_supervised", "max_length", "last_turn_only", "input_format",
+                    "chat_template_kwargs")
+
+
+def _differs_from_existing(out_dir, identity):
+    """For --reuse: None when out_dir holds a complete data set with this identity; else what
+    differs ("inputs", "options", ...), or "" when there is no complete data set there."""
+    try:
+        with open(os.path.join(out_dir, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read())
+    except (OSError, ValueError):
+        return ""
+    if manifest.get("format") != DATASET_FORMAT:
+        return "format"
+    for shard in manifest.get("shards", []):
+        path = os.path.join(out_dir, shard.get("file", ""))
+        if not os.path.isfile(path):
+            return ""  # incomplete: prepare again
+    tok = manifest.get("tokenizer", {})
+    old_inputs = [(i.get("sha256"), i.get("bytes")) for i in manifest.get("inputs", [])]
+    new_inputs = [(i["sha256"], i["bytes"]) for i in identity["inputs"]]
+    if old_inputs != new_inputs:
+        return "inputs"
+    if tok.get("sha256") != identity["tokenizer_sha256"]:
+        return "tokenizer"
+    if tok.get("chat_template_sha256") != identity["chat_template_sha256"]:
+        return "chat template"
+    if manifest.get("options") != identity["options"]:
+        return "options"
+    return None
+
+
 def prepare_output(out_dir, overwrite):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"output {out_dir} exists and is not a directory")
@@ -587,6 +619,10 @@ def parse_args(argv):
                    help="tokenizer threads (default 0: all cores); output is identical for any value")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a data set already in --output")
+    p.add_argument("--reuse", action="store_true",
+                   help="if --output already holds a data set prepared from the same inputs "
+                        "(by sha256), tokenizer, chat template and options, keep it and exit 0; "
+                        "a different data set there is an error unless --overwrite")
     p.add_argument("--tandem-version", metavar="VERSION", default=os.environ.get("TANDEM_VERSION", "dev"),
                    help="version written to manifest created_by (the tandem binary passes its own)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (the summary is still printed)")
@@ -647,7 +683,24 @@ def run(args):
             "max_length": args.max_length, "last_turn_only": args.last_turn_only,
             "input_format": args.format, "chat_template_kwargs": template_kwargs}
     processor = BatchProcessor(tokenizer, template, opts)  # probes the template: fails early
-    prepare_output(args.output, args.overwrite)
+    identity = {
+        "inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p), "bytes": os.path.getsize(p)}
+                   for p in args.inputs],
+        "tokenizer_sha256": sha256_file(os.path.join(args.tokenizer, "tokenizer.json")),
+        "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
+                                 if template is not None else None),
+        "options": {k: opts[k] for k in MANIFEST_OPTIONS},
+    }
+    if args.reuse:
+        differs = _differs_from_existing(args.output, identity)
+        if differs is None:
+            reporter.message(f"prepare: {args.output} already holds this data set (same inputs, "
+                             "tokenizer, chat template and options); reusing it")
+            return EXIT_OK
+        if differs and not args.overwrite:
+            raise UsageError(f"output folder {args.output} holds a data set prepared from other "
+                             f"{differs}; delete it, or prepare into another folder")
+    prepare_output(args.output, args.overwrite or (args.reuse and differs == ""))
 
     counts = {"lines": 0, "samples": 0, "tokens": 0, "invalid": 0, "short": 0, "truncated": 0}
     by_format = dict.fromkeys(FORMATS, 0)
@@ -696,8 +749,8 @@ def run(args):
             "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
                                      if template is not None else None),
         },
-        "options": {k: opts[k] for k in ("block_size", "min_supervised", "max_length",
-                                         "last_turn_only", "input_format", "chat_template_kwargs")},
+        "options": identity["options"],
+        "inputs": identity["inputs"],
         "shards": shards,
         "totals": {"samples": sum(s["num_samples"] for s in shards),
                    "tokens": sum(s["num_tokens"] for s in shards),

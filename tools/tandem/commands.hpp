@@ -2,6 +2,9 @@
 /// The `tandem` subcommands.  Each adds itself to the CLI and returns the
 /// process exit code when run.
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace tandem::cli {
@@ -18,6 +21,11 @@ void add_bench(CLI::App& app, int& exit_code);
 
 /// `tandem prepare`: chat JSONL -> token shards (runs tools/prepare/tandem_prepare.py).
 void add_prepare(CLI::App& app, int& exit_code);
+
+/// Runs `tandem prepare ARGS...` as a child process and waits for it; its
+/// output goes to this process's stderr.  Returns its exit status (127 when
+/// it could not be started, 128 + N when killed by signal N).
+int run_prepare(const std::vector<std::string>& args);
 
 /// `tandem run CONFIG.toml`: single-node training.
 void add_run(CLI::App& app, int& exit_code);

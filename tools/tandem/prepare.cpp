@@ -3,20 +3,85 @@
 // subcommand runs tools/prepare/tandem_prepare.py with the Python
 // environment Tandem was built against (TANDEM_PYTHON overrides it) and
 // hands it every argument; `tandem prepare --help` shows the script's help.
+// `tandem run` uses the same script for `data.sources` (run_prepare).
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "build_info.hpp"
 #include "commands.hpp"
 
+extern char** environ;
+
 namespace tandem::cli {
+
+namespace {
+
+std::string python_path() {
+  const char* env = std::getenv("TANDEM_PYTHON");
+  return env && *env ? env : build::python;
+}
+
+/// python, the script, --tandem-version, then `args`; empty when the script
+/// is missing (reported).
+std::vector<std::string> prepare_argv(const std::vector<std::string>& args) {
+  std::filesystem::path script = std::filesystem::path(build::source_dir) / "tools" / "prepare"
+                                 / "tandem_prepare.py";
+  if (!std::filesystem::exists(script)) {
+    std::fprintf(stderr, "tandem prepare: %s not found (Tandem's source tree moved?)\n",
+                 script.c_str());
+    return {};
+  }
+  std::vector<std::string> argv{python_path(), script.string(), "--tandem-version",
+                                std::string(build::version) + " (" + build::git_commit + ")"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::vector<char*> c_argv(std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (auto& a : args)
+    out.push_back(a.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+} // namespace
+
+int run_prepare(const std::vector<std::string>& args) {
+  auto argv = prepare_argv(args);
+  if (argv.empty())
+    return 127;
+  auto cargv = c_argv(argv);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = 0;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);  // all on stderr
+  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    std::fprintf(stderr, "tandem prepare: cannot run %s: %s (set TANDEM_PYTHON)\n",
+                 argv[0].c_str(), std::strerror(rc));
+    return 127;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return 127;
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
 
 void add_prepare(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
@@ -26,28 +91,16 @@ void add_prepare(CLI::App& app, int& exit_code) {
   cmd->allow_extras();
   cmd->prefix_command();
   cmd->callback([cmd, &exit_code] {
-    const char* env = std::getenv("TANDEM_PYTHON");
-    std::string python = env && *env ? env : build::python;
-    std::filesystem::path script = std::filesystem::path(build::source_dir) / "tools" / "prepare"
-                                   / "tandem_prepare.py";
-    if (!std::filesystem::exists(script)) {
-      std::fprintf(stderr, "tandem prepare: %s not found (Tandem's source tree moved?)\n",
-                   script.c_str());
+    auto argv = prepare_argv(cmd->remaining());
+    if (argv.empty()) {
       exit_code = 2;
       return;
     }
-    std::vector<std::string> args{python, script.string(), "--tandem-version",
-                                  std::string(build::version) + " (" + build::git_commit + ")"};
-    for (const auto& a : cmd->remaining())
-      args.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
+    auto cargv = c_argv(argv);
     std::fflush(stdout);
-    execv(python.c_str(), argv.data());
-    std::fprintf(stderr, "tandem prepare: cannot run %s: %s (set TANDEM_PYTHON)\n", python.c_str(),
-                 std::strerror(errno));
+    execv(argv[0].c_str(), cargv.data());
+    std::fprintf(stderr, "tandem prepare: cannot run %s: %s (set TANDEM_PYTHON)\n",
+                 argv[0].c_str(), std::strerror(errno));
     exit_code = 2;
   });
 }

@@ -61,6 +61,26 @@ int run_training(const run_options& ro) {
   }
   std::fprintf(stderr, "tandem run: %s\n%s", ro.config.c_str(), plan.describe().c_str());
 
+  check_paths(cfg, cfg.data.sources.empty());
+  if (!cfg.data.sources.empty()) {
+    // Prepare data.sources into data.path, or reuse what an earlier run
+    // prepared from the same files, tokenizer and options.
+    std::vector<std::string> args{"--tokenizer", cfg.data.tokenizer.string(), "--output",
+                                  cfg.data.path.string(), "--reuse", "--block-size",
+                                  std::to_string(cfg.drafter.block_size), "--max-length",
+                                  std::to_string(std::max<int64_t>(3072, cfg.data.seq_len))};
+    if (!cfg.metrics.progress)
+      args.push_back("--quiet");
+    for (const auto& src : cfg.data.sources)
+      args.push_back(src.string());
+    std::fprintf(stderr, "tandem run: preparing data.sources into %s\n", cfg.data.path.c_str());
+    int rc = run_prepare(args);
+    if (rc != 0) {
+      std::fprintf(stderr, "tandem run: preparing data.sources (%s) failed with exit status %d\n",
+                   ro.config.c_str(), rc);
+      return rc == 2 ? 2 : 1;
+    }
+  }
   gpu::data::dataset ds(cfg.data.path);
   const auto ckpt_dir = cfg.run.output_dir / cfg.checkpoint.dir;
   coordinator_options co;
