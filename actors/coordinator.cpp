@@ -44,15 +44,20 @@ struct coordinator_state {
   bool checkpointing = false;
   std::vector<std::function<void()>> after_checkpoint;
   bool stopping = false;
+  bool stop_requested = false;          ///< a stop that came before the run request
   run_summary summary;
   bool have_first_loss = false;
   // Supervision.
   std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
   std::set<int64_t> abandoned;                   ///< rolled back while at a target
   std::vector<caf::actor_addr> drafter_addr;     ///< the live incarnation of each drafter
-  std::vector<std::chrono::steady_clock::time_point> dispatched;  ///< when its step started
-  std::vector<std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>>> failures;
+  // Times are the actor clock's (self->clock().now()), the clock that also fires the
+  // watchdog tick and the restart backoff: steady_clock in production, the
+  // deterministic clock in protocol tests.
+  std::vector<caf::actor_clock::time_point> dispatched;  ///< when its step started
+  std::vector<std::vector<std::pair<caf::actor_clock::time_point, std::string>>> failures;
   std::vector<bool> down;                        ///< waiting for its restart
+  int64_t lineage = 0;                           ///< rollbacks so far (a snapshot older than one is stale)
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
@@ -75,7 +80,7 @@ void dispatch(self_ptr self) {
     auto d = s.idle.front();
     s.idle.pop_front();
     s.busy.insert(d);
-    s.dispatched[static_cast<size_t>(d)] = std::chrono::steady_clock::now();
+    s.dispatched[static_cast<size_t>(d)] = self->clock().now();
     self->send(s.peers.drafters[static_cast<size_t>(d)], std::move(s.queue.front()));
     s.queue.pop_front();
   }
@@ -99,6 +104,9 @@ std::string ledger_json(self_ptr self) {
     .dump();
 }
 
+void try_complete(self_ptr self);
+void maybe_end_epoch(self_ptr self);
+
 /// Snapshot drafter 0, write it, mark the ledger durable; then run the
 /// continuations queued meanwhile.
 void checkpoint(self_ptr self, std::function<void()> then) {
@@ -109,13 +117,28 @@ void checkpoint(self_ptr self, std::function<void()> then) {
     return;
   s.checkpointing = true;
   const auto extra = ledger_json(self);
+  const auto lineage = s.lineage;
   self->request(s.peers.drafters.front(), std::chrono::minutes(10), snapshot_atom::value)
     .then(
-      [self, extra](const snapshot_desc& snap) {
+      [self, extra, lineage](const snapshot_desc& snap) {
         self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
           .then(
-            [self, snap](const std::string& dir) {
+            [self, snap, lineage](const std::string& dir) {
               auto& s = self->state;
+              if (s.lineage != lineage) {
+                // A drafter failed after this snapshot and the run rolled
+                // back past it: these weights are not the ones training
+                // continues from, so they must not become the restore point
+                // nor commit samples.  The continuations wait for the next
+                // checkpoint; look again whether one is due now.
+                s.checkpointing = false;
+                spdlog::warn("checkpoint {} (step {}) predates a drafter failure: not used", dir,
+                             snap.step);
+                event(self, {{"event", "checkpoint_discarded"}, {"step", snap.step}, {"dir", dir}});
+                try_complete(self);
+                maybe_end_epoch(self);
+                return;
+              }
               const auto committed = s.ledger->durable(snap.step);
               s.durable_step = snap.step;
               s.summary.checkpoint = dir;
@@ -238,7 +261,7 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
   if (s.down[di] || !s.running)
     return;
   s.down[di] = true;
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = self->clock().now();
   auto& f = s.failures[di];
   f.emplace_back(now, reason);
   while (!f.empty() && std::chrono::duration<double>(now - f.front().first).count() > s.opts.window_s)
@@ -262,6 +285,7 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
     return;
   }
   // Roll back: everything after the newest checkpoint goes back to pending.
+  ++s.lineage;
   auto back = s.ledger->rollback(s.durable_step);
   const int64_t lost_steps = s.step - std::max<int64_t>(s.durable_step, 0);
   s.step = std::max<int64_t>(s.durable_step, 0);
@@ -352,19 +376,28 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
                                 "GPU engine (not yet built): use one drafter");
         if (peers.prefetch.size() != peers.targets.size() || peers.prefetch.empty())
           return make_error(errc::bad_input, "coordinator: one prefetch per target is required");
-        s.peers = std::move(peers);
-        s.running = true;
-        s.promise = self->make_response_promise<run_summary>();
-        std::vector<int64_t> done;
+        // Everything that can fail is checked before the response promise
+        // exists: once it does, CAF 0.17 drops an error returned here (the
+        // request counts as answered) and the requester would wait forever.
+        std::optional<sample_ledger> ledger;
         if (s.opts.resume_ledger.empty()) {
-          s.ledger.emplace(s.opts.num_samples);
+          ledger.emplace(s.opts.num_samples);
         } else {
-          s.ledger.emplace(sample_ledger::restore(s.opts.resume_ledger));
-          if (s.ledger->num_samples() != s.opts.num_samples)
+          try {
+            ledger.emplace(sample_ledger::restore(s.opts.resume_ledger));
+          } catch (const std::exception& e) {
+            return make_error(errc::bad_input, std::string("resume: the checkpoint's ledger: ") + e.what());
+          }
+          if (ledger->num_samples() != s.opts.num_samples)
             return make_error(errc::bad_input, "resume: the checkpoint's ledger covers "
-                                                 + std::to_string(s.ledger->num_samples())
+                                                 + std::to_string(ledger->num_samples())
                                                  + " samples, the dataset has "
                                                  + std::to_string(s.opts.num_samples));
+        }
+        s.peers = std::move(peers);
+        s.ledger = std::move(ledger);
+        std::vector<int64_t> done;
+        if (!s.opts.resume_ledger.empty()) {
           s.epoch = s.ledger->epoch();
           for (int64_t i = 0; i < s.ledger->num_samples(); ++i)
             if (s.ledger->is_committed(i))
@@ -372,7 +405,14 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
           s.step = s.opts.resume_step;
           s.durable_step = s.opts.resume_step;
         }
+        s.running = true;
+        s.promise = self->make_response_promise<run_summary>();
         s.summary.checkpoint = s.opts.resume_checkpoint;
+        if (s.stop_requested) {  // a stop came before this request: nothing to train
+          s.summary.stop_reason = "signal";
+          deliver(self);
+          return s.promise;
+        }
         const auto n = s.peers.drafters.size();
         s.drafter_addr.resize(n);
         s.dispatched.resize(n);
@@ -396,7 +436,18 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
           self->send(p, credit_atom::value, s.opts.credits);
         return s.promise;
       },
-      [self](stop_atom) { finish(self, "signal"); },
+      [self](stop_atom) {
+        auto& s = self->state;
+        if (!s.running) {
+          // Before the run request (a signal can beat the launcher's
+          // request), the run ends as soon as it is asked for; after the
+          // run there is nothing to stop.
+          if (!s.ledger)
+            s.stop_requested = true;
+          return;
+        }
+        finish(self, "signal");
+      },
       [self](status_atom) -> std::string {
         auto& s = self->state;
         nlohmann::json j{{"running", s.running}, {"stopping", s.stopping}, {"epoch", s.epoch},
@@ -493,7 +544,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         auto& s = self->state;
         if (!s.running)
           return;
-        const auto now = std::chrono::steady_clock::now();
+        const auto now = self->clock().now();
         for (auto d : std::vector<int32_t>(s.busy.begin(), s.busy.end())) {
           const double t = std::chrono::duration<double>(now - s.dispatched[static_cast<size_t>(d)]).count();
           if (t > s.opts.step_timeout_s)

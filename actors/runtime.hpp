@@ -3,6 +3,12 @@
 /// spawned detached (one private thread each; all their device work on it)
 /// and build their engines inside the behaviour, never in a constructor.
 /// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator}.hpp.
+///
+/// The spawn functions of the detached actors take their spawn options as a
+/// template argument: `caf::detached` (the default) in production, and
+/// `caf::no_spawn_options` under CAF's deterministic test scheduler, which
+/// does not drive detached actors (tests/protocol/).  workers.cpp
+/// instantiates both.
 
 #include <atomic>
 #include <cstdint>
@@ -13,6 +19,7 @@
 #include <vector>
 
 #include <caf/actor_system.hpp>
+#include <caf/spawn_options.hpp>
 
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
@@ -26,9 +33,11 @@
 
 namespace tandem {
 
+template <caf::spawn_options Os = caf::detached>
 prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
                               gpu::prefetch_engine_options opts, coordinator_actor coordinator);
 
+template <caf::spawn_options Os = caf::detached>
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
                           coordinator_actor coordinator);
 
@@ -47,11 +56,13 @@ struct fault_plan {
 };
 
 /// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
+template <caf::spawn_options Os = caf::detached>
 drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
                             std::string restore_from, coordinator_actor coordinator,
                             std::shared_ptr<fault_plan> faults = nullptr);
 
 /// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`.
+template <caf::spawn_options Os = caf::detached>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
 
 struct metrics_options {

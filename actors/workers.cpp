@@ -149,6 +149,12 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
         return;
       }
       w.features.forward_ms = ms_since(t0);
+      // The descriptor names what is behind the handle (descriptors.hpp):
+      // the taps [rows, seq_len, n·D] on this target's device.
+      const auto& info = s.engine->info();
+      w.features.shape = {batch.rows, batch.seq_len,
+                          static_cast<int64_t>(info.tap_ids.size()) * info.hidden_size};
+      w.features.where.device = info.device;
       w.batch = std::move(batch);
       self->send(s.coordinator, std::move(w));
     },
@@ -293,25 +299,43 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
 
 } // namespace
 
+template <caf::spawn_options Os>
 prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
                               gpu::prefetch_engine_options opts, coordinator_actor coordinator) {
-  return sys.spawn<caf::detached>(prefetch_behavior, index, std::move(opts), std::move(coordinator));
+  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator));
 }
 
+template <caf::spawn_options Os>
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
                           coordinator_actor coordinator) {
-  return sys.spawn<caf::detached>(target_behavior, index, std::move(opts), std::move(coordinator));
+  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator));
 }
 
+template <caf::spawn_options Os>
 drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
                             std::string restore_from, coordinator_actor coordinator,
                             std::shared_ptr<fault_plan> faults) {
-  return sys.spawn<caf::detached>(drafter_behavior, index, std::move(opts), std::move(restore_from),
-                                  std::move(coordinator), std::move(faults));
+  return sys.spawn<Os>(drafter_behavior, index, std::move(opts), std::move(restore_from),
+                       std::move(coordinator), std::move(faults));
 }
 
+template <caf::spawn_options Os>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep) {
-  return sys.spawn<caf::detached>(checkpointer_behavior, std::move(dir), keep);
+  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep);
 }
+
+// Production (detached) and the deterministic test scheduler (scheduled).
+#define TANDEM_INSTANTIATE_SPAWNS(Os)                                                          \
+  template prefetch_actor spawn_prefetch<Os>(caf::actor_system&, int32_t,                      \
+                                             gpu::prefetch_engine_options, coordinator_actor); \
+  template target_actor spawn_target<Os>(caf::actor_system&, int32_t,                          \
+                                         gpu::target_engine_options, coordinator_actor);       \
+  template drafter_actor spawn_drafter<Os>(caf::actor_system&, int32_t,                        \
+                                           gpu::drafter_engine_options, std::string,           \
+                                           coordinator_actor, std::shared_ptr<fault_plan>);    \
+  template checkpointer_actor spawn_checkpointer<Os>(caf::actor_system&, std::filesystem::path, int);
+TANDEM_INSTANTIATE_SPAWNS(caf::detached)
+TANDEM_INSTANTIATE_SPAWNS(caf::no_spawn_options)
+#undef TANDEM_INSTANTIATE_SPAWNS
 
 } // namespace tandem

@@ -1,0 +1,705 @@
+// Coordinator protocol (messages/coordinator.hpp) on CAF's deterministic
+// scheduler, against the fake peers of fake_peers.hpp: credits, routing,
+// the drafter's data wait, supervision (death, non-finite loss, step
+// timeout on the deterministic clock, restart budget), stop, max_steps,
+// checkpoints, and errors reaching the run request.  The run request comes
+// from an event-based launcher actor with an error callback, as in
+// tools/tandem/run.cpp.
+//
+// Timers: the coordinator's watchdog tick, restart backoff and request
+// timeouts live on the deterministic clock.  The tests drive messages with
+// `sched.run()` (messages only) and time with `advance_time`, never the
+// fixture's `run()`, which would fire the self-re-arming tick forever.
+#define CAF_SUITE coordinator_protocol
+
+#include <algorithm>
+#include <map>
+
+// Before dsl.hpp: its `inject` macro would rewrite drafter_engine::inject.
+#include "actors/ledger.hpp"
+#include "fake_peers.hpp"
+
+#include "dsl.hpp"
+
+using namespace tandem;
+using namespace tandem::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct setup {
+  int32_t targets = 1;
+  int64_t samples = 12;
+  int64_t batch_samples = 2;
+  coordinator_options opts;
+  setup() {
+    opts.credits = 2;
+    opts.epochs = 1;
+    opts.checkpoint_every = 0;
+    opts.backoff_s = {0.5};
+    opts.step_timeout_s = 5;
+    opts.restart_budget = 3;
+  }
+};
+
+struct fixture : test_coordinator_fixture<config> {
+  world_ptr w = std::make_shared<peer_world>();
+  coordinator_actor coordinator;
+  coordinator_peers peers;
+  std::vector<fake_target_actor> targets;
+  fake_checkpointer_actor checkpointer;
+  std::vector<caf::actor> everyone;  ///< stopped when the test ends
+
+  ~fixture() override {
+    for (auto& a : everyone)
+      caf::anon_send_exit(a, caf::exit_reason::kill);
+    for (auto& d : w->incarnations)
+      caf::anon_send_exit(d, caf::exit_reason::kill);
+    sched.run();
+  }
+
+  fake_drafter_actor spawn_drafter_incarnation(int32_t index, int64_t step,
+                                               std::vector<int64_t> weights) {
+    auto d = sys.spawn(fake_drafter, index, w->incarnations.size(), step, std::move(weights),
+                       coordinator, w);
+    w->incarnations.push_back(d);
+    return d;
+  }
+
+  fixture() {
+    // A test that fails midway may leave actors waiting; never block in
+    // the actor system's destructor for them.
+    sys.await_actors_before_shutdown(false);
+  }
+
+  /// Spawns the coordinator and its fake peers, and starts the run.
+  void start(setup s) {
+    spawn_all(std::move(s));
+    launch(peers);
+  }
+
+  /// Spawns the coordinator and its fake peers.
+  void spawn_all(setup s) {
+    w->batch_samples = s.batch_samples;
+    s.opts.num_samples = s.samples;
+    auto coord_handle = std::make_shared<coordinator_actor>();
+    s.opts.respawn_drafter = [this, coord_handle](int32_t index, const std::string& ckpt) {
+      w->respawns.emplace_back(index, ckpt);
+      int64_t step = 0;
+      std::vector<int64_t> weights;
+      if (!ckpt.empty()) {
+        step = w->checkpoints.at(ckpt).first;
+        weights = w->checkpoints.at(ckpt).second;
+      }
+      return drafter_actor{spawn_drafter_incarnation(index, step, std::move(weights))};
+    };
+    coordinator = spawn_coordinator(sys, s.opts);
+    *coord_handle = coordinator;
+    everyone.push_back(caf::actor_cast<caf::actor>(coordinator));
+    w->prefetch.resize(static_cast<size_t>(s.targets));
+    w->targets.resize(static_cast<size_t>(s.targets));
+    for (int64_t k = 0; k < s.samples; ++k)
+      w->prefetch[static_cast<size_t>(k % s.targets)].share.push_back(k);
+    for (int32_t i = 0; i < s.targets; ++i) {
+      peers.prefetch.push_back(sys.spawn(fake_prefetch, i, coordinator, w));
+      targets.push_back(sys.spawn(fake_target, i, coordinator, w));
+      peers.targets.push_back(targets.back());
+      everyone.push_back(caf::actor_cast<caf::actor>(peers.prefetch.back()));
+      everyone.push_back(caf::actor_cast<caf::actor>(targets.back()));
+    }
+    peers.drafters.push_back(spawn_drafter_incarnation(0, 0, {}));
+    checkpointer = sys.spawn(fake_checkpointer, w);
+    peers.checkpointer = checkpointer;
+    peers.metrics = sys.spawn(fake_metrics, w);
+    everyone.push_back(caf::actor_cast<caf::actor>(checkpointer));
+    everyone.push_back(caf::actor_cast<caf::actor>(peers.metrics));
+  }
+
+  /// The launcher: asks for the run and records its answer.
+  void launch(coordinator_peers p) {
+    auto wp = w;
+    auto to = coordinator;
+    sys.spawn([wp, to, p](caf::event_based_actor* me) {
+      me->request(to, caf::infinite, run_atom::value, p)
+        .then([me, wp](run_summary& s) { wp->summary = s; me->quit(); },
+              [me, wp](caf::error& e) { wp->error = e; me->quit(); });
+    });
+  }
+
+  nlohmann::json status() {
+    auto a = ask<std::string>(sys, coordinator, status_atom::value);
+    sched.run();
+    CAF_REQUIRE(a->value.has_value());
+    return nlohmann::json::parse(*a->value);
+  }
+
+  fake_drafter_actor drafter() const { return w->incarnations.back(); }
+
+  /// How often each sample is in the final weights.
+  std::map<int64_t, int> final_counts() const {
+    std::map<int64_t, int> n;
+    for (auto s : w->final_weights)
+      ++n[s];
+    return n;
+  }
+
+  /// Every sample 0..samples-1 exactly `times` times in the final weights.
+  void check_exactly(int64_t samples, int times) {
+    auto n = final_counts();
+    CAF_CHECK_EQUAL(static_cast<int64_t>(n.size()), samples);
+    for (auto& [sample, count] : n)
+      TANDEM_CHECK_MSG(count == times, "sample " << sample << " is in the final weights "
+                                                 << count << " times");
+  }
+
+  /// No batch or feature handle left unreleased, none released twice.
+  void check_handles_released() {
+    for (auto& p : w->prefetch) {
+      CAF_CHECK(p.outstanding.empty());
+      CAF_CHECK_EQUAL(p.bad_releases, 0);
+    }
+    for (auto& t : w->targets) {
+      CAF_CHECK(t.outstanding.empty());
+      CAF_CHECK_EQUAL(t.bad_releases, 0);
+    }
+  }
+};
+
+std::set<int64_t> samples_of(const std::vector<batch_desc>& batches) {
+  std::set<int64_t> out;
+  for (auto& b : batches)
+    out.insert(b.sample_ids.begin(), b.sample_ids.end());
+  return out;
+}
+
+} // namespace
+
+CAF_TEST_FIXTURE_SCOPE(coordinator_protocol_tests, fixture)
+
+CAF_TEST(work flows prefetch to target to drafter and the run ends after its epochs) {
+  setup s;
+  s.opts.epochs = 2;
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  const auto& sum = *w->summary;
+  CAF_CHECK_EQUAL(sum.stop_reason, "epochs");
+  CAF_CHECK_EQUAL(sum.steps, 12);  // 2 epochs x 6 batches of 2 samples
+  CAF_CHECK_EQUAL(sum.epochs_completed, 2);
+  CAF_CHECK_EQUAL(sum.samples_committed, 12);
+  CAF_CHECK_EQUAL(sum.first_loss, 4.875);
+  CAF_CHECK_EQUAL(sum.last_loss, 5.0 - 12 * 0.125);
+  CAF_CHECK_EQUAL(sum.checkpoint, "ckpt/step-12");
+  // Every step trained a batch from the prefetch with that batch's features
+  // from its target; batch ids are the ledger's, each used once.
+  CAF_REQUIRE_EQUAL(w->steps.size(), 12u);
+  std::set<int64_t> ids;
+  std::map<int64_t, std::vector<int64_t>> per_epoch;
+  for (auto& st : w->steps) {
+    const auto& item = st.work;
+    CAF_CHECK_EQUAL(item.features.batch_id, item.batch.batch_id);
+    CAF_CHECK_EQUAL(item.features.target, item.batch.source);
+    CAF_CHECK(item.batch.batch_id >= 0);
+    CAF_CHECK(ids.insert(item.batch.batch_id).second);
+    auto& sent = w->prefetch[0].sent;
+    CAF_CHECK(std::any_of(sent.begin(), sent.end(), [&](const batch_desc& b) {
+      return b.handle == item.batch.handle && b.sample_ids == item.batch.sample_ids;
+    }));
+    auto& v = per_epoch[item.batch.epoch];
+    v.insert(v.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
+  }
+  CAF_REQUIRE_EQUAL(per_epoch.size(), 2u);
+  for (auto& [epoch, v] : per_epoch) {
+    std::sort(v.begin(), v.end());
+    std::vector<int64_t> all(12);
+    std::iota(all.begin(), all.end(), 0);
+    CAF_CHECK(v == all);
+  }
+  check_exactly(12, 2);
+  // Metrics got every report as the drafter sent it, in order.
+  CAF_REQUIRE_EQUAL(w->reports.size(), 12u);
+  for (size_t i = 0; i < 12; ++i)
+    CAF_CHECK_EQUAL(w->reports[i].step, static_cast<int64_t>(i + 1));
+  // A checkpoint at each epoch end, carrying the ledger as of its step.
+  CAF_REQUIRE_EQUAL(w->written.size(), 2u);
+  CAF_CHECK_EQUAL(w->written[0].step, 6);
+  CAF_CHECK_EQUAL(w->written[1].step, 12);
+  CAF_CHECK_EQUAL(w->extras[0]["step"], 6);
+  CAF_CHECK_EQUAL(w->extras[0]["epoch"], 0);
+  CAF_CHECK_EQUAL(w->extras[1]["epoch"], 1);
+  CAF_CHECK_EQUAL(w->events_named("epoch").size(), 2u);
+  CAF_CHECK_EQUAL(w->events_named("checkpoint").size(), 2u);
+  auto end = w->events_named("end");
+  CAF_REQUIRE_EQUAL(end.size(), 1u);
+  CAF_CHECK_EQUAL(end[0]["reason"], "epochs");
+  check_handles_released();
+  CAF_CHECK(w->snapshots.empty());  // every snapshot handed to the checkpointer
+}
+
+CAF_TEST(credits bound the batches in flight per target) {
+  setup s;
+  s.targets = 2;
+  s.samples = 16;  // 8 batches of 1 per prefetch
+  s.batch_samples = 1;
+  s.opts.credits = 3;
+  w->script = {act::hang};
+  start(s);
+  sched.run();
+  // The drafter holds its first item: each prefetch stages exactly its
+  // credits and stops; the targets hold no more than that; the coordinator
+  // queues what the drafter cannot take yet, bounded by the credits.
+  for (auto& p : w->prefetch) {
+    CAF_CHECK_EQUAL(p.outstanding.size(), 3u);
+    CAF_CHECK_EQUAL(p.credits_received, 3);
+    CAF_CHECK_EQUAL(p.sent.size(), 3u);
+  }
+  for (auto& t : w->targets)
+    CAF_CHECK_EQUAL(t.outstanding.size(), 3u);
+  auto st = status();
+  CAF_CHECK_EQUAL(st["in_flight"], 6);
+  CAF_CHECK_EQUAL(st["queued"], 5);
+  CAF_CHECK_EQUAL(st["busy"], 1);
+  CAF_CHECK_EQUAL(st["ledger"]["issued"], 6);
+  CAF_CHECK_EQUAL(w->work_received, 1);
+  // One step done: one batch retired, one credit back to its prefetch,
+  // one new batch from it; the rest runs to the end under the same bound.
+  self->send(drafter(), go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->steps, 16);
+  for (auto& p : w->prefetch) {
+    CAF_CHECK_EQUAL(p.max_outstanding, 3u);
+    CAF_CHECK_EQUAL(p.sent.size(), 8u);
+  }
+  for (auto& t : w->targets)
+    CAF_CHECK_LESS_OR_EQUAL(t.max_outstanding, 3u);
+  check_exactly(16, 1);
+  check_handles_released();
+}
+
+CAF_TEST(the drafter data wait reaches the metrics) {
+  setup s;
+  s.samples = 4;
+  start(s);
+  // The target sits on the first batches for 2 s of (deterministic) time.
+  w->targets[0].hold = true;
+  sched.run();
+  CAF_CHECK_EQUAL(w->targets[0].held.size(), 2u);
+  CAF_CHECK_EQUAL(w->work_received, 0);
+  advance_time(2s);
+  sched.run();
+  self->send(targets[0], go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_REQUIRE_EQUAL(w->reports.size(), 2u);
+  CAF_CHECK_EQUAL(w->reports[0].wait_ms, 2000.0);  // idle until the features came
+  CAF_CHECK_EQUAL(w->reports[1].wait_ms, 0.0);     // the next item was queued already
+  CAF_CHECK_EQUAL(w->reports[0].compute_ms, 3.0);
+}
+
+CAF_TEST(a drafter that dies is respawned from the newest checkpoint and its samples re-issued) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->script = {act::ok, act::ok, act::ok, act::die};
+  start(s);
+  auto first = drafter();
+  auto exit1 = watch(sys, first);
+  sched.run();
+  // Steps 1-2 are durable (checkpoint at step 2); step 3 is trained but not
+  // durable; step 4 died.  Everything after step 2 goes back to pending.
+  CAF_REQUIRE_EQUAL(exit1->reasons.size(), 1u);
+  CAF_CHECK(is(exit1->reasons[0], errc::device_failure));
+  CAF_CHECK(!w->summary && !w->error);
+  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
+  CAF_CHECK_EQUAL(w->written[0].step, 2);
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 1);
+  CAF_CHECK_EQUAL(failed[0]["checkpoint"], "ckpt/step-2");
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "injected failure"));
+  // Re-issued: every sample sent before the failure and not in steps 1-2.
+  std::set<int64_t> durable;
+  for (auto& st : w->steps)
+    if (st.step <= 2)
+      durable.insert(st.work.batch.sample_ids.begin(), st.work.batch.sample_ids.end());
+  std::set<int64_t> expected;
+  for (auto x : samples_of(w->prefetch[0].sent))
+    if (!durable.count(x))
+      expected.insert(x);
+  CAF_REQUIRE_EQUAL(w->prefetch[0].reissues.size(), 1u);
+  const auto& re = w->prefetch[0].reissues[0];
+  CAF_CHECK_EQUAL(std::set<int64_t>(re.begin(), re.end()), expected);
+  CAF_CHECK_EQUAL(failed[0]["samples_reissued"], static_cast<int64_t>(re.size()));
+  // No restart before the backoff (0.5 s); then one, from the checkpoint.
+  CAF_CHECK(w->respawns.empty());
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].first, 0);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");
+  CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a non-finite loss is a failure and restarts from fresh weights without a checkpoint) {
+  setup s;
+  w->script = {act::ok, act::nan};
+  start(s);
+  auto first = drafter();
+  auto exit1 = watch(sys, first);
+  sched.run();
+  // The non-finite report reaches the metrics; the drafter is replaced.
+  CAF_REQUIRE_EQUAL(w->reports.size(), 2u);
+  CAF_CHECK(!w->reports[1].finite);
+  CAF_REQUIRE_EQUAL(exit1->reasons.size(), 1u);
+  CAF_CHECK(exit1->reasons[0] == caf::exit_reason::kill);
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "non-finite"));
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 0);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "");  // no checkpoint yet: fresh weights
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a step that overruns step_timeout_s on the deterministic clock is a failure) {
+  setup s;
+  s.opts.step_timeout_s = 5;
+  w->script = {act::hang};
+  start(s);
+  auto first = drafter();
+  auto exit1 = watch(sys, first);
+  sched.run();
+  CAF_CHECK_EQUAL(w->work_received, 1);
+  // 4 s into the step: the watchdog ticks, nothing happens.
+  advance_time(4s);
+  sched.run();
+  CAF_CHECK(w->events_named("drafter_failed").empty());
+  CAF_CHECK(exit1->reasons.empty());
+  // 6 s: hung.
+  advance_time(2s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "drafter 0 hung"));
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "step_timeout_s"));
+  CAF_REQUIRE_EQUAL(exit1->reasons.size(), 1u);
+  CAF_CHECK(exit1->reasons[0] == caf::exit_reason::kill);
+  // A late report of the replaced incarnation is ignored.
+  step_report late;
+  late.drafter = 0;
+  late.step = 1;
+  late.batch_id = 0;
+  late.loss = 1;
+  caf::send_as(caf::actor_cast<caf::actor>(first), coordinator, late);
+  sched.run();
+  CAF_CHECK(w->reports.empty());
+  auto st = status();
+  CAF_CHECK_EQUAL(st["step"], 0);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(past the restart budget the run request gets an error naming the drafter) {
+  setup s;
+  s.opts.restart_budget = 1;
+  w->script = {act::die, act::die};
+  start(s);
+  sched.run();
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK(!w->summary);
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(is(*w->error, errc::device_failure));
+  auto text = sys.render(*w->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "drafter 0 failed 2 times"));
+  CAF_CHECK(contains(text, "restart budget 1"));
+  CAF_CHECK(contains(text, "injected failure"));
+  CAF_CHECK_EQUAL(w->events_named("budget_exhausted").size(), 1u);
+  // No further restart is scheduled.
+  advance_time(10s);
+  sched.run();
+  CAF_CHECK_EQUAL(w->respawns.size(), 1u);
+}
+
+CAF_TEST(failures older than window_s do not count against the budget) {
+  setup s;
+  s.opts.restart_budget = 1;
+  s.opts.window_s = 60;
+  s.opts.step_timeout_s = 100;
+  w->script = {act::die, act::ok, act::hang};
+  start(s);
+  sched.run();
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->steps.size(), 1u);  // the second item hangs
+  // The second failure (a hang past step_timeout_s) comes 100 s after the
+  // first, which has left the 60 s window: a restart, not the end.
+  advance_time(101s);
+  sched.run();
+  CAF_CHECK_EQUAL(w->events_named("drafter_failed").size(), 2u);
+  CAF_CHECK(!w->error);
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(w->respawns.size(), 2u);
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  check_exactly(12, 1);
+}
+
+CAF_TEST(stop waits for the step in progress then checkpoints and answers) {
+  setup s;
+  w->script = {act::hang};
+  start(s);
+  sched.run();
+  const auto credits_before = w->prefetch[0].credits_received;
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  CAF_CHECK(!w->summary);  // the drafter is mid-step
+  CAF_CHECK_EQUAL(w->work_received, 1);
+  self->send(drafter(), go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 1);
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-1");
+  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
+  CAF_CHECK_EQUAL(w->written[0].step, 1);
+  CAF_CHECK_EQUAL(w->work_received, 1);  // nothing dispatched after the stop
+  CAF_CHECK_EQUAL(w->prefetch[0].credits_received, credits_before);  // no credit either
+  // The checkpoint's ledger commits exactly the one trained batch.
+  CAF_CHECK_EQUAL(w->extras[0]["step"], 1);
+  check_handles_released();
+}
+
+CAF_TEST(batches still at a target when a run stops are released when they come back) {
+  setup s;
+  start(s);
+  w->targets[0].hold = true;
+  sched.run();
+  CAF_CHECK_EQUAL(w->targets[0].held.size(), 2u);
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 0);
+  self->send(targets[0], go_atom::value);
+  sched.run();
+  CAF_CHECK_EQUAL(w->work_received, 0);
+  check_handles_released();
+}
+
+CAF_TEST(max_steps ends the run with a final checkpoint) {
+  setup s;
+  s.opts.max_steps = 3;
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "max_steps");
+  CAF_CHECK_EQUAL(w->summary->steps, 3);
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-3");
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 6);
+  CAF_CHECK_EQUAL(w->steps.size(), 3u);
+  check_handles_released();
+}
+
+CAF_TEST(a checkpointer error reaches the run request) {
+  setup s;
+  s.samples = 4;
+  w->fail_writes = 1;
+  start(s);
+  sched.run();
+  CAF_CHECK(!w->summary);
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(is(*w->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*w->error), "disk full"));
+}
+
+CAF_TEST(a checkpoint written after a failure does not move the restore point) {
+  // The write of the step-2 snapshot is still in progress when the drafter
+  // dies at step 4: the run rolls back to the last durable state (none), and
+  // the late step-2 checkpoint holds weights of the abandoned history.
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->hold_writes = true;
+  w->script = {act::ok, act::ok, act::ok, act::die};
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 0);
+  self->send(checkpointer, go_atom::value);  // the write completes now
+  sched.run();
+  CAF_CHECK_EQUAL(w->events_named("checkpoint_discarded").size(), 1u);
+  auto st = status();
+  CAF_CHECK_EQUAL(st["step"], 0);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "");
+  CAF_REQUIRE(w->summary.has_value());
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(run requests are checked and answered with errors) {
+  setup s;
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  // A second coordinator for the malformed requests.
+  auto c2 = spawn_coordinator(sys, coordinator_options{});
+  everyone.push_back(caf::actor_cast<caf::actor>(c2));
+  auto two = peers;
+  two.drafters.push_back(two.drafters.front());
+  auto a = ask<run_summary>(sys, c2, run_atom::value, two);
+  sched.run();
+  CAF_REQUIRE(a->error.has_value());
+  CAF_CHECK(is(*a->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*a->error), "2 drafters"));
+  auto uneven = peers;
+  uneven.targets.push_back(uneven.targets.front());
+  auto b = ask<run_summary>(sys, c2, run_atom::value, uneven);
+  sched.run();
+  CAF_REQUIRE(b->error.has_value());
+  CAF_CHECK(contains(sys.render(*b->error), "one prefetch per target"));
+  // A coordinator that is running refuses a second run.
+  auto c3 = spawn_coordinator(sys, [] {
+    coordinator_options o;
+    o.num_samples = 4;
+    return o;
+  }());
+  everyone.push_back(caf::actor_cast<caf::actor>(c3));
+  coordinator_peers idle;  // peers that never answer: the run stays in progress
+  auto dummy = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
+  auto sink = sys.spawn(dummy);
+  everyone.push_back(sink);
+  idle.prefetch.push_back(caf::actor_cast<prefetch_actor>(sink));
+  idle.targets.push_back(caf::actor_cast<target_actor>(sink));
+  idle.drafters.push_back(caf::actor_cast<drafter_actor>(sink));
+  idle.checkpointer = caf::actor_cast<checkpointer_actor>(sink);
+  idle.metrics = caf::actor_cast<metrics_actor>(sink);
+  auto first = ask<run_summary>(sys, c3, run_atom::value, idle);
+  auto second = ask<run_summary>(sys, c3, run_atom::value, idle);
+  sched.run();
+  CAF_CHECK(!first->answered());
+  CAF_REQUIRE(second->error.has_value());
+  CAF_CHECK(contains(sys.render(*second->error), "already in progress"));
+}
+
+CAF_TEST(a resume ledger that does not fit is an error for the run request) {
+  // Checked before the run's response promise exists: an error returned
+  // after it would be dropped by CAF and the launcher would wait forever.
+  setup s;
+  s.opts.resume_ledger = sample_ledger(5).save();  // the dataset has 12 samples
+  s.opts.resume_step = 40;
+  spawn_all(s);
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(is(*w->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*w->error), "covers 5 samples, the dataset has 12"));
+  CAF_CHECK_EQUAL(w->work_received, 0);
+  CAF_CHECK_EQUAL(w->prefetch[0].credits_received, 0);
+  // Malformed text too (the ledger's parser throws).
+  auto c2 = spawn_coordinator(sys, [] {
+    coordinator_options o;
+    o.num_samples = 12;
+    o.resume_ledger = "{not json";
+    return o;
+  }());
+  everyone.push_back(caf::actor_cast<caf::actor>(c2));
+  auto a = ask<run_summary>(sys, c2, run_atom::value, peers);
+  sched.run();
+  CAF_REQUIRE(a->error.has_value());
+  CAF_CHECK(is(*a->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*a->error), "resume"));
+}
+
+CAF_TEST(a resumed run continues from its ledger and step) {
+  // Samples 0-5 were committed by the checkpoint at step 3 (2 per batch).
+  sample_ledger done(12);
+  auto b = done.issue({0, 1, 2, 3, 4, 5});
+  done.trained(b, 3);
+  done.durable(3);
+  setup s;
+  s.opts.resume_ledger = done.save();
+  s.opts.resume_step = 3;
+  s.opts.resume_checkpoint = "ckpt/step-3";
+  w->checkpoints["ckpt/step-3"] = {3, {0, 1, 2, 3, 4, 5}};
+  spawn_all(s);
+  // The drafter restored from that checkpoint replaces the fresh one.
+  caf::anon_send_exit(w->incarnations[0], caf::exit_reason::kill);
+  w->incarnations.clear();
+  peers.drafters = {spawn_drafter_incarnation(0, 3, {0, 1, 2, 3, 4, 5})};
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->steps, 6);  // 3 + the 3 batches of samples 6-11
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
+  CAF_CHECK_EQUAL(samples_of(w->prefetch[0].sent), (std::set<int64_t>{6, 7, 8, 9, 10, 11}));
+  check_exactly(12, 1);
+}
+
+CAF_TEST(an unexpected message is answered with unexpected_message) {
+  setup s;
+  start(s);
+  sched.run();
+  auto a = ask<std::string>(sys, caf::actor_cast<caf::actor>(coordinator), std::string("hello"));
+  sched.run();
+  CAF_REQUIRE(a->error.has_value());
+  CAF_CHECK(is(*a->error, errc::unexpected_message));
+  CAF_CHECK(contains(sys.render(*a->error), "hello"));
+}
+
+CAF_TEST(stop before the run starts ends the run at once) {
+  // A signal can come before the launcher's run request is handled.
+  setup s;
+  spawn_all(s);
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 0);
+  CAF_CHECK_EQUAL(w->work_received, 0);
+  check_handles_released();
+}
+
+CAF_TEST(shutdown ends the coordinator and the drafters it knows) {
+  setup s;
+  w->script = {act::hang};
+  start(s);
+  sched.run();
+  auto exit_c = watch(sys, coordinator);
+  auto exit_d = watch(sys, drafter());
+  sched.run();
+  self->send(coordinator, shutdown_atom::value);
+  sched.run();
+  CAF_CHECK_EQUAL(exit_c->reasons.size(), 1u);
+  CAF_CHECK_EQUAL(exit_d->reasons.size(), 1u);
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()

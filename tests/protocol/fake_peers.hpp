@@ -1,0 +1,382 @@
+#pragma once
+/// Fake peers of the coordinator (coordinator_protocol_test.cpp): plain
+/// event-based typed actors that implement messages/{prefetch,target,
+/// drafter,checkpointer,metrics}.hpp without LibTorch, scripted by the test
+/// and recording what they see in one shared `peer_world` (everything runs
+/// on the deterministic scheduler, on the test thread).
+///
+/// The fakes behave like the real workers where the coordinator can tell:
+/// - prefetch packs only against credits, discovers the end of an epoch only
+///   while it holds a credit (as actors/workers.cpp's pump does), packs
+///   re-issued samples first, and frees a batch only on `release`;
+/// - target turns each batch into a work item (or holds batches until `go`);
+/// - drafter follows a script per work item (ok, non-finite, die, hang) and
+///   measures its idle time on the actor clock, so the test controls it;
+///   its "weights" are the list of samples trained into them, which
+///   snapshots, checkpoints and restarts carry: the final weights must hold
+///   every sample exactly once per epoch (DESIGN.md §3 "exactly once");
+/// - checkpointer answers `ckpt/step-<k>` (or an error, or holds until `go`).
+/// The extra `go` message of some fakes is test control: the coordinator
+/// only sees their protocol interface.
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/runtime.hpp"
+#include "support.hpp"
+
+namespace tandem::test {
+
+using go_atom = caf::atom_constant<caf::atom("go")>;
+
+using fake_target_actor = target_actor::extend<caf::reacts_to<go_atom>>;
+using fake_drafter_actor = drafter_actor::extend<caf::reacts_to<go_atom>>;
+using fake_checkpointer_actor = checkpointer_actor::extend<caf::reacts_to<go_atom>>;
+
+/// What a fake drafter does with one work item.
+enum class act {
+  ok,    ///< trains: a finite step report
+  nan,   ///< reports finite = false (no update)
+  die,   ///< quits with errc::device_failure (an exception in the real step)
+  hang,  ///< keeps the item and answers only on `go` (a hung step)
+};
+
+struct peer_world {
+  // -- prefetch -------------------------------------------------------------
+  struct prefetch_rec {
+    std::vector<int64_t> share;       ///< this prefetch's samples, every epoch
+    std::deque<int64_t> queue;        ///< left in the current epoch
+    int64_t epoch = -1;
+    int32_t credit = 0;               ///< granted and unused
+    int64_t credits_received = 0;
+    bool exhausted = true;
+    std::set<uint64_t> outstanding;   ///< batches sent and not released
+    size_t max_outstanding = 0;
+    std::vector<std::vector<int64_t>> reissues;
+    std::vector<batch_desc> sent;
+    int bad_releases = 0;             ///< unknown or repeated handles
+  };
+  std::vector<prefetch_rec> prefetch;
+  int64_t batch_samples = 2;
+  uint64_t next_handle = 1;
+
+  // -- target ---------------------------------------------------------------
+  struct target_rec {
+    bool hold = false;
+    std::deque<batch_desc> held;
+    std::set<uint64_t> outstanding;   ///< feature handles sent and not released
+    size_t max_outstanding = 0;
+    int bad_releases = 0;
+  };
+  std::vector<target_rec> targets;
+
+  // -- drafter --------------------------------------------------------------
+  std::deque<act> script;             ///< one per work item; empty: ok
+  std::vector<fake_drafter_actor> incarnations;  ///< every drafter spawned, in order
+  struct step_rec {
+    size_t incarnation = 0;
+    int64_t step = 0;
+    work_item work;
+  };
+  std::vector<step_rec> steps;        ///< every finite step any incarnation took
+  int64_t work_received = 0;
+  std::vector<std::pair<int32_t, std::string>> respawns;  ///< (index, checkpoint)
+  std::vector<int64_t> final_weights; ///< the newest incarnation's, kept up to date
+  std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)
+  double loss = 5.0;
+
+  // -- checkpointer ---------------------------------------------------------
+  bool hold_writes = false;
+  int fail_writes = 0;                ///< answer this many writes with an error
+  std::vector<snapshot_desc> written;
+  std::vector<nlohmann::json> extras;
+  std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> checkpoints;  ///< dir -> (step, weights)
+
+  // -- metrics --------------------------------------------------------------
+  std::vector<step_report> reports;
+  std::vector<nlohmann::json> events;
+
+  // -- the launcher ----------------------------------------------------------
+  std::optional<run_summary> summary;
+  std::optional<caf::error> error;
+
+  std::vector<nlohmann::json> events_named(const std::string& name) const {
+    std::vector<nlohmann::json> out;
+    for (auto& e : events)
+      if (e.value("event", "") == name)
+        out.push_back(e);
+    return out;
+  }
+};
+
+using world_ptr = std::shared_ptr<peer_world>;
+
+// ------------------------------------------------------------------ prefetch
+
+struct fake_prefetch_state {
+  static inline const char* name = "fake.prefetch";
+};
+
+inline prefetch_actor::behavior_type
+fake_prefetch(prefetch_actor::stateful_pointer<fake_prefetch_state> self, int32_t index,
+              coordinator_actor coordinator, world_ptr w) {
+  auto pump = [self, index, coordinator, w] {
+    auto& p = w->prefetch[static_cast<size_t>(index)];
+    while (p.credit > 0 && !p.exhausted) {
+      if (p.queue.empty()) {
+        p.exhausted = true;
+        self->send(coordinator, exhausted_atom::value, index, p.epoch);
+        break;
+      }
+      batch_desc b;
+      b.epoch = p.epoch;
+      b.source = index;
+      for (int64_t k = 0; k < w->batch_samples && !p.queue.empty(); ++k) {
+        b.sample_ids.push_back(p.queue.front());
+        p.queue.pop_front();
+      }
+      b.rows = 1;
+      b.seq_len = 16;
+      b.real_tokens = 10 * static_cast<int64_t>(b.sample_ids.size());
+      b.handle = w->next_handle++;
+      p.outstanding.insert(b.handle);
+      p.max_outstanding = std::max(p.max_outstanding, p.outstanding.size());
+      --p.credit;
+      p.sent.push_back(b);
+      self->send(coordinator, std::move(b));
+    }
+  };
+  return {
+    [=](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
+      auto& p = w->prefetch[static_cast<size_t>(index)];
+      p.epoch = epoch;
+      p.queue.clear();
+      std::set<int64_t> skip(done.begin(), done.end());
+      for (auto s : p.share)
+        if (!skip.count(s))
+          p.queue.push_back(s);
+      p.exhausted = false;
+      pump();
+    },
+    [=](credit_atom, int32_t n) {
+      auto& p = w->prefetch[static_cast<size_t>(index)];
+      p.credit += n;
+      p.credits_received += n;
+      pump();
+    },
+    [=](reissue_atom, const std::vector<int64_t>& ids) {
+      auto& p = w->prefetch[static_cast<size_t>(index)];
+      p.reissues.push_back(ids);
+      p.queue.insert(p.queue.begin(), ids.begin(), ids.end());
+      p.exhausted = false;
+      pump();
+    },
+    [=](release_atom, uint64_t h) {
+      auto& p = w->prefetch[static_cast<size_t>(index)];
+      if (p.outstanding.erase(h) == 0)
+        ++p.bad_releases;
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// -------------------------------------------------------------------- target
+
+struct fake_target_state {
+  static inline const char* name = "fake.target";
+};
+
+inline fake_target_actor::behavior_type
+fake_target(fake_target_actor::stateful_pointer<fake_target_state> self, int32_t index,
+            coordinator_actor coordinator, world_ptr w) {
+  auto forward = [self, index, coordinator, w](batch_desc b) {
+    auto& t = w->targets[static_cast<size_t>(index)];
+    work_item item;
+    item.features.batch_id = b.batch_id;
+    item.features.target = index;
+    item.features.shape = {b.rows, b.seq_len, 5 * 64};
+    item.features.handle = w->next_handle++;
+    item.features.forward_ms = 1;
+    t.outstanding.insert(item.features.handle);
+    t.max_outstanding = std::max(t.max_outstanding, t.outstanding.size());
+    item.batch = std::move(b);
+    self->send(coordinator, std::move(item));
+  };
+  return {
+    [=](batch_desc& b) {
+      auto& t = w->targets[static_cast<size_t>(index)];
+      if (t.hold)
+        t.held.push_back(std::move(b));
+      else
+        forward(std::move(b));
+    },
+    [=](go_atom) {
+      auto& t = w->targets[static_cast<size_t>(index)];
+      t.hold = false;
+      while (!t.held.empty()) {
+        auto b = std::move(t.held.front());
+        t.held.pop_front();
+        forward(std::move(b));
+      }
+    },
+    [=](release_atom, uint64_t h) {
+      auto& t = w->targets[static_cast<size_t>(index)];
+      if (t.outstanding.erase(h) == 0)
+        ++t.bad_releases;
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// ------------------------------------------------------------------- drafter
+
+struct fake_drafter_state {
+  static inline const char* name = "fake.drafter";
+  size_t incarnation = 0;
+  int64_t step = 0;
+  std::vector<int64_t> weights;       ///< samples trained into these weights
+  caf::actor_clock::time_point idle_since;
+  std::optional<work_item> held;
+};
+
+inline fake_drafter_actor::behavior_type
+fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int32_t index,
+             size_t incarnation, int64_t step, std::vector<int64_t> weights,
+             coordinator_actor coordinator, world_ptr w) {
+  auto& st = self->state;
+  st.incarnation = incarnation;  // its position in w->incarnations
+  st.step = step;
+  st.weights = std::move(weights);
+  st.idle_since = self->clock().now();
+  w->final_weights = st.weights;
+  auto train = [self, index, coordinator, w](const work_item& item, bool finite) {
+    auto& s = self->state;
+    step_report r;
+    r.drafter = index;
+    r.batch_id = item.batch.batch_id;
+    r.real_tokens = item.batch.real_tokens;
+    r.scored_tokens = r.real_tokens / 2;
+    r.compute_ms = 3;
+    r.wait_ms = std::chrono::duration<double, std::milli>(self->clock().now() - s.idle_since).count();
+    r.finite = finite;
+    if (finite) {
+      ++s.step;
+      s.weights.insert(s.weights.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
+      if (s.incarnation + 1 == w->incarnations.size())
+        w->final_weights = s.weights;
+      w->loss -= 0.125;
+      r.loss = w->loss;
+      r.accuracy = 0.5;
+      w->steps.push_back({s.incarnation, s.step, item});
+    } else {
+      r.loss = std::numeric_limits<double>::quiet_NaN();
+    }
+    r.step = s.step;
+    s.idle_since = self->clock().now();
+    self->send(coordinator, r);
+  };
+  return {
+    [=](const work_item& item) {
+      ++w->work_received;
+      auto what = act::ok;
+      if (!w->script.empty()) {
+        what = w->script.front();
+        w->script.pop_front();
+      }
+      switch (what) {
+        case act::ok: train(item, true); break;
+        case act::nan: train(item, false); break;
+        case act::die:
+          self->quit(make_error(errc::device_failure,
+                                "step " + std::to_string(self->state.step + 1) + ": injected failure"));
+          break;
+        case act::hang: self->state.held = item; break;
+      }
+    },
+    [=](go_atom) {
+      if (auto item = std::move(self->state.held)) {
+        self->state.held.reset();
+        train(*item, true);
+      }
+    },
+    [=](snapshot_atom) {
+      auto& s = self->state;
+      snapshot_desc d{index, s.step, w->next_handle++};
+      w->snapshots[d.handle] = {s.step, s.weights};
+      return d;
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// -------------------------------------------------------------- checkpointer
+
+struct fake_checkpointer_state {
+  static inline const char* name = "fake.checkpointer";
+  struct pending {
+    caf::typed_response_promise<std::string> promise;
+    snapshot_desc snap;
+    std::string extra;
+  };
+  std::deque<pending> held;
+};
+
+inline fake_checkpointer_actor::behavior_type
+fake_checkpointer(fake_checkpointer_actor::stateful_pointer<fake_checkpointer_state> self,
+                  world_ptr w) {
+  auto write = [w](const snapshot_desc& snap, const std::string& extra) -> caf::expected<std::string> {
+    const auto dir = "ckpt/step-" + std::to_string(snap.step);
+    if (w->fail_writes > 0) {
+      --w->fail_writes;
+      return make_error(errc::bad_input, "checkpoint " + dir + ": disk full");
+    }
+    w->written.push_back(snap);
+    w->extras.push_back(nlohmann::json::parse(extra));
+    w->checkpoints[dir] = w->snapshots.at(snap.handle);
+    w->snapshots.erase(snap.handle);  // released, as the real checkpointer does
+    return dir;
+  };
+  return {
+    [=](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
+      if (!w->hold_writes) {
+        auto r = write(snap, extra);
+        if (r)
+          return *r;
+        return r.error();
+      }
+      auto promise = self->make_response_promise<std::string>();
+      self->state.held.push_back({promise, snap, extra});
+      return promise;
+    },
+    [=](go_atom) {
+      w->hold_writes = false;
+      while (!self->state.held.empty()) {
+        auto p = std::move(self->state.held.front());
+        self->state.held.pop_front();
+        auto r = write(p.snap, p.extra);
+        if (r)
+          p.promise.deliver(*r);
+        else
+          p.promise.deliver(r.error());
+      }
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// ------------------------------------------------------------------- metrics
+
+inline metrics_actor::behavior_type fake_metrics(metrics_actor::pointer self, world_ptr w) {
+  return {
+    [w](const step_report& r) { w->reports.push_back(r); },
+    [w](event_atom, const std::string& json) { w->events.push_back(nlohmann::json::parse(json)); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace tandem::test

@@ -1,0 +1,241 @@
+// The descriptors and every type of messages/registry.cpp on the wire: each
+// serializes with CAF's binary serializer and comes back equal (field by
+// field, tests/protocol/support.hpp), alone and inside a type-erased
+// message (which is what crosses nodes, and needs the type registered);
+// `to_string` names the type and its fields; Tandem errors keep their code
+// and context.  A type registered without a case here fails the coverage
+// test.
+#define CAF_SUITE messages_protocol
+
+#include <set>
+
+#include "dsl.hpp"
+#include "support.hpp"
+
+#include "messages/probe.hpp"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+/// The types with a case below; the last test compares this list with the
+/// registry, so a type registered without a case fails the suite.
+const std::set<std::string> tested_types{
+  "tandem.probe_report", "tandem.device_ref",  "tandem.batch_desc",
+  "tandem.features_desc", "tandem.work_item",  "tandem.step_report",
+  "tandem.snapshot_desc", "tandem.run_summary", "tandem.int64_list",
+  "tandem.coordinator_peers",
+};
+
+struct fixture : test_coordinator_fixture<config> {
+  /// Serializes `x` inside a type-erased message (as the network layer
+  /// does), reads it back, and returns element 0.
+  template <class T>
+  T through_message(const T& x) {
+    auto msg = caf::make_message(x);
+    caf::message back;
+    deserialize(serialize(msg), back);
+    CAF_REQUIRE(back.match_elements<T>());
+    return back.get_as<T>(0);
+  }
+
+  /// Every check of one value: binary round trip, message round trip, text.
+  template <class T>
+  void check_value(const T& x, const std::string& type_name,
+                   const std::vector<std::string>& parts) {
+    CAF_CHECK(roundtrip(x) == x);
+    CAF_CHECK(through_message(x) == x);
+    auto text = caf::deep_to_string(x);
+    CAF_MESSAGE(type_name << ": " << text);
+    CAF_CHECK(contains(text, type_name));
+    for (const auto& p : parts)
+      TANDEM_CHECK_MSG(contains(text, p), text << " lacks " << p);
+    CAF_CHECK_EQUAL(tested_types.count(type_name), 1u);
+  }
+};
+
+batch_desc sample_batch() {
+  batch_desc b;
+  b.batch_id = 41;
+  b.epoch = 3;
+  b.source = 2;
+  b.sample_ids = {7, 19, 1234567890123};
+  b.rows = 4;
+  b.seq_len = 3072;
+  b.real_tokens = 11111;
+  b.where = {1, 5};
+  b.handle = 0xfedcba9876543210ull;
+  return b;
+}
+
+features_desc sample_features() {
+  features_desc f;
+  f.batch_id = 41;
+  f.target = 2;
+  f.shape = {4, 3072, 5 * 4096};
+  f.where = {1, 6};
+  f.handle = 0x123456789abcdefull;
+  f.forward_ms = 12.625;
+  return f;
+}
+
+} // namespace
+
+CAF_TEST_FIXTURE_SCOPE(messages_protocol_tests, fixture)
+
+CAF_TEST(device_ref batch_desc and features_desc round trip) {
+  check_value(device_ref{3, 7}, "tandem.device_ref", {"3", "7"});
+  check_value(sample_batch(), "tandem.batch_desc", {"1234567890123", "3072", "11111"});
+  check_value(sample_features(), "tandem.features_desc", {"20480", "12.625"});
+  // Defaults survive too (batch_id -1, the CPU device).
+  CAF_CHECK(roundtrip(batch_desc{}) == batch_desc{});
+  CAF_CHECK(roundtrip(features_desc{}).where.device == -1);
+}
+
+CAF_TEST(work_item step_report and snapshot_desc round trip) {
+  check_value(work_item{sample_batch(), sample_features()}, "tandem.work_item",
+              {"tandem.batch_desc", "tandem.features_desc"});
+  step_report r;
+  r.drafter = 1;
+  r.step = 99;
+  r.batch_id = 41;
+  r.loss = 2.5;
+  r.accuracy = 0.375;
+  r.grad_norm = 0.8125;
+  r.lr = 6e-4;
+  r.scored_tokens = 8192;
+  r.real_tokens = 11111;
+  r.finite = false;
+  r.compute_ms = 135.5;
+  r.wait_ms = 1.25;
+  check_value(r, "tandem.step_report", {"8192", "135.5", "1.25", "false"});
+  check_value(snapshot_desc{1, 99, 77}, "tandem.snapshot_desc", {"99", "77"});
+}
+
+CAF_TEST(run_summary and probe_report round trip) {
+  run_summary s;
+  s.steps = 400;
+  s.epochs_completed = 2;
+  s.samples_committed = 64;
+  s.last_loss = 1.5;
+  s.first_loss = 6.25;
+  s.stop_reason = "signal";
+  s.checkpoint = "/runs/a/checkpoints/step-00000400";
+  check_value(s, "tandem.run_summary", {"signal", "step-00000400", "6.25"});
+  probe_report p;
+  p.device = 2;
+  p.backend = "cuda";
+  p.device_name = "NVIDIA H200";
+  p.thread_id = "140000";
+  p.max_abs_error = 3.5e-6;
+  p.elapsed_ms = 0.25;
+  p.custom_kernel = true;
+  auto back = roundtrip(p);
+  CAF_CHECK_EQUAL(back.device, 2);
+  CAF_CHECK_EQUAL(back.backend, "cuda");
+  CAF_CHECK_EQUAL(back.device_name, "NVIDIA H200");
+  CAF_CHECK_EQUAL(back.thread_id, "140000");
+  CAF_CHECK_EQUAL(back.max_abs_error, 3.5e-6);
+  CAF_CHECK_EQUAL(back.elapsed_ms, 0.25);
+  CAF_CHECK_EQUAL(back.custom_kernel, true);
+  auto m = through_message(p);
+  CAF_CHECK_EQUAL(m.device_name, "NVIDIA H200");
+  CAF_CHECK(contains(caf::deep_to_string(p), "tandem.probe_report"));
+}
+
+CAF_TEST(the int64 list and coordinator_peers round trip) {
+  std::vector<int64_t> ids{0, -1, 1ll << 40};
+  CAF_CHECK(roundtrip(ids) == ids);
+  CAF_CHECK(through_message(ids) == ids);
+  // Actor handles serialize as (node, id) and come back as the same actors
+  // in this system; null handles stay null.
+  auto dummy = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
+  coordinator_peers p;
+  p.prefetch.push_back(caf::actor_cast<prefetch_actor>(sys.spawn(dummy)));
+  p.prefetch.push_back(caf::actor_cast<prefetch_actor>(sys.spawn(dummy)));
+  p.targets.push_back(caf::actor_cast<target_actor>(sys.spawn(dummy)));
+  p.targets.push_back(caf::actor_cast<target_actor>(sys.spawn(dummy)));
+  p.drafters.push_back(caf::actor_cast<drafter_actor>(sys.spawn(dummy)));
+  p.metrics = caf::actor_cast<metrics_actor>(sys.spawn(dummy));
+  // checkpointer left null
+  auto back = roundtrip(p);
+  CAF_CHECK(back == p);
+  CAF_CHECK(!back.checkpointer);
+  CAF_CHECK(back.prefetch[1] == p.prefetch[1]);
+  CAF_CHECK(through_message(p) == p);
+  CAF_CHECK(contains(caf::deep_to_string(p), "tandem.coordinator_peers"));
+  for (auto& x : p.prefetch)
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  for (auto& x : p.targets)
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(p.drafters[0], caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(p.metrics, caf::exit_reason::user_shutdown);
+}
+
+CAF_TEST(every protocol message serializes as a message) {
+  // One message per handler of every interface in messages/: what a peer
+  // on another node would receive.  Element types must all be registered.
+  auto check = [&](caf::message msg) {
+    caf::message back;
+    deserialize(serialize(msg), back);
+    CAF_CHECK_EQUAL(caf::to_string(back), caf::to_string(msg));
+    CAF_CHECK_EQUAL(back.type_token(), msg.type_token());
+  };
+  const std::vector<int64_t> ids{1, 2, 3};
+  // prefetch
+  check(caf::make_message(epoch_atom::value, int64_t{2}, ids));
+  check(caf::make_message(credit_atom::value, int32_t{4}));
+  check(caf::make_message(reissue_atom::value, ids));
+  check(caf::make_message(release_atom::value, uint64_t{77}));
+  check(caf::make_message(shutdown_atom::value));
+  // target, drafter, coordinator's inputs
+  check(caf::make_message(sample_batch()));
+  check(caf::make_message(work_item{sample_batch(), sample_features()}));
+  check(caf::make_message(step_report{}));
+  check(caf::make_message(snapshot_atom::value));
+  check(caf::make_message(exhausted_atom::value, int32_t{1}, int64_t{2}));
+  check(caf::make_message(run_atom::value, coordinator_peers{}));
+  check(caf::make_message(stop_atom::value));
+  check(caf::make_message(status_atom::value));
+  check(caf::make_message(respawn_atom::value, int32_t{0}));
+  check(caf::make_message(tick_atom::value));
+  // checkpointer, metrics
+  check(caf::make_message(snapshot_desc{0, 5, 9}, std::string("{\"ledger\":{}}")));
+  check(caf::make_message(event_atom::value, std::string("{\"event\":\"x\"}")));
+  // replies
+  check(caf::make_message(run_summary{}));
+  check(caf::make_message(probe_atom::value, int32_t{0}));
+}
+
+CAF_TEST(tandem errors keep their code and context) {
+  for (auto code : {errc::device_unavailable, errc::device_failure, errc::wrong_result,
+                    errc::bad_input, errc::timeout, errc::unexpected_message}) {
+    auto err = make_error(code, "drafter 0: step 12 (context)");
+    auto back = roundtrip(err);
+    CAF_CHECK(back == err);
+    CAF_CHECK(is(back, code));
+    auto text = sys.render(back);
+    CAF_CHECK_EQUAL(text, "tandem." + to_string(code) + ": drafter 0: step 12 (context)");
+    // An error inside a message (an async error reply) too.
+    auto msg = caf::make_message(err);
+    caf::message m;
+    deserialize(serialize(msg), m);
+    CAF_REQUIRE(m.match_elements<caf::error>());
+    CAF_CHECK(m.get_as<caf::error>(0) == err);
+  }
+  CAF_CHECK_EQUAL(sys.render(make_error(errc::timeout)), "tandem.timeout");
+}
+
+CAF_TEST(every registered tandem type has a case above) {
+  std::set<std::string> registered;
+  for (auto& [rtti, name] : cfg.type_names_by_rtti)
+    if (name.rfind("tandem.", 0) == 0)
+      registered.insert(name);
+  for (auto& name : registered)
+    TANDEM_CHECK_MSG(tested_types.count(name) == 1, name << " is registered but has no round trip case");
+  for (auto& name : tested_types)
+    TANDEM_CHECK_MSG(registered.count(name) == 1, name << " has a case but is not registered");
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()

@@ -1,0 +1,165 @@
+// Metrics protocol (messages/metrics.hpp): the real metrics actor of
+// actors/metrics.cpp on CAF's deterministic test coordinator, writing its
+// JSON lines into a scratch folder (progress off, so nothing on stderr).
+// The assertions read the JSON lines, never the progress text.
+#define CAF_SUITE metrics_protocol
+
+#include <cmath>
+#include <fstream>
+
+#include "actors/runtime.hpp"  // before dsl.hpp (its `inject` macro)
+#include "support.hpp"
+
+#include "dsl.hpp"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+struct fixture : test_coordinator_fixture<config> {
+  scratch tmp;
+  fs::path jsonl = tmp.dir / "run" / "metrics.jsonl";
+
+  metrics_actor spawn(int64_t log_every = 1) {
+    metrics_options o;
+    o.jsonl = jsonl;
+    o.progress = false;
+    o.log_every = log_every;
+    return spawn_metrics(sys, o);
+  }
+
+  std::vector<nlohmann::json> lines() const {
+    std::vector<nlohmann::json> out;
+    std::ifstream f(jsonl);
+    for (std::string line; std::getline(f, line);)
+      out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  static step_report report(int64_t step, bool finite = true) {
+    step_report r;
+    r.drafter = 0;
+    r.step = step;
+    r.batch_id = 100 + step;
+    r.loss = finite ? 4.0 - 0.25 * static_cast<double>(step) : std::nan("");
+    r.accuracy = 0.5;
+    r.grad_norm = 0.75;
+    r.lr = 1e-3;
+    r.scored_tokens = 200;
+    r.real_tokens = 250;
+    r.finite = finite;
+    r.compute_ms = 12.5;
+    r.wait_ms = 0.5 * static_cast<double>(step);
+    return r;
+  }
+};
+
+} // namespace
+
+CAF_TEST_FIXTURE_SCOPE(metrics_protocol_tests, fixture)
+
+CAF_TEST(step reports become JSON lines every log_every steps and on every non-finite step) {
+  auto m = spawn(2);
+  for (int64_t step = 1; step <= 4; ++step) {
+    self->send(m, report(step));
+    expect((step_report), from(self).to(m));
+  }
+  self->send(m, report(5, false));
+  run();
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), 3u);
+  CAF_CHECK_EQUAL(l[0]["step"], 2);
+  CAF_CHECK_EQUAL(l[1]["step"], 4);
+  CAF_CHECK_EQUAL(l[2]["step"], 5);
+  CAF_CHECK_EQUAL(l[2]["finite"], false);
+  CAF_CHECK(l[2]["loss"].is_null());  // NaN has no JSON spelling
+  const auto& s = l[1];
+  CAF_CHECK_EQUAL(s["event"], "step");
+  CAF_CHECK_EQUAL(s["drafter"], 0);
+  CAF_CHECK_EQUAL(s["batch"], 104);
+  CAF_CHECK_EQUAL(s["loss"], 3.0);
+  CAF_CHECK_EQUAL(s["accuracy"], 0.5);
+  CAF_CHECK_EQUAL(s["grad_norm"], 0.75);
+  CAF_CHECK_EQUAL(s["lr"], 1e-3);
+  CAF_CHECK_EQUAL(s["scored_tokens"], 200);
+  CAF_CHECK_EQUAL(s["tokens"], 250);
+  CAF_CHECK_EQUAL(s["finite"], true);
+  CAF_CHECK_EQUAL(s["compute_ms"], 12.5);
+  CAF_CHECK_EQUAL(s["wait_ms"], 2.0);  // the drafter's data wait, as reported
+  CAF_CHECK(s["time_s"].is_number());
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(events are JSON lines with a time and text that is not JSON is wrapped) {
+  auto m = spawn();
+  self->send(m, event_atom::value, std::string(R"({"event":"checkpoint","step":3,"dir":"x"})"));
+  self->send(m, event_atom::value, std::string("not json {"));
+  expect((event_atom, std::string), from(self).to(m).with(_, _));
+  expect((event_atom, std::string), from(self).to(m).with(_, "not json {"));
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), 2u);
+  CAF_CHECK_EQUAL(l[0]["event"], "checkpoint");
+  CAF_CHECK_EQUAL(l[0]["step"], 3);
+  CAF_CHECK_EQUAL(l[0]["dir"], "x");
+  CAF_CHECK(l[0]["time_s"].is_number());
+  CAF_CHECK_EQUAL(l[1]["event"], "text");
+  CAF_CHECK_EQUAL(l[1]["text"], "not json {");
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(a resumed run appends to the JSON lines file) {
+  fs::create_directories(jsonl.parent_path());
+  std::ofstream(jsonl) << R"({"event":"end","reason":"signal"})" << '\n';
+  auto m = spawn();
+  self->send(m, event_atom::value, std::string(R"({"event":"epoch","epoch":0})"));
+  run();
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), 2u);
+  CAF_CHECK_EQUAL(l[0]["event"], "end");
+  CAF_CHECK_EQUAL(l[1]["event"], "epoch");
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(no file is written without a path) {
+  metrics_options o;
+  o.progress = false;
+  auto m = spawn_metrics(sys, o);
+  self->send(m, report(1));
+  self->send(m, event_atom::value, std::string(R"({"event":"x"})"));
+  run();
+  CAF_CHECK(fs::is_empty(tmp.dir));
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(a message outside the protocol is answered with an error and metrics carry on) {
+  auto m = spawn();
+  auto a = ask<std::string>(sys, caf::actor_cast<caf::actor>(m), std::string("hello"));
+  run();
+  CAF_REQUIRE(a->error.has_value());
+  CAF_MESSAGE(sys.render(*a->error));
+  self->send(m, event_atom::value, std::string(R"({"event":"after"})"));
+  run();
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), 1u);
+  CAF_CHECK_EQUAL(l[0]["event"], "after");
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(shutdown ends the metrics actor) {
+  auto m = spawn();
+  auto ex = watch(sys, m);
+  run();
+  self->send(m, shutdown_atom::value);
+  expect((shutdown_atom), from(self).to(m));
+  run();
+  CAF_REQUIRE_EQUAL(ex->reasons.size(), 1u);
+  CAF_CHECK(ex->reasons[0] == caf::exit_reason::normal);
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()
