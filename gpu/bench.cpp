@@ -10,6 +10,7 @@
 #include "gpu/dflash_objective.hpp"
 #include "gpu/error.hpp"
 #include "gpu/models/dflash.hpp"
+#include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
 
@@ -72,10 +73,16 @@ timing summarise(std::vector<double> ms) {
 }
 
 /// Times `fn` `iters` times after `warmup` runs, with CUDA events on the
-/// current stream on a GPU, a steady clock on the CPU.
-timing time_runs(const at::Device& dev, int warmup, int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i)
+/// current stream on a GPU, a steady clock on the CPU.  `setup`, when given,
+/// runs before each `fn`, untimed (on a GPU it is queued before the start
+/// event, so its kernels are not counted either).
+timing time_runs(const at::Device& dev, int warmup, int iters, const std::function<void()>& fn,
+                 const std::function<void()>& setup = {}) {
+  for (int i = 0; i < warmup; ++i) {
+    if (setup)
+      setup();
     fn();
+  }
   std::vector<double> ms;
 #ifdef TANDEM_HAVE_CUDA
   if (dev.is_cuda()) {
@@ -83,6 +90,8 @@ timing time_runs(const at::Device& dev, int warmup, int iters, const std::functi
     stream.synchronize();
     for (int i = 0; i < iters; ++i) {
       at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      if (setup)
+        setup();
       start.record(stream);
       fn();
       stop.record(stream);
@@ -93,6 +102,8 @@ timing time_runs(const at::Device& dev, int warmup, int iters, const std::functi
   }
 #endif
   for (int i = 0; i < iters; ++i) {
+    if (setup)
+      setup();
     auto t0 = std::chrono::steady_clock::now();
     fn();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -258,18 +269,114 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
   const double head_f = 2.0 * batch * q * d * s.target.vocab_size;
   const double flop = 3 * s.draft_layers * layer + 2 * fc + 2 * head_f;
   auto j = base_line("drafter_step_eager", o, dev, size);
+  const auto attention = dflash_attention_path(opts, s.target.num_attention_heads,
+                                               s.target.num_key_value_heads, s.target.head_dim,
+                                               s.block);
   j["shapes"] = {{"batch", batch}, {"seq", s.seq}, {"anchors", s.anchors}, {"block", s.block},
                  {"hidden", d}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
-                 {"attention", "sdpa dense mask"}, {"optimizer", "none (forward + backward)"},
+                 {"attention", attention}, {"optimizer", "none (forward + backward)"},
                  {"dtype", c10::toString(dtype)}};
   finish_line(j, t, flop, batch * q, peak_gib(dev));
+  return j;
+}
+
+/// One drafter layer's KV-injection attention, forward + backward, at the
+/// drafter's shapes (batch 1): dflash_attention against the dense-mask SDPA
+/// formulation on the same operands.  Anchors as in training on packed rows:
+/// 4 equal documents a row, loss mask on the second half of each.
+nlohmann::json bench_dflash_attention(const bench_options& o, const at::Device& dev,
+                                      const std::string& size, at::ScalarType dtype) {
+  auto s = shapes_for(size);
+  const int64_t batch = 1, docs = 4;
+  const auto heads = s.target.num_attention_heads, kv_heads = s.target.num_key_value_heads,
+             hd = s.target.head_dim;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+  gen.set_current_seed(3);
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(dev);
+  auto layout = make_doc_layout(at::full({batch, docs}, s.seq / docs, lopts), s.seq);
+  auto idx = at::arange(s.seq, lopts).unsqueeze(0);
+  auto loss_mask = ((idx - layout.start) * 2 >= layout.end - layout.start).to(at::kByte);
+  auto anchors = sample_anchors(loss_mask, layout, s.anchors, s.block, gen);
+  auto blocks = make_block_batch(at::zeros({batch, s.seq}, lopts), loss_mask, layout,
+                                 at::zeros({batch, s.seq, 1}, lopts.dtype(at::kFloat)), anchors,
+                                 at::zeros({2, 1}, lopts.dtype(at::kFloat)), s.block, 1, 7.0);
+  const auto& in = blocks.inputs;
+  const int64_t q_len = s.anchors * s.block;
+  auto opts = at::TensorOptions().dtype(dtype).device(dev);
+  // Operands in the drafter's layout: [B, T, heads, d] memory seen as [B, heads, T, d].
+  auto operand = [&](int64_t h, int64_t t) {
+    return at::empty({batch, t, h, hd}, opts).normal_(0, 1, gen).transpose(1, 2).requires_grad_(true);
+  };
+  auto q = operand(heads, q_len), k_ctx = operand(kv_heads, s.seq), v_ctx = operand(kv_heads, s.seq),
+       k_blk = operand(kv_heads, q_len), v_blk = operand(kv_heads, q_len);
+  auto dout = at::empty({batch, q_len, heads, hd}, opts).normal_(0, 1, gen).transpose(1, 2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  using attention_fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&, double);
+  auto forward = [&](attention_fn fn) {
+    return fn(q, k_ctx, v_ctx, k_blk, v_blk, in.ctx_lo, in.ctx_hi, in.keep, scale);
+  };
+  auto backward = [&](const at::Tensor& out) {
+    (void)torch::autograd::grad({out}, {q, k_ctx, v_ctx, k_blk, v_blk}, {dout});
+  };
+  struct measured {
+    timing fwd, bwd, total;
+  };
+  auto measure = [&](attention_fn fn) {
+    measured m;
+    {
+      at::NoGradGuard no_grad;
+      m.fwd = time_runs(dev, o.warmup, o.iters, [&] { (void)forward(fn); });
+    }
+    at::Tensor out;
+    m.bwd = time_runs(dev, o.warmup, o.iters, [&] { backward(out); }, [&] { out = forward(fn); });
+    out = at::Tensor();
+    m.total = time_runs(dev, o.warmup, o.iters, [&] { backward(forward(fn)); });
+    return m;
+  };
+  reset_peak(dev);
+  const auto ours = measure(&dflash_attention);
+  const double mem = peak_gib(dev);
+  const auto dense = measure(&dflash_attention_dense);
+
+  // Useful FLOPs (docs/bench.md): visible (query, key) pairs only.  Block j
+  // has Bs queries seeing (ctx_hi − ctx_lo) context keys and Bs block keys.
+  const auto keep = in.keep.to(at::kLong);
+  const double pairs = ((in.ctx_hi - in.ctx_lo).to(at::kLong) * keep + s.block * keep)
+                         .sum()
+                         .item<double>()
+                       * s.block;
+  const double fwd_flop = 4.0 * pairs * heads * hd, bwd_flop = 2.5 * fwd_flop;
+  auto j = base_line("dflash_attention", o, dev, size);
+  j["shapes"] = {{"batch", batch}, {"seq", s.seq}, {"anchors", s.anchors}, {"block", s.block},
+                 {"heads", heads}, {"kv_heads", kv_heads}, {"head_dim", hd}, {"documents", docs},
+                 {"attention", dflash_attention_path(opts, heads, kv_heads, hd, s.block)},
+                 {"dtype", c10::toString(dtype)}};
+  finish_line(j, ours.total, fwd_flop + bwd_flop, batch * q_len, mem);
+  j["visible_pairs"] = pairs;
+  j["dense_pairs"] = static_cast<double>(batch * q_len * (s.seq + q_len));
+  j["forward_ms"] = ours.fwd.median;
+  j["forward_mad_ms"] = ours.fwd.mad;
+  j["backward_ms"] = ours.bwd.median;
+  j["backward_mad_ms"] = ours.bwd.mad;
+  j["forward_tflops"] = fwd_flop / 1e12 / (ours.fwd.median / 1e3);
+  j["backward_tflops"] = bwd_flop / 1e12 / (ours.bwd.median / 1e3);
+  j["dense_sdpa"] = {{"median_ms", dense.total.median}, {"mad_ms", dense.total.mad},
+                     {"forward_ms", dense.fwd.median}, {"backward_ms", dense.bwd.median},
+                     {"samples_ms", dense.total.ms}};
+  j["speedup_vs_dense"] = dense.total.median / ours.total.median;
   return j;
 }
 
 } // namespace
 
 std::vector<std::string> bench_case_names() {
-  return {"target_forward", "drafter_step_eager", "prefetch_pack"};
+  return {"target_forward", "drafter_step_eager", "dflash_attention", "prefetch_pack"};
 }
 
 void run_bench(const bench_options& o, const std::function<void(const std::string&)>& emit) {
@@ -307,6 +414,9 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       j["dataset"] = o.dataset.empty() ? "synthetic" : o.dataset;
     } else if (c == "target_forward") {
       j = bench_target_forward(o, dev, size, dtype);
+    } else if (c == "dflash_attention") {
+      at::AutoGradMode grad(true);
+      j = bench_dflash_attention(o, dev, size, dtype);
     } else {
       at::AutoGradMode grad(true);
       j = bench_drafter_step(o, dev, size, dtype);

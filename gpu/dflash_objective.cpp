@@ -82,6 +82,14 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
   auto block_id = at::arange(q, lopts).floor_divide(block_size);
   auto blk_visible = (block_id.unsqueeze(1) == block_id.unsqueeze(0)).unsqueeze(0).expand({b, q, q});
   out.inputs.visible = at::cat({ctx_visible, blk_visible}, 2).unsqueeze(1);  // [B, 1, Q, S+Q]
+
+  // The same context rule as per-block ranges, for dflash_attention (which
+  // touches only these keys): [doc_start(a_j), a_j), empty when keep = 0.
+  // Unlike `visible`, a padding block sees nothing there (its rows are 0).
+  auto lo = anchor_start.squeeze(2);                                        // [B, N]
+  out.inputs.ctx_lo = lo.to(at::kInt);
+  out.inputs.ctx_hi = at::where(a.keep, a.anchors, lo).to(at::kInt);
+  out.inputs.keep = a.keep.to(at::kBool);
   return out;
 }
 

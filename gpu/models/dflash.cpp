@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "gpu/error.hpp"
+#include "gpu/models/dflash_attention.hpp"
 #include "gpu/safetensors.hpp"
 
 namespace tandem::gpu {
@@ -113,9 +114,16 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
     auto v_ctx = at::linear(ctx, l.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
     auto v_blk = at::linear(h, l.v_proj).view({b, q_len, d.kv_heads, d.head_dim}).transpose(1, 2);
     q = apply_rope(q, cos_q, sin_q);
-    auto k = expand_kv_heads(at::cat({apply_rope(k_ctx, cos_c, sin_c), apply_rope(k_blk, cos_q, sin_q)}, 2), d.heads);
-    auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), d.heads);
-    auto attn = at::scaled_dot_product_attention(q, k, v, in.visible, 0.0, false, scale);
+    k_ctx = apply_rope(k_ctx, cos_c, sin_c);
+    k_blk = apply_rope(k_blk, cos_q, sin_q);
+    at::Tensor attn;  // [B, H, Q, h]
+    if (in.ctx_lo.defined()) {
+      attn = dflash_attention(q, k_ctx, v_ctx, k_blk, v_blk, in.ctx_lo, in.ctx_hi, in.keep, scale);
+    } else {
+      auto k = expand_kv_heads(at::cat({k_ctx, k_blk}, 2), d.heads);
+      auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), d.heads);
+      attn = at::scaled_dot_product_attention(q, k, v, in.visible, 0.0, false, scale);
+    }
     x = x + at::linear(attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim}), l.o_proj);
     x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
   }

@@ -42,13 +42,20 @@ void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
                    const dflash_weights& w, at::ScalarType dtype);
 
 /// Inputs of one drafter forward in the training layout: per row, S context
-/// positions then Q = N·Bs block positions.
+/// positions then Q = N·Bs block positions.  Attention visibility comes as
+/// per-block ranges (block j sees context keys ctx_lo ≤ c < ctx_hi and its
+/// own block, nothing at all when keep is false), which dflash_attention
+/// (gpu/models/dflash_attention.hpp) walks without a dense mask; when they
+/// are undefined, the dense `visible` mask is used as given.
 struct dflash_inputs {
   at::Tensor target_hidden;    ///< [B, S, n·D] raw taps (fc + hidden_norm applied inside)
   at::Tensor block_embeds;     ///< [B, Q, D] target embedding of the block tokens
   at::Tensor ctx_positions;    ///< [B, S] RoPE positions of the context
   at::Tensor block_positions;  ///< [B, Q] RoPE positions of the block tokens
-  at::Tensor visible;          ///< [B, 1, Q, S+Q] bool: query may see key
+  at::Tensor visible;          ///< [B, 1, Q, S+Q] bool: query may see key (dense form)
+  at::Tensor ctx_lo;           ///< [B, N] int32: first context key block j sees
+  at::Tensor ctx_hi;           ///< [B, N] int32: one past its last (the anchor)
+  at::Tensor keep;             ///< [B, N] bool: false = padding block, sees nothing
 };
 
 /// Drafter forward: block hidden states after the final norm, [B, Q, D].

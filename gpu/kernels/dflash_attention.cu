@@ -1,0 +1,1115 @@
+// DFlash KV-injection attention: forward and backward over the visible keys
+// only (see dflash_attention.hpp for the layout and the design).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16, 16-bit inputs): lane = 4·g + t4.
+//   A 16×16 (row-major):  a0 (g, 2t4..+1)  a1 (g+8, 2t4..)  a2 (g, 2t4+8..)  a3 (g+8, 2t4+8..)
+//   B 16×8  (k × n):      b0 (k = 2t4..+1, n = g)           b1 (k = 2t4+8.., n = g)
+//   C 16×8  (fp32):       c0,c1 (g, 2t4..+1)                c2,c3 (g+8, 2t4..+1)
+// ldmatrix.x4 takes lane l's address as row (l & 7) of matrix l >> 3 and
+// returns matrix i in register i with lane l holding row l >> 2, columns
+// 2(l & 3)..+1 (.trans: the transposed matrix).  So with row-major tiles in
+// shared memory (row pitch RS = d + 8 elements: 16 bytes of padding keep the
+// eight rows of one ldmatrix on distinct banks):
+//   - A from a [rows][k] tile (Q, K, V, dO):      non-trans;
+//   - B = Mᵀ from a [n][k] tile (K for QKᵀ):      non-trans;
+//   - B = M  from a [k][n] tile (V for PV):       .trans.
+// Two C tiles side by side (n = 0..7, 8..15) are exactly one A operand over
+// k = 16, which chains QKᵀ into PV without a round trip through memory.
+
+#include "gpu/kernels/dflash_attention.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace tandem::gpu::kernels {
+namespace {
+
+constexpr int rows_per_block = 16;  // Bs: one block is one 16-row query tile
+constexpr float log2e = 1.4426950408889634f;
+constexpr float ln2 = 0.6931471805599453f;
+constexpr unsigned full_mask = 0xffffffffu;
+
+// ---- PTX wrappers --------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte global → shared copy; writes zeros (reads nothing) when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+/// 2^x; exactly +0 for −inf.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(full_mask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(full_mask, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(full_mask, x, 1);
+  return x + __shfl_xor_sync(full_mask, x, 2);
+}
+
+/// Element type: packing, widening, and the matching mma.
+template <typename T>
+struct elem;
+
+template <>
+struct elem<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float widen(uint16_t x) {
+    return __uint_as_float(static_cast<uint32_t>(x) << 16);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct elem<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float widen(uint16_t x) {
+    return __half2float(__ushort_as_half(x));
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---- addressing ----------------------------------------------------------
+
+__device__ __forceinline__ const uint16_t* at_row(const attn_in& t, int b, int h, int64_t row) {
+  return static_cast<const uint16_t*>(t.data) + b * t.batch + h * t.head + row * t.token;
+}
+
+__device__ __forceinline__ uint16_t* at_row(const attn_out& t, int b, int h, int64_t row) {
+  return static_cast<uint16_t*>(t.data) + b * t.batch + h * t.head + row * t.token;
+}
+
+/// Lane address offsets (elements) inside a row-major tile of pitch RS.
+template <int RS>
+struct lane_offsets {
+  int a;  ///< A operand (16 rows × 16 k) at (0, 0): add 16·ks
+  int bn; ///< non-trans B pair: 8 n-rows × 32 k at (0, 0): add 32·kp (+ 8n·RS)
+  int bt; ///< .trans B pair: 16 k-rows × 16 n at (0, 0): add 16·np
+  int bq; ///< non-trans B pair for two n-tiles: 16 n-rows × 16 k at (0, 0): add 16·ks
+  __device__ __forceinline__ explicit lane_offsets(int lane)
+      : a((lane & 15) * RS + (lane >> 4) * 8),
+        bn((lane & 7) * RS + (lane >> 3) * 8),
+        bt(((lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8),
+        bq(((lane & 7) + (lane >> 4) * 8) * RS + ((lane >> 3) & 1) * 8) {}
+};
+
+/// Visibility of block jj in row b: [lo, hi) clipped to [0, S); empty when
+/// keep is 0.
+struct block_range {
+  int lo = 0, hi = 0;
+  bool keep = false;
+};
+
+__device__ __forceinline__ block_range range_of(const dflash_ranges& r, int64_t row_base, int jj,
+                                                int s_len) {
+  block_range out;
+  out.keep = r.keep[row_base + jj] != 0;
+  if (out.keep) {
+    out.lo = max(r.ctx_lo[row_base + jj], 0);
+    out.hi = min(r.ctx_hi[row_base + jj], s_len);
+    if (out.hi < out.lo)
+      out.hi = out.lo;
+  }
+  return out;
+}
+
+/// Copies `count` rows (16-byte chunks of d) of a [T, d] slice starting at
+/// `src` (row stride `stride`) into a warp's shared tile of pitch RS.
+template <int D, int RS>
+__device__ __forceinline__ void warp_load_rows(uint16_t* dst, const uint16_t* src, int64_t stride,
+                                               int count, int lane) {
+  constexpr int chunks = D / 8;
+  for (int i = lane; i < count * chunks; i += 32) {
+    const int r = i / chunks, c = i % chunks;
+    cp_async16(smem_addr(dst + r * RS + c * 8), src + r * stride + c * 8, true);
+  }
+}
+
+/// The CTA's share of query tiles: warp w takes pair p = blockIdx.x·W + w
+/// of the kv head's (block, head-in-group) pairs, p = j·G + hh.
+struct query_tile {
+  int j = 0;       ///< block of this warp (may be >= N in the last CTA)
+  int head = 0;    ///< q head of this warp
+  int hh = 0;      ///< index within the GQA group
+  int j0 = 0;      ///< first block of the CTA
+  int j_end = 0;   ///< one past its last (clipped to N)
+  block_range range;
+  bool live = false;  ///< j < N and keep
+  int u_lo = 0, u_hi = 0;  ///< union of the CTA's context ranges
+};
+
+template <int W>
+__device__ __forceinline__ query_tile tile_of(const dflash_attention_shape& sh,
+                                              const dflash_ranges& ranges, int b, int kvh,
+                                              int warp, int cta) {
+  query_tile t;
+  const int group = sh.heads / sh.kv_heads;
+  const int pair = cta * W + warp;
+  t.j = pair / group;
+  t.hh = pair % group;
+  t.head = kvh * group + t.hh;
+  t.j0 = cta * (W / group);
+  t.j_end = min(t.j0 + W / group, sh.blocks);
+  const int64_t rb = int64_t{b} * sh.blocks;
+  if (t.j < sh.blocks) {
+    t.range = range_of(ranges, rb, t.j, sh.ctx_len);
+    t.live = t.range.keep;
+  }
+  int lo = INT_MAX, hi = 0;
+  for (int jj = t.j0; jj < t.j_end; ++jj) {
+    const auto r = range_of(ranges, rb, jj, sh.ctx_len);
+    if (r.lo < r.hi) {
+      lo = min(lo, r.lo);
+      hi = max(hi, r.hi);
+    }
+  }
+  t.u_lo = hi > 0 ? lo : 0;
+  t.u_hi = hi > 0 ? hi : 0;
+  return t;
+}
+
+/// Loads context tile `start` .. start+BN (rows past `end` zero-filled) of K
+/// and V into shared buffers, all threads of the CTA.
+template <int D, int RS, int BN, int NTHREADS>
+__device__ __forceinline__ void load_kv_tile(uint16_t* k_dst, uint16_t* v_dst,
+                                             const uint16_t* k_src, const uint16_t* v_src,
+                                             int64_t k_stride, int64_t v_stride, int start, int end,
+                                             int tid) {
+  constexpr int chunks = D / 8;
+  for (int i = tid; i < BN * chunks; i += NTHREADS) {
+    const int r = i / chunks, c = i % chunks;
+    const bool ok = start + r < end;
+    const int64_t row = ok ? start + r : 0;
+    cp_async16(smem_addr(k_dst + r * RS + c * 8), k_src + row * k_stride + c * 8, ok);
+    cp_async16(smem_addr(v_dst + r * RS + c * 8), v_src + row * v_stride + c * 8, ok);
+  }
+  cp_async_commit();
+}
+
+// ---- forward -------------------------------------------------------------
+
+template <typename T, int D, int W, int BN>
+__global__ void __launch_bounds__(W * 32) fwd_kernel(const dflash_attention_fwd_args a) {
+  constexpr int RS = D + 8, NT = BN / 8, KS = D / 16, DT = D / 8;
+  using E = elem<T>;
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* const k_s = smem;                // [2][BN][RS]
+  uint16_t* const v_s = smem + 2 * BN * RS;  // [2][BN][RS]; phase 0: [W][32][RS] slots
+
+  const auto& sh = a.shape;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, kvh = blockIdx.y;
+  const auto qt = tile_of<W>(sh, a.ranges, b, kvh, warp, blockIdx.x);
+  const float sl2 = sh.scale * log2e;
+  const lane_offsets<RS> off(lane);
+
+  float o[DT][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+  uint32_t qf[KS][4];
+
+  // Phase 0, per warp: Q to registers, then the own block (always visible).
+  uint16_t* const slot = smem + warp * 32 * RS;
+  if (qt.live) {
+    const int64_t row0 = int64_t{qt.j} * rows_per_block;
+    warp_load_rows<D, RS>(slot, at_row(a.q, b, qt.head, row0), a.q.token, 16, lane);
+    warp_load_rows<D, RS>(slot + 16 * RS, at_row(a.k_blk, b, kvh, row0), a.k_blk.token, 16, lane);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    const uint32_t sq = smem_addr(slot);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      ldsm_x4(qf[ks], sq + 2 * (off.a + 16 * ks));
+    float s[2][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int kp = 0; kp < D / 32; ++kp) {
+        uint32_t r[4];
+        ldsm_x4(r, sq + 2 * ((16 + 8 * nt) * RS + off.bn + 32 * kp));
+        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+      }
+    __syncwarp();
+    warp_load_rows<D, RS>(slot, at_row(a.v_blk, b, kvh, row0), a.v_blk.token, 16, lane);
+    cp_async_commit();
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][0] *= sl2; s[nt][1] *= sl2; s[nt][2] *= sl2; s[nt][3] *= sl2;
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    m0 = quad_max(mx0);
+    m1 = quad_max(mx1);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][0] = exp2_approx(s[nt][0] - m0); s[nt][1] = exp2_approx(s[nt][1] - m0);
+      s[nt][2] = exp2_approx(s[nt][2] - m1); s[nt][3] = exp2_approx(s[nt][3] - m1);
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    const uint32_t pa[4] = {E::pack(s[0][0], s[0][1]), E::pack(s[0][2], s[0][3]),
+                            E::pack(s[1][0], s[1][1]), E::pack(s[1][2], s[1][3])};
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t r[4];
+      ldsm_x4_t(r, sq + 2 * (off.bt + 16 * np));
+      E::mma(o[2 * np], pa, r[0], r[1]);
+      E::mma(o[2 * np + 1], pa, r[2], r[3]);
+    }
+  }
+  __syncthreads();  // slots are free: the context pipeline reuses them
+
+  // Context: the union of the CTA's ranges, BN keys a tile, double-buffered.
+  const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
+  const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+  const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+  if (tiles > 0)
+    load_kv_tile<D, RS, BN, W * 32>(k_s, v_s, kc, vc, a.k_ctx.token, a.v_ctx.token, qt.u_lo,
+                                    qt.u_hi, tid);
+  for (int t = 0; t < tiles; ++t) {
+    const int start = qt.u_lo + t * BN;
+    if (t + 1 < tiles) {
+      const int nb = (t + 1) & 1;
+      load_kv_tile<D, RS, BN, W * 32>(k_s + nb * BN * RS, v_s + nb * BN * RS, kc, vc,
+                                      a.k_ctx.token, a.v_ctx.token, start + BN, qt.u_hi, tid);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+    if (qt.live && vlo < vhi) {  // warp-uniform
+      const uint32_t kb = smem_addr(k_s + (t & 1) * BN * RS);
+      const uint32_t vb = smem_addr(v_s + (t & 1) * BN * RS);
+      float s[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+        if (nt * 8 < vhi && nt * 8 + 8 > vlo) {
+#pragma unroll
+          for (int kp = 0; kp < D / 32; ++kp) {
+            uint32_t r[4];
+            ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+            E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+            E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+          }
+        }
+      }
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t4 + e;
+          const bool ok = key >= vlo && key < vhi;
+          s[nt][e] = ok ? s[nt][e] * sl2 : -INFINITY;
+          s[nt][2 + e] = ok ? s[nt][2 + e] * sl2 : -INFINITY;
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+      const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+      const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      float rs0 = 0, rs1 = 0;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[nt][0] = exp2_approx(s[nt][0] - mn0); s[nt][1] = exp2_approx(s[nt][1] - mn0);
+        s[nt][2] = exp2_approx(s[nt][2] - mn1); s[nt][3] = exp2_approx(s[nt][3] - mn1);
+        rs0 += s[nt][0] + s[nt][1];
+        rs1 += s[nt][2] + s[nt][3];
+      }
+      l0 = l0 * al0 + rs0;
+      l1 = l1 * al1 + rs1;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= al0; o[dt][1] *= al0; o[dt][2] *= al1; o[dt][3] *= al1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (kk * 16 < vhi && kk * 16 + 16 > vlo) {
+          const uint32_t pa[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
+                                  E::pack(s[2 * kk][2], s[2 * kk][3]),
+                                  E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t r[4];
+            ldsm_x4_t(r, vb + 2 * (16 * kk * RS + off.bt + 16 * np));
+            E::mma(o[2 * np], pa, r[0], r[1]);
+            E::mma(o[2 * np + 1], pa, r[2], r[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  if (qt.j >= sh.blocks)
+    return;
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  const float i0 = qt.live ? 1.0f / l0 : 0.0f, i1 = qt.live ? 1.0f / l1 : 0.0f;
+  const int64_t row0 = int64_t{qt.j} * rows_per_block;
+  uint16_t* const out0 = at_row(a.out, b, qt.head, row0 + g);
+  uint16_t* const out1 = at_row(a.out, b, qt.head, row0 + g + 8);
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    const int col = dt * 8 + 2 * t4;
+    *reinterpret_cast<uint32_t*>(out0 + col) = E::pack(o[dt][0] * i0, o[dt][1] * i0);
+    *reinterpret_cast<uint32_t*>(out1 + col) = E::pack(o[dt][2] * i1, o[dt][3] * i1);
+  }
+  if (t4 == 0) {
+    const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+    float* const lse = a.lse + (int64_t{b} * sh.heads + qt.head) * q_len + row0;
+    lse[g] = qt.live ? (m0 + __log2f(l0)) * ln2 : -INFINITY;
+    lse[g + 8] = qt.live ? (m1 + __log2f(l1)) * ln2 : -INFINITY;
+  }
+}
+
+// ---- backward: delta = rowsum(dO ∘ O) ------------------------------------
+
+/// 8 lanes a row, 32 rows a CTA; [B, H, Q] rows in order.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) delta_kernel(const dflash_attention_bwd_args a) {
+  using E = elem<T>;
+  constexpr int per = D / 8;  // elements per lane: 4, 8 or 16
+  const auto& sh = a.shape;
+  const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+  const int64_t total = int64_t{sh.batch} * sh.heads * q_len;
+  const int64_t row = int64_t{blockIdx.x} * 32 + threadIdx.x / 8;
+  const int part = threadIdx.x % 8;
+  float acc = 0;
+  if (row < total) {
+    const int b = static_cast<int>(row / (sh.heads * q_len));
+    const int h = static_cast<int>((row / q_len) % sh.heads);
+    const int64_t q = row % q_len;
+    const uint16_t* o = at_row(a.out, b, h, q) + part * per;
+    const uint16_t* d = at_row(a.dout, b, h, q) + part * per;
+#pragma unroll
+    for (int c = 0; c < per; c += 4) {
+      const uint2 ov = *reinterpret_cast<const uint2*>(o + c);
+      const uint2 dv = *reinterpret_cast<const uint2*>(d + c);
+      const uint16_t* o16 = reinterpret_cast<const uint16_t*>(&ov);
+      const uint16_t* d16 = reinterpret_cast<const uint16_t*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc = fmaf(E::widen(o16[e]), E::widen(d16[e]), acc);
+    }
+  }
+  acc += __shfl_xor_sync(full_mask, acc, 1);
+  acc += __shfl_xor_sync(full_mask, acc, 2);
+  acc += __shfl_xor_sync(full_mask, acc, 4);
+  if (row < total && part == 0)
+    a.delta[row] = acc;
+}
+
+// ---- backward, query-major: dQ and the own block's dK/dV -----------------
+
+/// Bytes at the front of the dq role's shared memory: the K/V pipeline,
+/// then per-warp 32-row slots for the own block, then the fp32 sums of the
+/// own blocks' dK/dV ([blocks of the CTA][2][16][d]).
+__host__ __device__ constexpr int dq_region_bytes(int d, int warps, int bn, int group) {
+  const int rows = 4 * bn > 32 * warps ? 4 * bn : 32 * warps;
+  const int tiles = 2 * (d + 8) * rows;
+  const int sums = (warps / group) * 2 * 16 * d * 4;
+  return tiles > sums ? tiles : sums;
+}
+
+__host__ __device__ constexpr int dq_smem_bytes(int d, int warps, int bn, int group) {
+  return dq_region_bytes(d, warps, bn, group) + 2 * (d + 8) * 16 * warps * 2
+         + warps * 2 * 16 * 24 * 2;
+}
+
+/// One CTA of query tiles (as in the forward): dQ over every visible key,
+/// and Σ over the GQA group of the own block's dK/dV in a fixed order.
+template <typename T, int D, int W, int BN>
+__device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int cta, int kvh, int b,
+                                        uint16_t* smem) {
+  constexpr int RS = D + 8, NT = BN / 8, KS = D / 16, DT = D / 8;
+  constexpr int TP = 24;  // pitch of the 16×16 transposition tiles
+  using E = elem<T>;
+  const auto& sh = a.shape;
+  const int group = sh.heads / sh.kv_heads;
+  uint16_t* const k_s = smem;                                          // [2][BN][RS]
+  uint16_t* const v_s = smem + 2 * BN * RS;                            // [2][BN][RS]
+  uint16_t* const q_s = smem + dq_region_bytes(D, W, BN, group) / 2;   // [W][16][RS]
+  uint16_t* const do_s = q_s + W * 16 * RS;                            // [W][16][RS]
+  uint16_t* const tr_s = do_s + W * 16 * RS;                           // [W][2][16][TP]
+  float* const red_s = reinterpret_cast<float*>(smem);  // after the loop: [blocks][2][16][D]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const auto qt = tile_of<W>(sh, a.ranges, b, kvh, warp, cta);
+  const float sl2 = sh.scale * log2e;
+  const lane_offsets<RS> off(lane);
+  const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+  const int64_t row0 = int64_t{qt.j} * rows_per_block;
+
+  uint16_t* const qw = q_s + warp * 16 * RS;
+  uint16_t* const dow = do_s + warp * 16 * RS;
+  uint32_t qf[KS][4], dof[KS][4];
+  float lse0 = 0, lse1 = 0, dl0 = 0, dl1 = 0;
+  if (qt.j < sh.blocks) {
+    warp_load_rows<D, RS>(qw, at_row(a.q, b, qt.head, row0), a.q.token, 16, lane);
+    warp_load_rows<D, RS>(dow, at_row(a.dout, b, qt.head, row0), a.dout.token, 16, lane);
+    cp_async_commit();
+    if (qt.live) {
+      const int64_t at = (int64_t{b} * sh.heads + qt.head) * q_len + row0;
+      lse0 = a.lse[at + g] * log2e;
+      lse1 = a.lse[at + g + 8] * log2e;
+      dl0 = a.delta[at + g];
+      dl1 = a.delta[at + g + 8];
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      ldsm_x4(qf[ks], smem_addr(qw) + 2 * (off.a + 16 * ks));
+      ldsm_x4(dof[ks], smem_addr(dow) + 2 * (off.a + 16 * ks));
+    }
+  }
+
+  float dq[DT][4] = {};
+  const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
+  const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+  const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+  if (tiles > 0)
+    load_kv_tile<D, RS, BN, W * 32>(k_s, v_s, kc, vc, a.k_ctx.token, a.v_ctx.token, qt.u_lo,
+                                    qt.u_hi, tid);
+  for (int t = 0; t < tiles; ++t) {
+    const int start = qt.u_lo + t * BN;
+    if (t + 1 < tiles) {
+      const int nb = (t + 1) & 1;
+      load_kv_tile<D, RS, BN, W * 32>(k_s + nb * BN * RS, v_s + nb * BN * RS, kc, vc,
+                                      a.k_ctx.token, a.v_ctx.token, start + BN, qt.u_hi, tid);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+    if (qt.live && vlo < vhi) {
+      const uint32_t kb = smem_addr(k_s + (t & 1) * BN * RS);
+      const uint32_t vb = smem_addr(v_s + (t & 1) * BN * RS);
+      float s[NT][4], dp[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[nt][e] = dp[nt][e] = 0;
+        if (nt * 8 < vhi && nt * 8 + 8 > vlo) {
+#pragma unroll
+          for (int kp = 0; kp < D / 32; ++kp) {
+            uint32_t r[4];
+            ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+            E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+            E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+            ldsm_x4(r, vb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+            E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
+            E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
+          }
+        }
+      }
+      // dS = P ∘ (dP − delta), into s.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t4 + e;
+          const bool ok = key >= vlo && key < vhi;
+          const float p0 = ok ? exp2_approx(s[nt][e] * sl2 - lse0) : 0.0f;
+          const float p1 = ok ? exp2_approx(s[nt][2 + e] * sl2 - lse1) : 0.0f;
+          s[nt][e] = p0 * (dp[nt][e] - dl0);
+          s[nt][2 + e] = p1 * (dp[nt][2 + e] - dl1);
+        }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (kk * 16 < vhi && kk * 16 + 16 > vlo) {
+          const uint32_t da[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
+                                  E::pack(s[2 * kk][2], s[2 * kk][3]),
+                                  E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t r[4];
+            ldsm_x4_t(r, kb + 2 * (16 * kk * RS + off.bt + 16 * np));
+            E::mma(dq[2 * np], da, r[0], r[1]);
+            E::mma(dq[2 * np + 1], da, r[2], r[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Own block: 16 keys, all visible.  Slot of 32 rows per warp: K then V.
+  uint32_t pa[4] = {}, da[4] = {};  // Pᵀ and dSᵀ as A operands (keys × queries)
+  if (qt.live) {
+    uint16_t* const slot = smem + warp * 32 * RS;
+    warp_load_rows<D, RS>(slot, at_row(a.k_blk, b, kvh, row0), a.k_blk.token, 16, lane);
+    warp_load_rows<D, RS>(slot + 16 * RS, at_row(a.v_blk, b, kvh, row0), a.v_blk.token, 16, lane);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    const uint32_t sk = smem_addr(slot);
+    float s[2][4] = {}, dp[2][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int kp = 0; kp < D / 32; ++kp) {
+        uint32_t r[4];
+        ldsm_x4(r, sk + 2 * (8 * nt * RS + off.bn + 32 * kp));
+        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+        ldsm_x4(r, sk + 2 * ((16 + 8 * nt) * RS + off.bn + 32 * kp));
+        E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
+        E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
+      }
+    uint16_t* const tp = tr_s + warp * 2 * 16 * TP;  // P, then dS: [16 q][TP]
+    uint16_t* const tds = tp + 16 * TP;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float p0 = exp2_approx(s[nt][0] * sl2 - lse0), p1 = exp2_approx(s[nt][1] * sl2 - lse0);
+      const float p2 = exp2_approx(s[nt][2] * sl2 - lse1), p3 = exp2_approx(s[nt][3] * sl2 - lse1);
+      const int col = nt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(tp + g * TP + col) = E::pack(p0, p1);
+      *reinterpret_cast<uint32_t*>(tp + (g + 8) * TP + col) = E::pack(p2, p3);
+      s[nt][0] = p0 * (dp[nt][0] - dl0);
+      s[nt][1] = p1 * (dp[nt][1] - dl0);
+      s[nt][2] = p2 * (dp[nt][2] - dl1);
+      s[nt][3] = p3 * (dp[nt][3] - dl1);
+      *reinterpret_cast<uint32_t*>(tds + g * TP + col) = E::pack(s[nt][0], s[nt][1]);
+      *reinterpret_cast<uint32_t*>(tds + (g + 8) * TP + col) = E::pack(s[nt][2], s[nt][3]);
+    }
+    const uint32_t dsa[4] = {E::pack(s[0][0], s[0][1]), E::pack(s[0][2], s[0][3]),
+                             E::pack(s[1][0], s[1][1]), E::pack(s[1][2], s[1][3])};
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t r[4];
+      ldsm_x4_t(r, sk + 2 * (off.bt + 16 * np));
+      E::mma(dq[2 * np], dsa, r[0], r[1]);
+      E::mma(dq[2 * np + 1], dsa, r[2], r[3]);
+    }
+    __syncwarp();
+    // Transposed reads: matrix i = (q rows 8·(i >> 1), key cols 8·(i & 1)).
+    const int tr_off = ((lane & 7) + (lane >> 4) * 8) * TP + ((lane >> 3) & 1) * 8;
+    ldsm_x4_t(pa, smem_addr(tp) + 2 * tr_off);
+    ldsm_x4_t(da, smem_addr(tds) + 2 * tr_off);
+  }
+  if (qt.j < sh.blocks) {
+    uint16_t* const d0 = at_row(a.dq, b, qt.head, row0 + g);
+    uint16_t* const d1 = at_row(a.dq, b, qt.head, row0 + g + 8);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(d0 + col) = E::pack(dq[dt][0] * sh.scale, dq[dt][1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(d1 + col) = E::pack(dq[dt][2] * sh.scale, dq[dt][3] * sh.scale);
+    }
+  }
+
+  // Own-block dV = Σ_heads Pᵀ dO and dK = Σ_heads dSᵀ Q, heads in a fixed
+  // order through fp32 shared memory (deterministic).
+  __syncthreads();  // every slot read: the region becomes red_s
+  const int jl = qt.j - qt.j0;
+  for (int hh = 0; hh < group; ++hh) {
+    if (qt.j < sh.blocks && qt.hh == hh) {
+#pragma unroll
+      for (int which = 0; which < 2; ++which) {  // 0: dV (Pᵀ·dO), 1: dK (dSᵀ·Q)
+        float acc[DT][4] = {};
+        if (qt.live) {
+          const uint32_t src = smem_addr(which == 0 ? dow : qw);
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t r[4];
+            ldsm_x4_t(r, src + 2 * (off.bt + 16 * np));
+            E::mma(acc[2 * np], which == 0 ? pa : da, r[0], r[1]);
+            E::mma(acc[2 * np + 1], which == 0 ? pa : da, r[2], r[3]);
+          }
+        }
+        float* const dst = red_s + (jl * 2 + which) * 16 * D;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          const int col = dt * 8 + 2 * t4;
+          float2* const r0 = reinterpret_cast<float2*>(dst + g * D + col);
+          float2* const r1 = reinterpret_cast<float2*>(dst + (g + 8) * D + col);
+          if (hh == 0) {
+            *r0 = make_float2(acc[dt][0], acc[dt][1]);
+            *r1 = make_float2(acc[dt][2], acc[dt][3]);
+          } else {
+            const float2 x0 = *r0, x1 = *r1;
+            *r0 = make_float2(x0.x + acc[dt][0], x0.y + acc[dt][1]);
+            *r1 = make_float2(x1.x + acc[dt][2], x1.y + acc[dt][3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int blocks_here = qt.j_end - qt.j0;
+  for (int i = tid; i < blocks_here * 16 * D / 2; i += W * 32) {
+    const int e = 2 * i, bl = e / (16 * D), rem = e % (16 * D), r = rem / D, c = rem % D;
+    const int64_t row = int64_t{qt.j0 + bl} * rows_per_block + r;
+    const float* const dv = red_s + (bl * 2) * 16 * D + rem;
+    const float* const dk = red_s + (bl * 2 + 1) * 16 * D + rem;
+    *reinterpret_cast<uint32_t*>(at_row(a.dv_blk, b, kvh, row) + c) = E::pack(dv[0], dv[1]);
+    *reinterpret_cast<uint32_t*>(at_row(a.dk_blk, b, kvh, row) + c) =
+      E::pack(dk[0] * sh.scale, dk[1] * sh.scale);
+  }
+}
+
+// ---- backward, key-major: context dK/dV ----------------------------------
+
+/// Heads of one block carried per pipeline stage (at most 4).
+__host__ __device__ constexpr int dkv_heads_per_item(int group, bool one) {
+  return one ? 1 : (group < 4 ? group : 4);
+}
+
+__host__ __device__ constexpr int dkv_smem_bytes(int d, int blocks) {
+  return 2 * 4 * 2 * 16 * (d + 8) * 2 + 2 * 4 * 2 * 16 * 4 + 4 * blocks;
+}
+
+/// One CTA of 16·W context keys (warp = 16 keys, dK/dV in registers): for
+/// each block whose range meets them, in order, for each head of the group,
+/// recompute Pᵀ and dSᵀ and accumulate dV += Pᵀ dO, dK += dSᵀ Q.
+template <typename T, int D, int W>
+__device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int tile, int kvh,
+                                         int b, uint16_t* smem, int hc) {
+  constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
+  constexpr int stage = 4 * 2 * 16 * RS;  // elements: [4 heads][Q, dO][16][RS]
+  using E = elem<T>;
+  uint16_t* const qd_s = smem;                                        // [2][stage]
+  float* const ld_s = reinterpret_cast<float*>(smem + 2 * stage);     // [2][4][lse, delta][16]
+  int* const list_s = reinterpret_cast<int*>(ld_s + 2 * 4 * 2 * 16);  // [N]
+  __shared__ int count_s;
+
+  const auto& sh = a.shape;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int group = sh.heads / sh.kv_heads;
+  const int parts = group / hc;
+  const int c0 = tile * W * 16, c1 = min(c0 + W * 16, sh.ctx_len);
+  const int64_t rb = int64_t{b} * sh.blocks;
+  const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+  const float sl2 = sh.scale * log2e;
+  const lane_offsets<RS> off(lane);
+
+  // Blocks whose range meets [c0, c1), in order (warp 0).
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < sh.blocks; base += 32) {
+      const int jj = base + lane;
+      bool hit = false;
+      if (jj < sh.blocks) {
+        const auto r = range_of(a.ranges, rb, jj, sh.ctx_len);
+        hit = r.lo < r.hi && r.lo < c1 && r.hi > c0;
+      }
+      const unsigned m = __ballot_sync(full_mask, hit);
+      if (hit)
+        list_s[count + __popc(m & ((1u << lane) - 1))] = jj;
+      count += __popc(m);
+    }
+    if (lane == 0)
+      count_s = count;
+  }
+
+  // This warp's 16 keys as A operands, straight from global (zero past S).
+  const int key0 = c0 + warp * 16;
+  uint32_t kf[KS][4], vf[KS][4];
+  {
+    const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+    const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = key0 + g + (i & 1) * 8, col = ks * 16 + 2 * t4 + (i >> 1) * 8;
+        const bool ok = row < sh.ctx_len;
+        kf[ks][i] = ok ? *reinterpret_cast<const uint32_t*>(kc + row * a.k_ctx.token + col) : 0u;
+        vf[ks][i] = ok ? *reinterpret_cast<const uint32_t*>(vc + row * a.v_ctx.token + col) : 0u;
+      }
+  }
+  __syncthreads();
+  const int items = count_s * parts;
+
+  // Item = (listed block, `hc` consecutive heads of the group).
+  auto load_item = [&](int it, int buf) {
+    const int jj = list_s[it / parts], head0 = kvh * group + (it % parts) * hc;
+    const int64_t row0 = int64_t{jj} * rows_per_block;
+    uint16_t* const dst = qd_s + buf * stage;
+    constexpr int chunks = D / 8;
+    for (int i = tid; i < hc * 2 * 16 * chunks; i += W * 32) {
+      const int c = i % chunks, r = (i / chunks) % 16, which = (i / (16 * chunks)) % 2,
+                hh = i / (2 * 16 * chunks);
+      const uint16_t* src = which == 0 ? at_row(a.q, b, head0 + hh, row0 + r)
+                                       : at_row(a.dout, b, head0 + hh, row0 + r);
+      cp_async16(smem_addr(dst + ((hh * 2 + which) * 16 + r) * RS + c * 8), src + c * 8, true);
+    }
+    if (tid < hc * 8) {  // per head: 4 chunks of lse, 4 of delta
+      const int hh = tid / 8, which = (tid / 4) % 2, c = tid % 4;
+      const int64_t at = (int64_t{b} * sh.heads + head0 + hh) * q_len + row0 + 4 * c;
+      const float* src = which == 0 ? a.lse + at : a.delta + at;
+      cp_async16(smem_addr(ld_s + buf * 128 + (hh * 2 + which) * 16 + 4 * c), src, true);
+    }
+    cp_async_commit();
+  };
+
+  float dk[DT][4] = {}, dv[DT][4] = {};
+  if (items > 0)
+    load_item(0, 0);
+  for (int it = 0; it < items; ++it) {
+    if (it + 1 < items) {
+      load_item(it + 1, (it + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const auto r = range_of(a.ranges, rb, list_s[it / parts], sh.ctx_len);
+    if (key0 < r.hi && key0 + 16 > r.lo) {  // warp-uniform
+      const int buf = it & 1;
+      const bool ok0 = key0 + g >= r.lo && key0 + g < r.hi;
+      const bool ok1 = key0 + g + 8 >= r.lo && key0 + g + 8 < r.hi;
+      for (int hh = 0; hh < hc; ++hh) {
+        const uint32_t qb = smem_addr(qd_s + buf * stage + hh * 2 * 16 * RS);
+        const uint32_t dob = qb + 2 * 16 * RS;
+        const float* const lse = ld_s + buf * 128 + hh * 32;
+        const float* const del = lse + 16;
+        float st[2][4] = {}, dpt[2][4] = {};  // keys × queries
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+          uint32_t x[4];
+          ldsm_x4(x, qb + 2 * (off.bq + 16 * ks));
+          E::mma(st[0], kf[ks], x[0], x[1]);
+          E::mma(st[1], kf[ks], x[2], x[3]);
+          ldsm_x4(x, dob + 2 * (off.bq + 16 * ks));
+          E::mma(dpt[0], vf[ks], x[0], x[1]);
+          E::mma(dpt[1], vf[ks], x[2], x[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int q = nt * 8 + 2 * t4 + e;
+            const float l2 = lse[q] * log2e, dl = del[q];
+            const float p0 = ok0 ? exp2_approx(st[nt][e] * sl2 - l2) : 0.0f;
+            const float p1 = ok1 ? exp2_approx(st[nt][2 + e] * sl2 - l2) : 0.0f;
+            st[nt][e] = p0;
+            st[nt][2 + e] = p1;
+            dpt[nt][e] = p0 * (dpt[nt][e] - dl);
+            dpt[nt][2 + e] = p1 * (dpt[nt][2 + e] - dl);
+          }
+        const uint32_t pa[4] = {E::pack(st[0][0], st[0][1]), E::pack(st[0][2], st[0][3]),
+                                E::pack(st[1][0], st[1][1]), E::pack(st[1][2], st[1][3])};
+        const uint32_t da[4] = {E::pack(dpt[0][0], dpt[0][1]), E::pack(dpt[0][2], dpt[0][3]),
+                                E::pack(dpt[1][0], dpt[1][1]), E::pack(dpt[1][2], dpt[1][3])};
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          uint32_t x[4];
+          ldsm_x4_t(x, dob + 2 * (off.bt + 16 * np));
+          E::mma(dv[2 * np], pa, x[0], x[1]);
+          E::mma(dv[2 * np + 1], pa, x[2], x[3]);
+          ldsm_x4_t(x, qb + 2 * (off.bt + 16 * np));
+          E::mma(dk[2 * np], da, x[0], x[1]);
+          E::mma(dk[2 * np + 1], da, x[2], x[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = key0 + g + 8 * hf;
+    if (row >= sh.ctx_len)
+      continue;
+    uint16_t* const dkr = at_row(a.dk_ctx, b, kvh, row);
+    uint16_t* const dvr = at_row(a.dv_ctx, b, kvh, row);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(dkr + col) =
+        E::pack(dk[dt][2 * hf] * sh.scale, dk[dt][2 * hf + 1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(dvr + col) = E::pack(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+    }
+  }
+}
+
+/// Grid sizes of the two backward roles, per (row, kv head).
+struct bwd_grid {
+  int dkv_tiles = 0;  ///< ceil(S / 16W)
+  int dq_ctas = 0;    ///< ceil(N / (W / G))
+};
+
+/// Both roles in one launch: first every key-major CTA (the long ones), then
+/// the query-major CTAs, which fill the machine behind them.
+template <typename T, int D, int W, int BN>
+__global__ void __launch_bounds__(W * 32, 8 / W)
+  bwd_fused_kernel(const dflash_attention_bwd_args a, const bwd_grid grid, int hc) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  const int kv = a.shape.kv_heads;
+  int id = blockIdx.x;
+  const int dkv_ctas = grid.dkv_tiles * kv * a.shape.batch;
+  if (id < dkv_ctas) {
+    dkv_body<T, D, W>(a, id % grid.dkv_tiles, (id / grid.dkv_tiles) % kv,
+                      id / grid.dkv_tiles / kv, smem, hc);
+  } else {
+    id -= dkv_ctas;
+    dq_body<T, D, W, BN>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv, id / grid.dq_ctas / kv,
+                         smem);
+  }
+}
+
+/// The roles as separate launches (benchmark variant).
+template <typename T, int D, int W, int BN>
+__global__ void __launch_bounds__(W * 32, 8 / W) bwd_dq_kernel(const dflash_attention_bwd_args a) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  dq_body<T, D, W, BN>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem);
+}
+
+template <typename T, int D, int W>
+__global__ void __launch_bounds__(W * 32, 8 / W)
+  bwd_dkv_kernel(const dflash_attention_bwd_args a, int hc) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  dkv_body<T, D, W>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem, hc);
+}
+
+// ---- host side -----------------------------------------------------------
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+bool in_ok(const attn_in& t) {
+  return aligned16(t.data) && t.batch % 8 == 0 && t.head % 8 == 0 && t.token % 8 == 0;
+}
+
+bool out_ok(const attn_out& t) {
+  return (reinterpret_cast<uintptr_t>(t.data) & 3u) == 0 && t.batch % 2 == 0 && t.head % 2 == 0
+         && t.token % 2 == 0;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem,
+                   cudaStream_t stream, const Args&... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0)
+    return cudaSuccess;
+  if (auto e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem));
+      e != cudaSuccess)
+    return e;
+  kernel<<<grid, threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+constexpr int fwd_bn = 64;
+
+/// `variant` bits (benchmarks, tests/gpu/dflash_attention_harness.py; 0 is
+/// the tuned default):
+///   1  swap the warp counts below (forward 8, backward 4)   bf16, d = 128 only
+///   2  backward roles as separate launches
+///   4  one head per key-major pipeline stage
+///   8  64-key tiles in the query-major backward             bf16, d = 128 only
+///   16, 32 (with 2): skip the key-major / query-major launch (timing only:
+///      the gradients are then incomplete)
+///
+/// Warps per CTA, a multiple of the group size (whole blocks per CTA).
+/// Measured on an H200 at Qwen3-8B shapes (G = 4; docs/bench.md): the
+/// forward is fastest with 4 (0.62 ms against 0.78 with 8), the backward
+/// with 8 (1.94 ms against 2.05 with 4: the key-major CTAs then cover 128
+/// keys and fit one wave better).  Variant bit 0 swaps both choices.
+int forward_warps(int group, int variant) {
+  return (group > 4 || (variant & 1)) ? 8 : 4;
+}
+
+int backward_warps(int group, int variant) {
+  return (group > 4 || (group > 1 && !(variant & 1))) ? 8 : 4;
+}
+
+/// The warp-count and tile variants are compiled for bf16, d = 128 only;
+/// every other type and size takes the default configuration.
+template <typename T, int D>
+constexpr bool has_variants = std::is_same_v<T, __nv_bfloat16> && D == 128;
+
+template <typename T, int D, int W>
+cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stream) {
+  const auto& sh = a.shape;
+  const int per_cta = W / (sh.heads / sh.kv_heads);
+  const dim3 grid((sh.blocks + per_cta - 1) / per_cta, sh.kv_heads, sh.batch);
+  const size_t smem = size_t{2} * (D + 8) * std::max(4 * fwd_bn, 32 * W);
+  return launch(fwd_kernel<T, D, W, fwd_bn>, grid, W * 32, smem, stream, a);
+}
+
+template <typename T, int D>
+cudaError_t forward_typed(const dflash_attention_fwd_args& a, cudaStream_t stream) {
+  const int group = a.shape.heads / a.shape.kv_heads;
+  const int w = forward_warps(group, has_variants<T, D> ? a.variant : 0);
+  return w == 4 ? forward_config<T, D, 4>(a, stream) : forward_config<T, D, 8>(a, stream);
+}
+
+/// delta, then both roles in one launch (variant bit 1: separate launches;
+/// bits 4 / 5 then skip the key-major / query-major role, for timing).
+template <typename T, int D, int W, int BN>
+cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t stream) {
+  const auto& sh = a.shape;
+  const int group = sh.heads / sh.kv_heads;
+  const int hc = dkv_heads_per_item(group, (a.variant & 4) != 0);
+  bwd_grid grid;
+  grid.dkv_tiles = (sh.ctx_len + 16 * W - 1) / (16 * W);
+  grid.dq_ctas = (sh.blocks + W / group - 1) / (W / group);
+  const size_t dq_smem = dq_smem_bytes(D, W, BN, group);
+  const size_t dkv_smem = dkv_smem_bytes(D, sh.blocks);
+  const int64_t rows = int64_t{sh.batch} * sh.heads * sh.blocks * rows_per_block;
+  if (auto e = launch(delta_kernel<T, D>, dim3(static_cast<unsigned>((rows + 31) / 32)), 256, 0,
+                      stream, a);
+      e != cudaSuccess)
+    return e;
+  if (!(a.variant & 2)) {
+    const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
+    return launch(bwd_fused_kernel<T, D, W, BN>, dim3(static_cast<unsigned>(ctas)), W * 32,
+                  std::max(dq_smem, dkv_smem), stream, a, grid, hc);
+  }
+  if (!(a.variant & 32)) {
+    const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
+    if (auto e = launch(bwd_dq_kernel<T, D, W, BN>, g, W * 32, dq_smem, stream, a);
+        e != cudaSuccess)
+      return e;
+  }
+  if (!(a.variant & 16)) {
+    const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
+    return launch(bwd_dkv_kernel<T, D, W>, g, W * 32, dkv_smem, stream, a, hc);
+  }
+  return cudaSuccess;
+}
+
+template <typename T, int D>
+cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stream) {
+  const int group = a.shape.heads / a.shape.kv_heads;
+  if constexpr (has_variants<T, D>) {
+    const bool wide = backward_warps(group, a.variant) == 8, long_tiles = (a.variant & 8) != 0;
+    if (wide)
+      return long_tiles ? backward_config<T, D, 8, 64>(a, stream)
+                        : backward_config<T, D, 8, 32>(a, stream);
+    return long_tiles ? backward_config<T, D, 4, 64>(a, stream)
+                      : backward_config<T, D, 4, 32>(a, stream);
+  } else {
+    return backward_warps(group, 0) == 8 ? backward_config<T, D, 8, 32>(a, stream)
+                                      : backward_config<T, D, 4, 32>(a, stream);
+  }
+}
+
+/// Calls Run::go<T, D>(args, stream) for the shape's dtype and head_dim.
+template <typename Run, typename Args>
+cudaError_t dispatch(const Args& a, cudaStream_t stream) {
+  const bool bf = a.shape.dtype == attn_dtype::bf16;
+  switch (a.shape.head_dim) {
+    case 32: return bf ? Run::template go<__nv_bfloat16, 32>(a, stream) : Run::template go<__half, 32>(a, stream);
+    case 64: return bf ? Run::template go<__nv_bfloat16, 64>(a, stream) : Run::template go<__half, 64>(a, stream);
+    case 128: return bf ? Run::template go<__nv_bfloat16, 128>(a, stream) : Run::template go<__half, 128>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+struct run_forward {
+  template <typename T, int D>
+  static cudaError_t go(const dflash_attention_fwd_args& a, cudaStream_t s) { return forward_typed<T, D>(a, s); }
+};
+
+struct run_backward {
+  template <typename T, int D>
+  static cudaError_t go(const dflash_attention_bwd_args& a, cudaStream_t s) { return backward_typed<T, D>(a, s); }
+};
+
+} // namespace
+
+const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
+  if (sh.block_size != rows_per_block)
+    return "block size is not 16";
+  if (sh.head_dim != 32 && sh.head_dim != 64 && sh.head_dim != 128)
+    return "head_dim is not 32, 64 or 128";
+  if (sh.heads <= 0 || sh.kv_heads <= 0 || sh.heads % sh.kv_heads != 0)
+    return "heads is not a multiple of kv_heads";
+  const int group = sh.heads / sh.kv_heads;
+  if (group != 1 && group != 2 && group != 4 && group != 8)
+    return "GQA group is not 1, 2, 4 or 8";
+  if (sh.batch < 0 || sh.blocks < 0 || sh.ctx_len < 0 || sh.kv_heads > 65535 || sh.batch > 65535)
+    return "shape out of range";
+  return nullptr;
+}
+
+cudaError_t dflash_attention_forward(const dflash_attention_fwd_args& a, cudaStream_t stream) {
+  if (dflash_attention_unsupported(a.shape) != nullptr || !in_ok(a.q) || !in_ok(a.k_ctx)
+      || !in_ok(a.v_ctx) || !in_ok(a.k_blk) || !in_ok(a.v_blk) || !out_ok(a.out))
+    return cudaErrorInvalidValue;
+  return dispatch<run_forward>(a, stream);
+}
+
+cudaError_t dflash_attention_backward(const dflash_attention_bwd_args& a, cudaStream_t stream) {
+  if (dflash_attention_unsupported(a.shape) != nullptr || !in_ok(a.q) || !in_ok(a.k_ctx)
+      || !in_ok(a.v_ctx) || !in_ok(a.k_blk) || !in_ok(a.v_blk) || !in_ok(a.out) || !in_ok(a.dout)
+      || !out_ok(a.dq) || !out_ok(a.dk_ctx) || !out_ok(a.dv_ctx) || !out_ok(a.dk_blk)
+      || !out_ok(a.dv_blk) || !aligned16(a.lse) || !aligned16(a.delta))
+    return cudaErrorInvalidValue;
+  return dispatch<run_backward>(a, stream);
+}
+
+} // namespace tandem::gpu::kernels

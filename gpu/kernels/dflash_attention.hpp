@@ -1,0 +1,105 @@
+#pragma once
+/// The DFlash drafter's KV-injection attention (DFLASH.md "Training step" 3)
+/// as CUDA kernels that touch only the visible keys, forward and backward.
+/// No LibTorch here: raw pointers, element strides and a stream; every
+/// temporary is the caller's (graph-capturable: no allocation, no sync).
+///
+/// Layout, per row b: S context keys, then Q = N·16 block keys; query row
+/// j·16 + r (block j) sees context key c iff keep[b, j] and
+/// ctx_lo[b, j] <= c < ctx_hi[b, j], and block key i iff keep[b, j] and
+/// i / 16 == j.  A block with keep = false sees nothing: its output rows are
+/// 0, its log-sum-exp −inf, and it sends no gradient anywhere.
+///
+/// Design (FA2-style, mma.sync m16n8k16 + ldmatrix, fp32 accumulation):
+/// - forward: a CTA of 4 warps takes 16-row query tiles that share a kv
+///   head (warp = one (block, q head); at G = 4 one block's 4 heads); own
+///   block first, then the union of the CTA's context ranges in 64-key
+///   tiles double-buffered in shared memory (cp.async), online softmax;
+///   writes O (bf16/fp16) and the fp32 LSE.
+/// - backward: delta = rowsum(dO∘O) in a small kernel, then one launch of
+///   two roles (8 warps a CTA): key-major CTAs first (128 context keys,
+///   warp = 16 keys with K/V and dK/dV in registers; they walk the blocks
+///   whose range meets their keys, in order, all heads of the group per
+///   pipeline stage), then query-major CTAs (dQ over every visible key, and
+///   the own block's dK/dV summed over the group in a fixed order), which
+///   fill the machine behind the long key-major ones.  No atomics: results
+///   are bit-for-bit deterministic.
+/// Anchors need not be sorted for correctness; sorted anchors make each
+/// key tile's list of blocks a contiguous run and the CTAs' unions tight.
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace tandem::gpu::kernels {
+
+enum class attn_dtype { bf16, fp16 };
+
+/// A [B, heads, T, d] input: element strides; d contiguous, 16-byte aligned
+/// rows (strides multiples of 8, data 16-byte aligned).
+struct attn_in {
+  const void* data = nullptr;
+  int64_t batch = 0, head = 0, token = 0;
+};
+
+/// A [B, heads, T, d] output (even strides, d contiguous).
+struct attn_out {
+  void* data = nullptr;
+  int64_t batch = 0, head = 0, token = 0;
+};
+
+struct dflash_attention_shape {
+  int batch = 0;       ///< B
+  int heads = 0;       ///< H query heads
+  int kv_heads = 0;    ///< Hkv (H % Hkv == 0)
+  int ctx_len = 0;     ///< S
+  int blocks = 0;      ///< N
+  int block_size = 0;  ///< Bs: the kernels take 16
+  int head_dim = 0;    ///< d: 32, 64 or 128
+  float scale = 0;     ///< softmax scale (d^-0.5)
+  attn_dtype dtype = attn_dtype::bf16;
+};
+
+/// Per-block visibility, [B, N] contiguous each.
+struct dflash_ranges {
+  const int32_t* ctx_lo = nullptr;  ///< first visible context key
+  const int32_t* ctx_hi = nullptr;  ///< one past the last (the anchor)
+  const uint8_t* keep = nullptr;    ///< 0: the block sees nothing
+};
+
+struct dflash_attention_fwd_args {
+  dflash_attention_shape shape;
+  attn_in q;                 ///< [B, H, Q, d]
+  attn_in k_ctx, v_ctx;      ///< [B, Hkv, S, d]
+  attn_in k_blk, v_blk;      ///< [B, Hkv, Q, d]
+  dflash_ranges ranges;
+  attn_out out;              ///< [B, H, Q, d]
+  float* lse = nullptr;      ///< [B, H, Q] contiguous, natural log
+  int variant = 0;           ///< 0: the tuned default; bits pick benchmark variants (.cu)
+};
+
+struct dflash_attention_bwd_args {
+  dflash_attention_shape shape;
+  attn_in q, k_ctx, v_ctx, k_blk, v_blk;  ///< as in the forward
+  attn_in out, dout;                      ///< [B, H, Q, d]
+  const float* lse = nullptr;             ///< [B, H, Q] from the forward
+  dflash_ranges ranges;
+  float* delta = nullptr;                 ///< [B, H, Q] workspace: rowsum(dO∘O)
+  attn_out dq;                            ///< [B, H, Q, d]
+  attn_out dk_ctx, dv_ctx;                ///< [B, Hkv, S, d]
+  attn_out dk_blk, dv_blk;                ///< [B, Hkv, Q, d]
+  int variant = 0;                        ///< as in the forward
+};
+
+/// nullptr when the kernels take `shape`; otherwise why not (for a
+/// "falls back to dense SDPA" message).
+const char* dflash_attention_unsupported(const dflash_attention_shape& shape);
+
+/// Writes out and lse.  cudaErrorInvalidValue for an unsupported shape or a
+/// misaligned operand; otherwise the launch's error.
+cudaError_t dflash_attention_forward(const dflash_attention_fwd_args& args, cudaStream_t stream);
+
+/// Writes delta, dq, dk_ctx, dv_ctx, dk_blk, dv_blk (every element).
+cudaError_t dflash_attention_backward(const dflash_attention_bwd_args& args, cudaStream_t stream);
+
+} // namespace tandem::gpu::kernels

@@ -1,0 +1,382 @@
+#include "gpu/models/dflash_attention.hpp"
+
+#include "gpu/error.hpp"
+#include "gpu/models/common.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "gpu/kernels/dflash_attention.hpp"
+#endif
+
+namespace tandem::gpu {
+
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok)
+    throw error(errc::bad_input, "dflash_attention: " + what);
+}
+
+/// Sizes of one call, checked for consistency.
+struct attn_dims {
+  int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, ctx_len = 0, head_dim = 0, blocks = 0,
+          block_size = 0;
+};
+
+std::string sizes_text(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i)
+    s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+attn_dims check_dims(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                     const at::Tensor& k_blk, const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                     const at::Tensor& ctx_hi, const at::Tensor& keep) {
+  require(q.dim() == 4 && k_ctx.dim() == 4 && v_ctx.dim() == 4 && k_blk.dim() == 4
+            && v_blk.dim() == 4,
+          "q, k and v must be 4-d [B, heads, T, d]");
+  attn_dims m;
+  m.batch = q.size(0);
+  m.heads = q.size(1);
+  m.q_len = q.size(2);
+  m.head_dim = q.size(3);
+  m.kv_heads = k_ctx.size(1);
+  m.ctx_len = k_ctx.size(2);
+  m.blocks = ctx_lo.dim() == 2 ? ctx_lo.size(1) : -1;
+  require(ctx_lo.dim() == 2 && ctx_lo.sizes() == ctx_hi.sizes() && ctx_lo.sizes() == keep.sizes()
+            && ctx_lo.size(0) == m.batch,
+          "ctx_lo, ctx_hi and keep must be [B, N]; got " + sizes_text(ctx_lo) + ", "
+            + sizes_text(ctx_hi) + ", " + sizes_text(keep));
+  require(m.blocks > 0 && m.q_len % m.blocks == 0,
+          "Q = " + std::to_string(m.q_len) + " is not a multiple of N = " + std::to_string(m.blocks));
+  m.block_size = m.q_len / m.blocks;
+  require(m.kv_heads > 0 && m.heads % m.kv_heads == 0, "heads " + std::to_string(m.heads)
+                                                          + " not a multiple of kv heads "
+                                                          + std::to_string(m.kv_heads));
+  const std::vector<int64_t> ctx{m.batch, m.kv_heads, m.ctx_len, m.head_dim};
+  const std::vector<int64_t> blk{m.batch, m.kv_heads, m.q_len, m.head_dim};
+  require(v_ctx.sizes() == at::IntArrayRef(ctx) && k_blk.sizes() == at::IntArrayRef(blk)
+            && v_blk.sizes() == at::IntArrayRef(blk),
+          "shapes q " + sizes_text(q) + ", k_ctx " + sizes_text(k_ctx) + ", v_ctx "
+            + sizes_text(v_ctx) + ", k_blk " + sizes_text(k_blk) + ", v_blk " + sizes_text(v_blk)
+            + " do not agree");
+  return m;
+}
+
+/// The mask over [context | blocks] keys, [B, 1, Q, S + Q].  With
+/// `padding_sees_own_block`, rows of keep = false blocks see their own
+/// block (SDPA then never meets an all-masked row; the rows are zeroed after).
+at::Tensor layout_mask(const at::Tensor& ctx_lo, const at::Tensor& ctx_hi, const at::Tensor& keep,
+                       int64_t ctx_len, int64_t block_size, bool padding_sees_own_block) {
+  const auto b = ctx_lo.size(0), n = ctx_lo.size(1), q_len = n * block_size;
+  auto lopts = ctx_lo.options().dtype(at::kLong);
+  auto kept = keep.to(at::kBool).unsqueeze(2);                                      // [B, N, 1]
+  auto kv = at::arange(ctx_len, lopts).view({1, 1, ctx_len});
+  auto ctx = (kv >= ctx_lo.to(at::kLong).unsqueeze(2)) & (kv < ctx_hi.to(at::kLong).unsqueeze(2))
+             & kept;                                                                // [B, N, S]
+  ctx = ctx.unsqueeze(2).expand({b, n, block_size, ctx_len}).reshape({b, q_len, ctx_len});
+  auto block_id = at::arange(q_len, lopts).floor_divide(block_size);
+  auto blk = (block_id.unsqueeze(1) == block_id.unsqueeze(0)).unsqueeze(0).expand({b, q_len, q_len});
+  if (!padding_sees_own_block)
+    blk = blk & kept.expand({b, n, block_size}).reshape({b, q_len, 1});
+  return at::cat({ctx, blk}, 2).unsqueeze(1);
+}
+
+#ifdef TANDEM_HAVE_CUDA
+
+/// Element strides for the kernels; a size-1 dimension's stride is never
+/// used, so it is passed as 0 (views leave arbitrary values there).
+std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
+  std::array<int64_t, 3> s{};
+  for (int i = 0; i < 3; ++i)
+    s[i] = t.size(i) == 1 ? 0 : t.stride(i);
+  return s;
+}
+
+/// `t`, or a contiguous copy when its layout does not suit the kernels
+/// (d contiguous, 16-byte aligned rows).
+at::Tensor kernel_ready(const at::Tensor& t) {
+  const auto s = kernel_strides(t);
+  const bool ok = t.numel() == 0
+                  || (t.stride(3) == 1 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0
+                      && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+  return ok ? t : t.contiguous();
+}
+
+kernels::attn_in in_view(const at::Tensor& t) {
+  const auto s = kernel_strides(t);
+  return {t.data_ptr(), s[0], s[1], s[2]};
+}
+
+kernels::attn_out out_view(const at::Tensor& t) {
+  const auto s = kernel_strides(t);
+  return {t.data_ptr(), s[0], s[1], s[2]};
+}
+
+/// [B, T, heads, d] memory seen as [B, heads, T, d]: the layout whose
+/// transpose(1, 2) the drafter's o_proj reads without a copy.
+at::Tensor empty_bthd(int64_t b, int64_t heads, int64_t t, int64_t d, const at::TensorOptions& o) {
+  return at::empty({b, t, heads, d}, o).transpose(1, 2);
+}
+
+kernels::dflash_attention_shape kernel_shape(const attn_dims& m, double scale,
+                                             at::ScalarType dtype) {
+  kernels::dflash_attention_shape sh;
+  sh.batch = static_cast<int>(m.batch);
+  sh.heads = static_cast<int>(m.heads);
+  sh.kv_heads = static_cast<int>(m.kv_heads);
+  sh.ctx_len = static_cast<int>(m.ctx_len);
+  sh.blocks = static_cast<int>(m.blocks);
+  sh.block_size = static_cast<int>(m.block_size);
+  sh.head_dim = static_cast<int>(m.head_dim);
+  sh.scale = static_cast<float>(scale);
+  sh.dtype = dtype == at::kHalf ? kernels::attn_dtype::fp16 : kernels::attn_dtype::bf16;
+  return sh;
+}
+
+/// Ranges as the kernels read them: int32 and bytes, contiguous.
+struct kernel_ranges {
+  at::Tensor lo, hi, keep;
+  kernels::dflash_ranges view() const {
+    return {lo.data_ptr<int32_t>(), hi.data_ptr<int32_t>(),
+            reinterpret_cast<const uint8_t*>(keep.data_ptr<bool>())};
+  }
+};
+
+kernel_ranges ranges_for_kernel(const at::Tensor& lo, const at::Tensor& hi, const at::Tensor& keep) {
+  return {lo.to(at::kInt).contiguous(), hi.to(at::kInt).contiguous(),
+          keep.to(at::kBool).contiguous()};
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw error(errc::device_failure,
+                std::string("dflash_attention ") + what + ": " + cudaGetErrorString(e));
+}
+
+#endif
+
+/// Empty when the kernels take operands of this device, dtype and sizes;
+/// otherwise why not.
+std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int64_t block_size) {
+#ifndef TANDEM_HAVE_CUDA
+  (void)o; (void)heads; (void)kv_heads; (void)head_dim; (void)block_size;
+  return "built without CUDA";
+#else
+  if (!o.device().is_cuda())
+    return "not on CUDA";
+  const auto dtype = c10::typeMetaToScalarType(o.dtype());
+  if (dtype != at::kBFloat16 && dtype != at::kHalf)
+    return std::string("dtype ") + c10::toString(dtype);
+  if (heads > 65535 || kv_heads <= 0 || head_dim > 65535 || block_size > 65535)
+    return "sizes";
+  attn_dims m;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.block_size = block_size;
+  if (const char* why = kernels::dflash_attention_unsupported(kernel_shape(m, 1.0, dtype)))
+    return why;
+  return {};
+#endif
+}
+
+/// The same for actual operands (sizes beyond int32, mixed dtypes).
+std::string kernel_unsupported(const at::Tensor& q, const at::Tensor& k_ctx,
+                               const at::Tensor& k_blk, int64_t blocks) {
+  if (q.dim() != 4 || k_ctx.dim() != 4 || blocks <= 0 || q.size(2) % blocks != 0)
+    return "shape";
+  if (k_ctx.scalar_type() != q.scalar_type() || k_blk.scalar_type() != q.scalar_type())
+    return "mixed dtypes";
+  if (k_ctx.size(2) > INT32_MAX || q.size(2) > INT32_MAX || q.size(0) > 65535)
+    return "sizes beyond the kernels' grid";
+  return kernel_unsupported(q.options(), q.size(1), k_ctx.size(1), q.size(3), q.size(2) / blocks);
+}
+
+#ifdef TANDEM_HAVE_CUDA
+
+dflash_attention_result kernel_forward(const attn_dims& m, const at::Tensor& q,
+                                       const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                                       const at::Tensor& k_blk, const at::Tensor& v_blk,
+                                       const kernel_ranges& r, double scale) {
+  c10::cuda::CUDAGuard guard(q.device());
+  dflash_attention_result res;
+  res.out = empty_bthd(m.batch, m.heads, m.q_len, m.head_dim, q.options());
+  res.lse = at::empty({m.batch, m.heads, m.q_len}, q.options().dtype(at::kFloat));
+  kernels::dflash_attention_fwd_args a;
+  a.shape = kernel_shape(m, scale, q.scalar_type());
+  a.q = in_view(q);
+  a.k_ctx = in_view(k_ctx);
+  a.v_ctx = in_view(v_ctx);
+  a.k_blk = in_view(k_blk);
+  a.v_blk = in_view(v_blk);
+  a.ranges = r.view();
+  a.out = out_view(res.out);
+  a.lse = res.lse.data_ptr<float>();
+  check_launch(kernels::dflash_attention_forward(a, at::cuda::getCurrentCUDAStream()), "forward");
+  return res;
+}
+
+dflash_attention_grads kernel_backward(const attn_dims& m, const at::Tensor& q,
+                                       const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                                       const at::Tensor& k_blk, const at::Tensor& v_blk,
+                                       const kernel_ranges& r, double scale, const at::Tensor& out,
+                                       const at::Tensor& lse, const at::Tensor& dout) {
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto o = q.options();
+  dflash_attention_grads g;
+  g.dq = empty_bthd(m.batch, m.heads, m.q_len, m.head_dim, o);
+  g.dk_ctx = empty_bthd(m.batch, m.kv_heads, m.ctx_len, m.head_dim, o);
+  g.dv_ctx = empty_bthd(m.batch, m.kv_heads, m.ctx_len, m.head_dim, o);
+  g.dk_blk = empty_bthd(m.batch, m.kv_heads, m.q_len, m.head_dim, o);
+  g.dv_blk = empty_bthd(m.batch, m.kv_heads, m.q_len, m.head_dim, o);
+  auto delta = at::empty({m.batch, m.heads, m.q_len}, o.dtype(at::kFloat));
+  const auto lse_c = lse.contiguous();
+  kernels::dflash_attention_bwd_args a;
+  a.shape = kernel_shape(m, scale, q.scalar_type());
+  a.q = in_view(q);
+  a.k_ctx = in_view(k_ctx);
+  a.v_ctx = in_view(v_ctx);
+  a.k_blk = in_view(k_blk);
+  a.v_blk = in_view(v_blk);
+  a.out = in_view(out);
+  a.dout = in_view(dout);
+  a.lse = lse_c.data_ptr<float>();
+  a.ranges = r.view();
+  a.delta = delta.data_ptr<float>();
+  a.dq = out_view(g.dq);
+  a.dk_ctx = out_view(g.dk_ctx);
+  a.dv_ctx = out_view(g.dv_ctx);
+  a.dk_blk = out_view(g.dk_blk);
+  a.dv_blk = out_view(g.dv_blk);
+  check_launch(kernels::dflash_attention_backward(a, at::cuda::getCurrentCUDAStream()), "backward");
+  return g;
+}
+
+/// Forward saves the kernel-ready operands, out and lse; backward runs the
+/// two backward kernels (no autograd graph inside either).
+class dflash_attention_fn : public torch::autograd::Function<dflash_attention_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k_ctx,
+                                                const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                                const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                                                const at::Tensor& ctx_hi, const at::Tensor& keep,
+                                                double scale) {
+    const auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+    auto qr = kernel_ready(q), kcr = kernel_ready(k_ctx), vcr = kernel_ready(v_ctx),
+         kbr = kernel_ready(k_blk), vbr = kernel_ready(v_blk);
+    auto r = ranges_for_kernel(ctx_lo, ctx_hi, keep);
+    auto res = kernel_forward(m, qr, kcr, vcr, kbr, vbr, r, scale);
+    ctx->save_for_backward({qr, kcr, vcr, kbr, vbr, r.lo, r.hi, r.keep, res.out, res.lse});
+    ctx->saved_data["scale"] = scale;
+    return {res.out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const kernel_ranges r{s[5], s[6], s[7]};
+    const auto m = check_dims(s[0], s[1], s[2], s[3], s[4], r.lo, r.hi, r.keep);
+    auto g = kernel_backward(m, s[0], s[1], s[2], s[3], s[4], r, scale, s[8], s[9],
+                             kernel_ready(grads[0]));
+    return {g.dq, g.dk_ctx, g.dv_ctx, g.dk_blk, g.dv_blk,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+#endif
+
+} // namespace
+
+at::Tensor dflash_visible_mask(const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+                               const at::Tensor& keep, int64_t ctx_len, int64_t block_size) {
+  return layout_mask(ctx_lo, ctx_hi, keep, ctx_len, block_size, /*padding_sees_own_block=*/false);
+}
+
+at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
+                                  const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                  const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                                  const at::Tensor& ctx_hi, const at::Tensor& keep, double scale) {
+  const auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+  // Padding rows attend to their own block (finite on every SDPA backend),
+  // then are zeroed: no NaN, and their gradient is exactly zero.
+  auto mask = layout_mask(ctx_lo, ctx_hi, keep, m.ctx_len, m.block_size, true);
+  auto k = expand_kv_heads(at::cat({k_ctx, k_blk}, 2), m.heads);
+  auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), m.heads);
+  auto out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+  auto rows = keep.to(at::kBool).repeat_interleave(m.block_size, 1).view({m.batch, 1, m.q_len, 1});
+  return at::where(rows, out, at::zeros({}, out.options()));
+}
+
+std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, int64_t block_size) {
+  const auto why = kernel_unsupported(options, heads, kv_heads, head_dim, block_size);
+  return why.empty() ? "cuda kernel" : "sdpa dense mask (" + why + ")";
+}
+
+at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                            const at::Tensor& k_blk, const at::Tensor& v_blk,
+                            const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+                            const at::Tensor& keep, double scale) {
+  const auto blocks = ctx_lo.dim() == 2 ? ctx_lo.size(1) : 0;
+#ifdef TANDEM_HAVE_CUDA
+  if (kernel_unsupported(q, k_ctx, k_blk, blocks).empty())
+    return dflash_attention_fn::apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep,
+                                      scale)[0];
+#else
+  (void)blocks;
+#endif
+  return dflash_attention_dense(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep, scale);
+}
+
+dflash_attention_result dflash_attention_forward(const at::Tensor& q, const at::Tensor& k_ctx,
+                                                 const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                                 const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                                                 const at::Tensor& ctx_hi, const at::Tensor& keep,
+                                                 double scale) {
+  const auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+  const auto why = kernel_unsupported(q, k_ctx, k_blk, m.blocks);
+  if (!why.empty())
+    throw error(errc::bad_input, "dflash_attention_forward: the kernel does not take these "
+                                 "operands (" + why + ")");
+#ifdef TANDEM_HAVE_CUDA
+  at::NoGradGuard no_grad;
+  return kernel_forward(m, kernel_ready(q), kernel_ready(k_ctx), kernel_ready(v_ctx),
+                        kernel_ready(k_blk), kernel_ready(v_blk),
+                        ranges_for_kernel(ctx_lo, ctx_hi, keep), scale);
+#else
+  (void)scale;
+  return {};
+#endif
+}
+
+dflash_attention_grads dflash_attention_backward(
+  const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx, const at::Tensor& k_blk,
+  const at::Tensor& v_blk, const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+  const at::Tensor& keep, double scale, const at::Tensor& out, const at::Tensor& lse,
+  const at::Tensor& dout) {
+  const auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+  const auto why = kernel_unsupported(q, k_ctx, k_blk, m.blocks);
+  if (!why.empty())
+    throw error(errc::bad_input, "dflash_attention_backward: the kernel does not take these "
+                                 "operands (" + why + ")");
+  require(out.sizes() == q.sizes() && dout.sizes() == q.sizes()
+            && lse.sizes() == at::IntArrayRef({m.batch, m.heads, m.q_len})
+            && lse.scalar_type() == at::kFloat,
+          "out/dout must match q and lse must be float32 [B, H, Q]");
+#ifdef TANDEM_HAVE_CUDA
+  at::NoGradGuard no_grad;
+  return kernel_backward(m, kernel_ready(q), kernel_ready(k_ctx), kernel_ready(v_ctx),
+                         kernel_ready(k_blk), kernel_ready(v_blk),
+                         ranges_for_kernel(ctx_lo, ctx_hi, keep), scale, kernel_ready(out), lse,
+                         kernel_ready(dout));
+#else
+  (void)scale; (void)out; (void)lse; (void)dout;
+  return {};
+#endif
+}
+
+} // namespace tandem::gpu

@@ -1,0 +1,68 @@
+#pragma once
+/// The drafter's KV-injection attention (DFLASH.md "Training step" 3) as one
+/// differentiable op.  On CUDA it runs Tandem's kernels
+/// (gpu/kernels/dflash_attention.cu), which touch only the visible keys;
+/// on the CPU, or for a dtype or shape they do not take, it falls back to
+/// the dense-mask SDPA formulation (correct everywhere, ~7× the work at
+/// Qwen3-8B shapes).  Both paths compute the same function:
+///
+///   query row j·Bs + r (block j) sees context key c < S iff keep[b, j] and
+///   ctx_lo[b, j] <= c < ctx_hi[b, j], and block key S + i iff keep[b, j]
+///   and i lies in block j.  A block with keep = false sees nothing: its
+///   output rows are exactly 0 and it sends no gradient (DFLASH.md pitfall 3).
+
+#include <string>
+
+#include "gpu/pch.hpp"
+
+namespace tandem::gpu {
+
+/// out [B, H, Q, d] from q [B, H, Q, d], k_ctx/v_ctx [B, Hkv, S, d],
+/// k_blk/v_blk [B, Hkv, Q, d] (after RoPE and k_norm; any strides),
+/// ctx_lo/ctx_hi [B, N] integer, keep [B, N] bool, Q = N·Bs.  Differentiable
+/// in q, k_ctx, v_ctx, k_blk, v_blk.  The kernel path returns `out` over
+/// [B, Q, H, d] memory, so `out.transpose(1, 2).reshape({B, Q, H·d})` is a
+/// view.  Throws gpu::error(bad_input) for inconsistent shapes.
+at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
+                            const at::Tensor& k_blk, const at::Tensor& v_blk,
+                            const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+                            const at::Tensor& keep, double scale);
+
+/// Which path dflash_attention takes for operands of this device and dtype
+/// and these sizes: "cuda kernel", or "sdpa dense mask (<why not>)".
+std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, int64_t block_size);
+
+/// The fallback: SDPA over the dense mask, differentiable through autograd.
+at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
+                                  const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                  const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                                  const at::Tensor& ctx_hi, const at::Tensor& keep, double scale);
+
+/// The mask both paths implement, [B, 1, N·Bs, S + N·Bs] bool (true =
+/// visible; a padding block's rows are all false).
+at::Tensor dflash_visible_mask(const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+                               const at::Tensor& keep, int64_t ctx_len, int64_t block_size);
+
+/// The kernels themselves, for tests and benchmarks (CUDA only; throw
+/// gpu::error when dflash_attention_path is not "cuda kernel").
+struct dflash_attention_result {
+  at::Tensor out;  ///< [B, H, Q, d] over [B, Q, H, d] memory
+  at::Tensor lse;  ///< [B, H, Q] float32, natural log; −inf on padding rows
+};
+dflash_attention_result dflash_attention_forward(const at::Tensor& q, const at::Tensor& k_ctx,
+                                                 const at::Tensor& v_ctx, const at::Tensor& k_blk,
+                                                 const at::Tensor& v_blk, const at::Tensor& ctx_lo,
+                                                 const at::Tensor& ctx_hi, const at::Tensor& keep,
+                                                 double scale);
+
+struct dflash_attention_grads {
+  at::Tensor dq, dk_ctx, dv_ctx, dk_blk, dv_blk;  ///< shapes of q, k_ctx, v_ctx, k_blk, v_blk
+};
+dflash_attention_grads dflash_attention_backward(
+  const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx, const at::Tensor& k_blk,
+  const at::Tensor& v_blk, const at::Tensor& ctx_lo, const at::Tensor& ctx_hi,
+  const at::Tensor& keep, double scale, const at::Tensor& out, const at::Tensor& lse,
+  const at::Tensor& dout);
+
+} // namespace tandem::gpu
