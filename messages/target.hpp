@@ -8,8 +8,9 @@
 ///     | -- (release, handle) ----> |  a drafter is done with the features
 ///     | -- (shutdown) -----------> |  quits
 ///
-/// Asynchronous; a failed forward is reported to the coordinator as an
-/// error message naming the batch (the target keeps running).
+/// Asynchronous.  A failed forward ends the target with a caf::error naming
+/// the batch; `tandem run` monitors the targets and stops the run with that
+/// reason (only drafters are restarted).
 
 #include <cstdint>
 

@@ -11,6 +11,7 @@
 #include "gpu/engine/adamw.hpp"
 #include "gpu/engine/checkpoint_io.hpp"
 #include "gpu/engine/engine_common.hpp"
+#include "gpu/engine/graph.hpp"
 #include "gpu/error.hpp"
 #include "gpu/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
@@ -87,6 +88,7 @@ struct drafter_engine::impl {
   drafter_info info;
   int64_t applied = 0;               ///< host mirror of the optimizer's update count
   bool nan_armed = false, throw_armed = false;
+  at::Tensor poison;                 ///< [] float32 on the device: 1, NaN for an injected nan fault
 
   bool mixed() const { return dtype != at::kFloat; }
 
@@ -100,6 +102,7 @@ struct drafter_engine::impl {
     init_weights();
     optimizer = std::make_unique<adamw>(masters, optimizer_options());
     gen = detail::private_generator(device, detail::mix_seed(o.seed, 1));
+    poison = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
     fill_info();
   }
 
@@ -221,9 +224,109 @@ struct drafter_engine::impl {
       params[i].copy_(masters[i]);
   }
 
+  /// Whether steps run as a captured graph (CUDA and capture_graphs).
+  bool graphed() const {
+#ifdef TANDEM_HAVE_CUDA
+    return device.is_cuda() && opts.capture_graphs;
+#else
+    return false;
+#endif
+  }
+
+  /// The whole training step on device tensors, without a host
+  /// synchronisation (so it can be captured): zero grads, anchors, block
+  /// layout, objective, backward, clip, AdamW, model refresh.  Returns
+  /// [loss, accuracy, grad_norm, lr, scored, skipped, step] as float32 on
+  /// the device.
+  ///
+  /// `fail_after_backward` (an injected throw fault; eager only) throws
+  /// between backward and the update, so the update never runs.
+  at::Tensor step_body(const at::Tensor& tokens, const at::Tensor& loss_mask,
+                       const at::Tensor& doc_lengths, const at::Tensor& taps,
+                       bool fail_after_backward = false) {
+    const auto s = tokens.size(1);
+    for (auto& p : params)
+      p.mutable_grad().zero_();
+    auto docs = make_doc_layout(doc_lengths, s);
+    auto anchors = sample_anchors(loss_mask, docs, opts.anchors, opts.block_size, gen);
+    auto blocks = make_block_batch(tokens, loss_mask, docs, taps.to(dtype), anchors, embed,
+                                   opts.block_size, opts.mask_token_id, objective.gamma);
+    auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
+    auto loss = out.loss * poison;  // poison: 1, or NaN when a nan fault is armed
+    loss.backward();
+    if (fail_after_backward)
+      throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
+    if (mixed()) {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i)
+        fp32_grads[i].copy_(params[i].grad());
+    } else {
+      for (size_t i = 0; i < params.size(); ++i)
+        fp32_grads[i] = params[i].grad();  // the same buffers; autograd accumulates in place
+    }
+    auto st = optimizer->step(fp32_grads, loss);
+    refresh_model();
+    at::NoGradGuard no_grad;
+    return at::stack({loss.detach().to(at::kFloat), out.accuracy.to(at::kFloat),
+                      st.grad_norm.to(at::kFloat), st.lr.to(at::kFloat), out.scored.to(at::kFloat),
+                      st.skipped.to(at::kFloat), optimizer->step_count().to(at::kFloat)});
+  }
+
+#ifdef TANDEM_HAVE_CUDA
+  /// The captured step and its static inputs and output (graphed() only).
+  struct step_graph {
+    std::unique_ptr<captured_step> graph;
+    at::Tensor tokens, loss_mask, doc_lengths, taps, out;
+    bool warmed = false;  ///< one eager step has run on the graph's stream
+  } sg;
+
+  c10::cuda::CUDAStream graph_stream() {
+    if (!sg.graph)
+      sg.graph = std::make_unique<captured_step>(device);
+    return sg.graph->stream();
+  }
+
+  /// Replays the captured step on `batch` and `taps` (capturing it first,
+  /// or again when the shapes changed); the first call runs eagerly instead,
+  /// as the warm-up the capture needs.  Returns the step's metrics tensor.
+  at::Tensor graphed_step(const std::vector<at::Tensor>& batch, const at::Tensor& taps) {
+    if (!sg.warmed) {
+      sg.warmed = true;
+      return step_body(batch[0], batch[1], batch[2], taps);
+    }
+    auto same = [](const at::Tensor& a, const at::Tensor& b) {
+      return a.defined() && a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type();
+    };
+    if (!sg.graph->captured() || !same(sg.tokens, batch[0]) || !same(sg.loss_mask, batch[1])
+        || !same(sg.doc_lengths, batch[2]) || !same(sg.taps, taps)) {
+      sg.graph->reset();
+      sg.tokens = batch[0].clone();
+      sg.loss_mask = batch[1].clone();
+      sg.doc_lengths = batch[2].clone();
+      sg.taps = taps.clone();
+      sg.graph->capture([this] { sg.out = step_body(sg.tokens, sg.loss_mask, sg.doc_lengths, sg.taps); },
+                       {gen});
+    } else {
+      sg.tokens.copy_(batch[0], /*non_blocking=*/true);
+      sg.loss_mask.copy_(batch[1], true);
+      sg.doc_lengths.copy_(batch[2], true);
+      sg.taps.copy_(taps, true);
+    }
+    sg.graph->replay();
+    return sg.out;
+  }
+#endif
+
   step_result train_step(transport::handle batch_h, transport::handle features_h) {
     const auto t0 = std::chrono::steady_clock::now();
     detail::device_scope scope(device);
+#ifdef TANDEM_HAVE_CUDA
+    // Graphed: everything of the step, the payloads' waits included, runs
+    // on the graph's side stream.
+    std::optional<c10::cuda::CUDAStreamGuard> on_graph_stream;
+    if (graphed())
+      on_graph_stream.emplace(graph_stream());
+#endif
     auto batch = transport::acquire(batch_h, device);
     detail::check_batch_payload(batch, batch_h, who);
     auto features = transport::acquire(features_h, device);
@@ -244,35 +347,21 @@ struct drafter_engine::impl {
 
     at::Tensor readback;
     try {
-      for (auto& p : params)
-        p.mutable_grad().zero_();
-      auto docs = make_doc_layout(batch[2], s);
-      auto anchors = sample_anchors(batch[1], docs, opts.anchors, opts.block_size, gen);
-      auto blocks = make_block_batch(batch[0], batch[1], docs, taps.to(dtype), anchors, embed,
-                                     opts.block_size, opts.mask_token_id, objective.gamma);
-      auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
-      auto loss = out.loss;
       if (inject_nan)
-        loss = loss * std::numeric_limits<float>::quiet_NaN();
-      loss.backward();
-      if (inject_throw)
-        throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
-      if (mixed()) {
-        at::NoGradGuard no_grad;
-        for (size_t i = 0; i < params.size(); ++i)
-          fp32_grads[i].copy_(params[i].grad());
-      } else {
-        for (size_t i = 0; i < params.size(); ++i)
-          fp32_grads[i] = params[i].grad();  // the same buffers; autograd accumulates in place
-      }
-      auto st = optimizer->step(fp32_grads, loss);
-      refresh_model();
-      // One read-back for every reported value (the only host sync).
-      readback = at::stack({loss.detach().to(at::kFloat), out.accuracy.to(at::kFloat),
-                            st.grad_norm.to(at::kFloat), st.lr.to(at::kFloat),
-                            out.scored.to(at::kFloat), st.skipped,
-                            optimizer->step_count().to(at::kFloat)})
-                   .to(at::kCPU, at::kDouble);
+        poison.fill_(std::numeric_limits<float>::quiet_NaN());
+      at::Tensor metrics;
+#ifdef TANDEM_HAVE_CUDA
+      if (graphed() && !inject_throw)
+        metrics = graphed_step(batch, taps);
+      else
+#endif
+        // An injected throw runs the step eagerly (also when graphed) so that
+        // it fails where a real fault would: after backward, before the update.
+        metrics = step_body(batch[0], batch[1], batch[2], taps, inject_throw);
+      // One read-back for every reported value: the only host sync, after the step.
+      readback = metrics.to(at::kCPU, at::kDouble);
+      if (inject_nan)
+        poison.fill_(1.0);
     } catch (const c10::Error& e) {
       throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
     }
@@ -306,6 +395,10 @@ struct drafter_engine::impl {
 
   transport::handle snapshot() const {
     detail::device_scope scope(device);
+#ifdef TANDEM_HAVE_CUDA
+    if (sg.graph)
+      sg.graph->stream().synchronize();
+#endif
     at::NoGradGuard no_grad;
     auto cpu = [](const at::Tensor& t) {
       return t.detach().to(at::TensorOptions().device(at::kCPU).dtype(at::kFloat),
@@ -363,6 +456,10 @@ struct drafter_engine::impl {
     optimizer->load_state(ck.exp_avg, ck.exp_avg_sq, ck.step);
     refresh_model();
     gen = next_gen;
+#ifdef TANDEM_HAVE_CUDA
+    if (sg.graph)
+      sg.graph->reset();  // it registered the generator just replaced: capture again
+#endif
     applied = ck.step;
   }
 };

@@ -40,6 +40,8 @@ struct drafter_engine_options {
   double beta2 = 0.95;
   double eps = 1e-8;
   int64_t total_steps = 0;           ///< cosine to 0 after warmup; ≤ 0: constant lr
+  bool capture_graphs = true;        ///< CUDA: the whole step as one captured graph (the
+                                     ///< first step runs eagerly as its warm-up); ignored on the CPU
 };
 
 struct drafter_info {

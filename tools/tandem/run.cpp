@@ -187,6 +187,7 @@ int run_training(const run_options& ro) {
     o.beta2 = cfg.train.beta2;
     o.eps = cfg.train.eps;
     o.total_steps = total_steps;
+    o.capture_graphs = cfg.runtime.capture_graphs;
     drafter_opts->push_back(o);
     peers.drafters.push_back(spawn_drafter(sys, d.index, o, restore_from, coordinator, faults));
   }
@@ -205,11 +206,14 @@ int run_training(const run_options& ro) {
     auto watch = [me](const auto& h) { me->monitor(h); };
     for (auto& t : p.targets) watch(t);
     for (auto& x : p.prefetch) watch(x);
-    me->set_down_handler([me, reply_to](caf::down_msg& m) {
+    watch(coordinator);  // no broken-promise error in CAF 0.17: a dead coordinator never answers
+    const auto coordinator_addr = caf::actor_cast<caf::actor_addr>(coordinator);
+    me->set_down_handler([me, reply_to, coordinator_addr](caf::down_msg& m) {
+      const bool coord = m.source == coordinator_addr;
       me->send(reply_to, make_error(errc::device_failure,
-                                    "actor " + caf::to_string(m.source) + " ended: "
-                                      + me->system().render(m.reason)
-                                      + " (only drafters are restarted)"));
+                                    (coord ? "the coordinator" : "actor " + caf::to_string(m.source))
+                                      + " ended: " + me->system().render(m.reason)
+                                      + (coord ? "" : " (only drafters are restarted)")));
       me->quit();
     });
     me->request(coordinator, caf::infinite, run_atom::value, std::move(p))

@@ -1,0 +1,113 @@
+#include "gpu/engine/graph.hpp"
+
+#include <atomic>
+#include <mutex>
+
+#include "gpu/error.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#endif
+
+namespace tandem::gpu {
+
+namespace {
+
+std::atomic<int64_t> capture_count{0};
+std::atomic<int64_t> in_capture{0};
+std::atomic<int64_t> max_in_capture{0};
+
+/// Counts a capture in progress (measured, so a test can show the lock holds).
+struct capture_in_progress {
+  capture_in_progress() {
+    const auto now = ++in_capture;
+    auto seen = max_in_capture.load();
+    while (now > seen && !max_in_capture.compare_exchange_weak(seen, now)) {
+    }
+  }
+  ~capture_in_progress() { --in_capture; }
+};
+
+} // namespace
+
+int64_t captures_in_process() {
+  return capture_count.load();
+}
+
+int64_t max_concurrent_captures() {
+  return max_in_capture.load();
+}
+
+#ifdef TANDEM_HAVE_CUDA
+
+namespace {
+
+/// The one lock every capture in the process holds (see graph.hpp).
+std::mutex& capture_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+} // namespace
+
+captured_step::captured_step(const at::Device& device)
+  : device_(device), stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
+  if (!device.is_cuda())
+    throw error(errc::bad_input, "captured_step: " + device.str() + " is not a CUDA device");
+}
+
+captured_step::~captured_step() {
+  reset();
+}
+
+void captured_step::capture(const std::function<void()>& body,
+                            const std::vector<at::Generator>& generators) {
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamGuard stream_guard(stream_);
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  capture_in_progress counted;
+  // Work queued before the capture must not be captured or overlap it.
+  stream_.synchronize();
+  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  try {
+    for (const auto& g : generators)
+      graph->register_generator_state(g);
+    graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      body();
+    } catch (...) {
+      // End the capture so the stream is usable again; the partial graph is dropped.
+      try {
+        graph->capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graph->capture_end();
+  } catch (const c10::Error& e) {
+    throw error(errc::device_failure, "graph capture on " + device_.str() + " failed: "
+                                        + e.what_without_backtrace());
+  }
+  graph_ = std::move(graph);
+  ++capture_count;
+}
+
+void captured_step::replay() {
+  if (!graph_)
+    throw error(errc::bad_input, "captured_step: replay before capture");
+  c10::cuda::CUDAGuard device_guard(device_);
+  c10::cuda::CUDAStreamGuard stream_guard(stream_);
+  graph_->replay();
+}
+
+void captured_step::reset() {
+  if (!graph_)
+    return;
+  c10::cuda::CUDAGuard device_guard(device_);
+  stream_.synchronize();
+  graph_.reset();
+}
+
+#endif
+
+} // namespace tandem::gpu

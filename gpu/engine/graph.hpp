@@ -1,0 +1,76 @@
+#pragma once
+/// Captured steps (DESIGN.md §1, §4): one CUDA graph per engine and shape
+/// bucket, owned by the engine on its actor's thread.
+///
+/// Capture is serialised process-wide by design: LibTorch 2.11 crashed when
+/// several threads captured their first graphs at once ("The graph should be
+/// registered to the state", the CUDA generator registration race), so every
+/// capture in this process, of any engine, holds one capture lock from
+/// capture_begin to instantiate.  Replays are not serialised.
+///
+/// Per graph: its own side stream (warm-up, capture and replay all run on
+/// it), cudaStreamCaptureModeThreadLocal (other threads' CUDA calls are not
+/// disturbed by this capture), a private memory pool, and the generators the
+/// body draws from registered, so each replay advances them as the eager
+/// step would.  The body must touch only tensors whose addresses stay fixed
+/// (static inputs filled before each replay, parameters, optimizer state).
+/// gpu/ only (torch).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "gpu/pch.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+namespace at::cuda {
+struct CUDAGraph;
+}
+#endif
+
+namespace tandem::gpu {
+
+/// Captures completed in this process so far (every engine).
+int64_t captures_in_process();
+
+/// The most captures that were ever in progress at the same moment in this
+/// process: 1 once anything was captured (the capture lock), 0 before.
+int64_t max_concurrent_captures();
+
+#ifdef TANDEM_HAVE_CUDA
+
+class captured_step {
+public:
+  /// A graph-to-be on `device` (CUDA) with a fresh side stream from the pool.
+  explicit captured_step(const at::Device& device);
+  ~captured_step();
+  captured_step(const captured_step&) = delete;
+  captured_step& operator=(const captured_step&) = delete;
+
+  /// The stream warm-up, capture and replay run on.
+  c10::cuda::CUDAStream stream() const { return stream_; }
+
+  bool captured() const { return graph_ != nullptr; }
+
+  /// Records `body` into the graph, holding the process capture lock.  The
+  /// body runs on stream() (made current here); nothing executes until
+  /// replay().  Throws gpu::error(device_failure) with LibTorch's message
+  /// when capture fails (the graph is left uncaptured).
+  void capture(const std::function<void()>& body, const std::vector<at::Generator>& generators);
+
+  /// Launches the graph on stream(); asynchronous.
+  void replay();
+
+  /// Drops the graph and its memory pool (a restarted engine captures anew).
+  void reset();
+
+private:
+  at::Device device_;
+  c10::cuda::CUDAStream stream_;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+};
+
+#endif
+
+} // namespace tandem::gpu
