@@ -3,16 +3,27 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "gpu/data/bench.hpp"
 #include "gpu/dflash_objective.hpp"
+#include "gpu/engine/drafter_engine.hpp"
 #include "gpu/error.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
+#include "gpu/safetensors.hpp"
+#include "gpu/transport_tensors.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -149,6 +160,76 @@ double attention_flops(const qwen3_config& c, double pairs) {
   return 4 * pairs * c.num_attention_heads * c.head_dim;
 }
 
+/// Useful FLOPs of one drafter step (docs/bench.md): forward = layers ·
+/// (linear + attention over visible pairs) + fc + lm-head; backward = 2 ×
+/// layers + fc's weight gradient + lm-head's input gradient (no weight
+/// gradient: it is frozen).  `anchor_sum` = Σ_j anchor_j over the batch.
+double drafter_step_flops(const qwen3_config& layer, int64_t draft_layers, int64_t n_taps,
+                          double batch, double seq, double anchors, double block,
+                          double anchor_sum) {
+  const double d = layer.hidden_size;
+  const double q = anchors * block;
+  const double pairs = anchor_sum * block + batch * q * block;
+  const double one = layer_linear_flops(layer, batch * q, batch * seq) + attention_flops(layer, pairs);
+  const double fc = 2.0 * batch * seq * n_taps * d * d;
+  const double head_f = 2.0 * batch * q * d * layer.vocab_size;
+  return 3 * draft_layers * one + 2 * fc + 2 * head_f;
+}
+
+/// Marks phase boundaries inside runs: CUDA events on the current stream on
+/// a GPU (read after the runs, so marking adds no host synchronisation), a
+/// steady clock on the CPU.
+class phase_clock {
+public:
+  explicit phase_clock(const at::Device& dev) : dev_(dev) {}
+
+  /// Starts a new run's marks.
+  void begin() {
+#ifdef TANDEM_HAVE_CUDA
+    events_.emplace_back();
+#endif
+    times_.emplace_back();
+    mark();
+  }
+
+  void mark() {
+#ifdef TANDEM_HAVE_CUDA
+    if (dev_.is_cuda()) {
+      events_.back().push_back(std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault));
+      events_.back().back()->record(c10::cuda::getCurrentCUDAStream(dev_.index()));
+      return;
+    }
+#endif
+    times_.back().push_back(std::chrono::steady_clock::now());
+  }
+
+  /// Milliseconds between consecutive marks of run `r` (synchronises).
+  std::vector<double> intervals(size_t r) const {
+    std::vector<double> out;
+#ifdef TANDEM_HAVE_CUDA
+    if (dev_.is_cuda()) {
+      const auto& ev = events_.at(r);
+      if (!ev.empty())
+        ev.back()->synchronize();
+      for (size_t i = 1; i < ev.size(); ++i)
+        out.push_back(ev[i - 1]->elapsed_time(*ev[i]));
+      return out;
+    }
+#endif
+    const auto& t = times_.at(r);
+    for (size_t i = 1; i < t.size(); ++i)
+      out.push_back(std::chrono::duration<double, std::milli>(t[i] - t[i - 1]).count());
+    return out;
+  }
+
+private:
+  at::Device dev_;
+#ifdef TANDEM_HAVE_CUDA
+  std::vector<std::vector<std::shared_ptr<at::cuda::CUDAEvent>>> events_;
+#endif
+  std::vector<std::vector<std::chrono::steady_clock::time_point>> times_;
+};
+
 nlohmann::json base_line(const std::string& name, const bench_options& o, const at::Device& dev,
                          const std::string& size) {
   return {{"schema", schema_version}, {"case", name},         {"git_commit", o.git_commit},
@@ -248,26 +329,39 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
   oo.gamma = default_gamma(s.block);
   oo.chunk_rows = 2048;
   at::Tensor anchors_used;
+  // Phases (docs/bench.md): layout, forward, ce, backward, marked inside
+  // every run; the medians are over the timed runs only.
+  static const char* const phase_names[] = {"layout", "forward", "ce", "backward"};
+  phase_clock clock(dev);
   reset_peak(dev);
   auto step = [&] {
     for (auto& [name, p] : dflash_parameters(w))
       p->mutable_grad() = at::Tensor();
+    clock.begin();
     auto a = sample_anchors(loss_mask, docs, s.anchors, s.block, gen);
     auto b = make_block_batch(tokens, loss_mask, docs, hidden, a, embed, s.block, cfg.mask_token_id, oo.gamma);
-    auto out = dflash_objective(w, cfg, b, head, oo);
-    out.loss.backward();
+    clock.mark();
+    // dflash_objective, split at its phases.
+    auto h = dflash_forward(w, cfg, b.inputs);  // [B, Q, D]
+    clock.mark();
+    auto ce = chunked_cross_entropy(h.reshape({-1, d}), head, b.labels.reshape({-1}),
+                                    b.loss_weight.reshape({-1}), b.mask.reshape({-1}), oo.chunk_rows);
+    auto loss = ce.weighted_ce / (b.loss_weight.sum() + 1e-6);
+    clock.mark();
+    loss.backward();
+    clock.mark();
     anchors_used = a.anchors;
   };
   auto t = time_runs(dev, o.warmup, o.iters, step);
-  // Useful FLOPs (docs/bench.md): forward = layers·(linear + attention over
-  // visible pairs) + fc + lm-head; backward = 2 × layers + fc's weight
-  // gradient + lm-head's input gradient (no weight gradient: it is frozen).
+  std::vector<std::vector<double>> phase_ms(4);
+  for (int r = o.warmup; r < o.warmup + o.iters; ++r) {
+    auto iv = clock.intervals(static_cast<size_t>(r));
+    for (size_t i = 0; i < iv.size() && i < phase_ms.size(); ++i)
+      phase_ms[i].push_back(iv[i]);
+  }
+  const double flop = drafter_step_flops(cfg.layer, s.draft_layers, n_taps, batch, s.seq, s.anchors,
+                                         s.block, anchors_used.to(at::kDouble).sum().item<double>());
   const double q = s.anchors * s.block;
-  const double pairs = batch * (anchors_used.to(at::kDouble).sum().item<double>() * s.block + q * s.block);
-  const double layer = layer_linear_flops(cfg.layer, batch * q, batch * s.seq) + attention_flops(cfg.layer, pairs);
-  const double fc = 2.0 * batch * s.seq * n_taps * d * d;
-  const double head_f = 2.0 * batch * q * d * s.target.vocab_size;
-  const double flop = 3 * s.draft_layers * layer + 2 * fc + 2 * head_f;
   auto j = base_line("drafter_step_eager", o, dev, size);
   const auto attention = dflash_attention_path(opts, s.target.num_attention_heads,
                                                s.target.num_key_value_heads, s.target.head_dim,
@@ -277,6 +371,11 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
                  {"attention", attention}, {"optimizer", "none (forward + backward)"},
                  {"dtype", c10::toString(dtype)}};
   finish_line(j, t, flop, batch * q, peak_gib(dev));
+  nlohmann::json phases = nlohmann::json::object();
+  for (size_t i = 0; i < phase_ms.size(); ++i)
+    if (!phase_ms[i].empty())
+      phases[phase_names[i]] = summarise(phase_ms[i]).median;
+  j["phases_ms"] = phases;
   return j;
 }
 
@@ -373,10 +472,257 @@ nlohmann::json bench_dflash_attention(const bench_options& o, const at::Device& 
   return j;
 }
 
+/// Shapes of the drafter_step case: the engine's real step at batch 1.
+bench_shapes drafter_step_shapes(const std::string& size) {
+  auto s = shapes_for(size);
+  s.batch = 1;
+  if (size == "tiny") {  // launch-bound: many small kernels
+    s.target.vocab_size = 4096;
+    s.seq = 512;
+  }
+  return s;
+}
+
+/// A random-weight target folder with only what drafter_engine reads:
+/// config.json, embedding and lm-head (no decoder layer).  Removed on
+/// destruction.
+struct temp_target {
+  std::filesystem::path dir;
+
+  temp_target(const qwen3_config& c, const at::Device& dev, at::ScalarType dtype) {
+    dir = std::filesystem::temp_directory_path()
+          / ("tandem-bench-target-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    nlohmann::json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"},
+                        {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                        {"intermediate_size", c.intermediate_size},
+                        {"num_hidden_layers", c.num_hidden_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"num_key_value_heads", c.num_key_value_heads}, {"head_dim", c.head_dim},
+                        {"rms_norm_eps", c.rms_norm_eps}, {"rope_theta", c.rope_theta},
+                        {"max_position_embeddings", c.max_position_embeddings},
+                        {"hidden_act", "silu"}, {"tie_word_embeddings", false},
+                        {"attention_bias", false}};
+    std::ofstream(dir / "config.json") << j.dump(2);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+#ifdef TANDEM_HAVE_CUDA
+    if (dev.is_cuda())
+      gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+    gen.set_current_seed(4);
+    auto opts = at::TensorOptions().dtype(dtype).device(dev);
+    std::map<std::string, at::Tensor> t;
+    t["model.embed_tokens.weight"] = at::empty({c.vocab_size, c.hidden_size}, opts).normal_(0, 0.02, gen);
+    t["lm_head.weight"] = at::empty({c.vocab_size, c.hidden_size}, opts).normal_(0, 0.02, gen);
+    save_safetensors(dir / "model.safetensors", t);
+  }
+  ~temp_target() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  temp_target(const temp_target&) = delete;
+  temp_target& operator=(const temp_target&) = delete;
+};
+
+/// Runs `argv` (no shell) and returns its exit status and stdout + stderr.
+std::pair<int, std::string> run_capture(const std::vector<std::string>& argv) {
+  std::string cmd;
+  for (const auto& a : argv) {
+    std::string q = "'";
+    for (char ch : a)
+      q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    cmd += q + "' ";
+  }
+  cmd += "2>&1";
+  std::fflush(stdout);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr)
+    return {-1, "cannot start " + argv.at(0)};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// The engine's real training step (drafter_engine::train_step: anchors,
+/// layout, forward, chunked CE, backward, clip, fused AdamW on fp32
+/// masters), eager and graphed, on one published batch and random taps;
+/// then, with --reference, the PyTorch reference.  Emits one line a variant.
+void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
+                               const std::string& size, at::ScalarType dtype,
+                               const std::function<void(const std::string&)>& emit) {
+  const auto s = drafter_step_shapes(size);
+  const int64_t batch = 1;
+  const auto d = s.target.hidden_size;
+  const auto taps = default_tap_ids(s.target.num_hidden_layers, 5);
+  const auto n_taps = static_cast<int64_t>(taps.size());
+  temp_target target(s.target, dev, dtype);
+
+  // Inputs, published as the target and the prefetcher would: one document
+  // a row, loss on every token.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+  gen.set_current_seed(5);
+  auto lopts = at::TensorOptions().dtype(at::kLong).device(dev);
+  transport::payload bp;
+  bp.tensors = {at::randint(s.target.vocab_size, {batch, s.seq}, gen, lopts),
+                at::ones({batch, s.seq}, lopts.dtype(at::kByte)), at::full({batch, 1}, s.seq, lopts)};
+  transport::payload fp;
+  fp.tensors = {at::empty({batch, s.seq, n_taps * d}, at::TensorOptions().dtype(dtype).device(dev))
+                  .normal_(0, 1, gen)};
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())  // published without a ready event: valid on every stream from here on
+    c10::cuda::getCurrentCUDAStream(dev.index()).synchronize();
+#endif
+  const auto batch_h = transport::publish(std::move(bp));
+  const auto features_h = transport::publish(std::move(fp));
+  struct releaser {
+    transport::handle a, b;
+    ~releaser() {
+      transport::release(a);
+      transport::release(b);
+    }
+  } release_inputs{batch_h, features_h};
+
+  // Useful FLOPs as drafter_step_eager counts them, nothing for clip and
+  // AdamW; the engine's anchors are private, so Σ anchor_j is its expected
+  // value N·(S − Bs)/2 (uniform over the candidates 0..S−Bs).
+  const double anchor_sum = batch * s.anchors * (s.seq - s.block) / 2.0;
+  const double flop = drafter_step_flops(s.target, s.draft_layers, n_taps, batch, s.seq,
+                                         s.anchors, s.block, anchor_sum);
+  const double tokens = batch * s.anchors * s.block;
+  const auto attention = dflash_attention_path(at::TensorOptions().dtype(dtype).device(dev),
+                                               s.target.num_attention_heads,
+                                               s.target.num_key_value_heads, s.target.head_dim,
+                                               s.block);
+  const nlohmann::json shapes = {
+    {"batch", batch}, {"seq", s.seq}, {"anchors", s.anchors}, {"block", s.block},
+    {"hidden", d}, {"intermediate", s.target.intermediate_size},
+    {"heads", s.target.num_attention_heads}, {"kv_heads", s.target.num_key_value_heads},
+    {"head_dim", s.target.head_dim}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
+    {"taps", taps}, {"chunk_rows", 2048}, {"attention", attention},
+    {"optimizer", "clip + fused AdamW, fp32 masters"}, {"dtype", c10::toString(dtype)}};
+
+  auto run_mode = [&](bool graphs) {
+    drafter_engine_options eo;
+    eo.target_dir = target.dir;
+    eo.device = dev.is_cuda() ? dev.index() : -1;
+    eo.layers = s.draft_layers;
+    eo.block_size = s.block;
+    eo.mask_token_id = s.target.vocab_size - 1;
+    eo.anchors = s.anchors;
+    eo.chunk_rows = 2048;
+    eo.tap_ids = taps;
+    eo.capture_graphs = graphs;
+    eo.seed = 6;
+    drafter_engine engine(eo);
+    // Graphed: step 1 runs eagerly (the capture's warm-up), step 2 captures.
+    const int warmup = graphs ? std::max(o.warmup, 2) : o.warmup;
+    reset_peak(dev);
+    at::AutoGradMode grad(true);
+    step_result last;
+    for (int i = 0; i < warmup; ++i)
+      last = engine.train_step(batch_h, features_h);
+    std::vector<double> ms;
+    for (int i = 0; i < o.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      last = engine.train_step(batch_h, features_h);  // ends with the metrics' read-back
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    auto t = summarise(ms);
+    auto j = base_line("drafter_step", o, dev, size);
+    j["warmup"] = warmup;
+    j["mode"] = graphs ? "graphed" : "eager";
+    j["captured"] = graphs && dev.is_cuda();  // the engine ignores capture_graphs on the CPU
+    j["shapes"] = shapes;
+    j["parameters"] = engine.info().parameters;
+    finish_line(j, t, flop, tokens, peak_gib(dev));
+    j["last_step"] = {{"loss", last.loss}, {"grad_norm", last.grad_norm}, {"finite", last.finite},
+                      {"step", last.step}};
+    return j;
+  };
+  auto eager = run_mode(false);
+  emit(eager.dump());
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  auto graphed = run_mode(true);
+  graphed["speedup_vs_eager"] = eager["median_ms"].get<double>() / graphed["median_ms"].get<double>();
+  emit(graphed.dump());
+  if (!o.reference)
+    return;
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    c10::cuda::CUDACachingAllocator::emptyCache();  // leave the GPU's memory to the reference
+#endif
+
+  // The PyTorch reference, in its own process (tools/bench/reference_step.py).
+  auto ref_line = [&] {
+    auto j = base_line("drafter_step_reference", o, dev, size);
+    j["shapes"] = shapes;  // the reference's own attention, CE and optimizer are top-level fields
+    j["shapes"].erase("attention");
+    j["shapes"].erase("optimizer");
+    j["shapes"].erase("chunk_rows");
+    return j;
+  };
+  const std::string device_arg = dev.is_cuda() ? "cuda:" + std::to_string(dev.index()) : "cpu";
+  std::vector<std::string> argv{o.python.empty() ? "python3" : o.python, o.reference_script,
+                                "--size", size, "--device", device_arg,
+                                "--warmup", std::to_string(std::max(o.warmup, 2)),
+                                "--iters", std::to_string(o.iters)};
+  if (o.reference_script.empty() || !std::filesystem::exists(o.reference_script)) {
+    auto j = ref_line();
+    j["error"] = "reference script not found: '" + o.reference_script + "'";
+    emit(j.dump());
+    return;
+  }
+  auto [rc, out] = run_capture(argv);
+  int lines = 0;
+  std::string other;  // non-JSON output, for the error line
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || !r.contains("variant")) {
+      other += line + "\n";
+      continue;
+    }
+    ++lines;
+    auto j = ref_line();
+    for (auto& [k, v] : r.items())
+      if (k != "samples_ms" && k != "median_ms" && k != "mad_ms" && k != "peak_mem_gib")
+        j[k] = v;
+    if (r.contains("error") || !r.contains("samples_ms") || r["samples_ms"].empty()) {
+      emit(j.dump());
+      continue;
+    }
+    auto t = summarise(r["samples_ms"].get<std::vector<double>>());
+    finish_line(j, t, flop, tokens, r.value("peak_mem_gib", 0.0));
+    j["tandem_speedup"] = t.median / graphed["median_ms"].get<double>();
+    emit(j.dump());
+  }
+  if (rc != 0 || lines == 0) {
+    auto j = ref_line();
+    if (other.size() > 4000)
+      other = "..." + other.substr(other.size() - 4000);
+    j["error"] = "reference exited with status " + std::to_string(rc) + ": " + other;
+    j["command"] = argv;
+    emit(j.dump());
+  }
+}
+
 } // namespace
 
 std::vector<std::string> bench_case_names() {
-  return {"target_forward", "drafter_step_eager", "dflash_attention", "prefetch_pack"};
+  return {"target_forward", "drafter_step_eager", "drafter_step", "dflash_attention",
+          "prefetch_pack"};
 }
 
 void run_bench(const bench_options& o, const std::function<void(const std::string&)>& emit) {
@@ -414,6 +760,13 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       j["dataset"] = o.dataset.empty() ? "synthetic" : o.dataset;
     } else if (c == "target_forward") {
       j = bench_target_forward(o, dev, size, dtype);
+    } else if (c == "drafter_step") {
+      bench_drafter_engine_step(o, dev, size, dtype, emit);
+#ifdef TANDEM_HAVE_CUDA
+      if (dev.is_cuda())
+        c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+      continue;
     } else if (c == "dflash_attention") {
       at::AutoGradMode grad(true);
       j = bench_dflash_attention(o, dev, size, dtype);

@@ -18,6 +18,9 @@ struct bench_options {
   std::string git_commit;          ///< recorded in every line
   std::string dataset;             ///< prefetch_pack: a prepared dataset (default: synthetic)
   double seconds = 3.0;            ///< prefetch_pack: how long to pack
+  bool reference = false;          ///< drafter_step: also run the PyTorch reference
+  std::string python;              ///< drafter_step --reference: the interpreter
+  std::string reference_script;    ///< drafter_step --reference: tools/bench/reference_step.py
 };
 
 /// Names of the cases `run_bench` knows.

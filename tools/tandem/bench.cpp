@@ -1,4 +1,6 @@
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 
 #include "build_info.hpp"
@@ -27,9 +29,16 @@ void add_bench(CLI::App& app, int& exit_code) {
     ->check(CLI::ExistingDirectory);
   cmd->add_option("--seconds", opts->seconds, "prefetch_pack: seconds of packing")
     ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--reference", opts->reference,
+                "drafter_step: also time the PyTorch reference (tools/bench/reference_step.py, "
+                "run with TANDEM_PYTHON or the build's python)");
   cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
   cmd->callback([opts, &exit_code] {
     opts->git_commit = build::git_commit;
+    const char* env = std::getenv("TANDEM_PYTHON");
+    opts->python = env && *env ? env : build::python;
+    opts->reference_script =
+      (std::filesystem::path(build::source_dir) / "tools" / "bench" / "reference_step.py").string();
     try {
       gpu::run_bench(*opts, [](const std::string& line) {
         std::printf("%s\n", line.c_str());
