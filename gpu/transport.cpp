@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "gpu/error.hpp"
+#include "gpu/transport_peer.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -60,6 +61,11 @@ std::vector<at::Tensor> acquire(handle h, const at::Device& device) {
       if (t.device() == device) {
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
         out.push_back(t);
+      } else if (t.is_cuda() && t.is_contiguous()) {
+        // Another GPU of this process: a peer copy on a copy stream of the
+        // consumer, ordered by events (gpu/transport_peer.hpp).
+        auto copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+        out.push_back(fetch(t, p->ready, device, copy_stream, stream).tensor);
       } else {
         out.push_back(t.to(device, /*non_blocking=*/true));
       }
