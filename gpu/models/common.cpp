@@ -1,6 +1,7 @@
 #include "gpu/models/common.hpp"
 
 #include "gpu/error.hpp"
+#include "gpu/models/fused_ops.hpp"
 
 namespace tandem::gpu {
 
@@ -94,9 +95,9 @@ std::vector<at::Tensor*> layer_tensors(decoder_layer_weights& w) {
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  auto xf = x.to(at::kFloat);
-  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  // CUDA: one fused kernel (gpu/kernels/norm_rope.cu); the CPU keeps the
+  // composite, bit for bit (parity with Hugging Face, bit-exact resume).
+  return x.is_cuda() ? fused_rms_norm(x, weight, eps) : rms_norm_composite(x, weight, eps);
 }
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t head_dim,
@@ -112,13 +113,7 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const auto half = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, half);
-  auto x2 = x.narrow(-1, half, half);
-  auto rotated = at::cat({-x2, x1}, -1);
-  auto c = cos.unsqueeze(1).to(x.scalar_type());
-  auto s = sin.unsqueeze(1).to(x.scalar_type());
-  return x * c + rotated * s;
+  return x.is_cuda() ? fused_apply_rope(x, cos, sin) : apply_rope_composite(x, cos, sin);
 }
 
 at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {

@@ -1,0 +1,302 @@
+#include "gpu/models/fused_ops.hpp"
+
+#include <climits>
+
+#include "gpu/error.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "gpu/kernels/norm_rope.hpp"
+#endif
+
+namespace tandem::gpu {
+
+at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor apply_rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto rotated = at::cat({-x2, x1}, -1);
+  auto c = cos.unsqueeze(1).to(x.scalar_type());
+  auto s = sin.unsqueeze(1).to(x.scalar_type());
+  return x * c + rotated * s;
+}
+
+namespace {
+
+#ifdef TANDEM_HAVE_CUDA
+
+bool kernel_dtype(at::ScalarType t, kernels::norm_dtype& out) {
+  switch (t) {
+    case at::kBFloat16: out = kernels::norm_dtype::bf16; return true;
+    case at::kHalf: out = kernels::norm_dtype::fp16; return true;
+    case at::kFloat: out = kernels::norm_dtype::fp32; return true;
+    default: return false;
+  }
+}
+
+kernels::norm_dtype kernel_dtype(at::ScalarType t) {
+  kernels::norm_dtype d{};
+  kernel_dtype(t, d);
+  return d;
+}
+
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+/// `t` contiguous with 16-byte aligned data (a copy only when it is not).
+at::Tensor dense_aligned(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return c.numel() == 0 || aligned16(c) ? c : c.clone(at::MemoryFormat::Contiguous);
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw error(errc::device_failure, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+#endif
+
+/// Empty when the RMSNorm kernels take these operands; otherwise why not.
+std::string norm_unsupported(const at::Tensor& x, const at::Tensor& weight) {
+#ifndef TANDEM_HAVE_CUDA
+  (void)x; (void)weight;
+  return "built without CUDA";
+#else
+  if (!x.is_cuda())
+    return "not on CUDA";
+  kernels::norm_dtype dt{};
+  if (!kernel_dtype(x.scalar_type(), dt))
+    return std::string("dtype ") + c10::toString(x.scalar_type());
+  if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
+    return "weight is not [D]";
+  if (weight.scalar_type() != x.scalar_type() || weight.device() != x.device())
+    return "weight's dtype or device differs from x's";
+  if (x.size(-1) > INT_MAX)
+    return "D too large";
+  if (const char* why = kernels::rms_norm_unsupported(static_cast<int>(x.size(-1)), dt))
+    return why;
+  return {};
+#endif
+}
+
+/// Empty when the RoPE kernel takes these operands; otherwise why not.
+std::string rope_unsupported(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifndef TANDEM_HAVE_CUDA
+  (void)x; (void)cos; (void)sin;
+  return "built without CUDA";
+#else
+  if (!x.is_cuda())
+    return "not on CUDA";
+  kernels::norm_dtype dt{};
+  if (!kernel_dtype(x.scalar_type(), dt))
+    return std::string("dtype ") + c10::toString(x.scalar_type());
+  if (x.dim() != 4 || cos.dim() != 3 || cos.sizes() != sin.sizes())
+    return "x must be [B, heads, T, d] and cos/sin [B, T, d]";
+  if ((cos.size(0) != 1 && cos.size(0) != x.size(0)) || cos.size(1) != x.size(2)
+      || cos.size(2) != x.size(3))
+    return "cos/sin do not match x";
+  if (cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat
+      || cos.device() != x.device() || sin.device() != x.device())
+    return "cos/sin must be float32 on x's device";
+  if (cos.requires_grad() || sin.requires_grad())
+    return "cos/sin require grad";
+  if (x.size(0) > INT_MAX || x.size(1) > INT_MAX || x.size(2) > INT_MAX || x.size(3) > INT_MAX)
+    return "sizes beyond int32";
+  if (const char* why = kernels::rope_unsupported(static_cast<int>(x.size(3)), dt))
+    return why;
+  return {};
+#endif
+}
+
+#ifdef TANDEM_HAVE_CUDA
+
+// ---- RMSNorm ---------------------------------------------------------------
+
+/// y (and rstd, when `save`) for kernel-ready x and weight.
+std::pair<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::Tensor& weight,
+                                               double eps, bool save) {
+  c10::cuda::CUDAGuard guard(x.device());
+  const auto d = x.size(-1);
+  const auto rows = d == 0 ? 0 : x.numel() / d;
+  auto y = at::empty(x.sizes(), x.options());
+  at::Tensor rstd;
+  if (save)
+    rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  kernels::rms_norm_fwd_args a;
+  a.rows = rows;
+  a.dim = static_cast<int>(d);
+  a.eps = static_cast<float>(eps);
+  a.dtype = kernel_dtype(x.scalar_type());
+  a.x = x.data_ptr();
+  a.weight = weight.data_ptr();
+  a.y = y.data_ptr();
+  a.rstd = save ? rstd.data_ptr<float>() : nullptr;
+  check_launch(kernels::rms_norm_forward(a, at::cuda::getCurrentCUDAStream()),
+               "rms_norm forward");
+  return {y, rstd};
+}
+
+/// Forward saves kernel-ready x, weight and rstd; backward runs one kernel
+/// for dx (and the dweight partials), one more for dweight when it is needed.
+class rms_norm_fn : public torch::autograd::Function<rms_norm_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& weight,
+                                                double eps) {
+    auto xr = dense_aligned(x), wr = dense_aligned(weight);
+    auto [y, rstd] = norm_forward(xr, wr, eps, /*save=*/true);
+    ctx->save_for_backward({xr, wr, rstd});
+    return {y};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto& x = s[0];
+    const auto& w = s[1];
+    const auto& rstd = s[2];
+    const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
+    if (!grads[0].defined() || (!want_dx && !want_dw))
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
+    c10::cuda::CUDAGuard guard(x.device());
+    auto dy = dense_aligned(grads[0].to(x.scalar_type()));
+    const auto d = x.size(-1);
+    const auto rows = d == 0 ? 0 : x.numel() / d;
+    kernels::rms_norm_bwd_args a;
+    a.rows = rows;
+    a.dim = static_cast<int>(d);
+    a.dtype = kernel_dtype(x.scalar_type());
+    a.x = x.data_ptr();
+    a.weight = w.data_ptr();
+    a.rstd = rstd.data_ptr<float>();
+    a.dy = dy.data_ptr();
+    at::Tensor dx, dw, partials;
+    if (want_dx) {
+      dx = at::empty(x.sizes(), x.options());
+      a.dx = dx.data_ptr();
+    }
+    if (want_dw) {
+      dw = at::empty({d}, w.options());
+      partials = at::empty({kernels::rms_norm_bwd_partial_rows(rows, a.dim, a.dtype), d},
+                           x.options().dtype(at::kFloat));
+      a.dweight = dw.data_ptr();
+      a.partials = partials.data_ptr<float>();
+    }
+    check_launch(kernels::rms_norm_backward(a, at::cuda::getCurrentCUDAStream()),
+                 "rms_norm backward");
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+// ---- RoPE ------------------------------------------------------------------
+
+/// A size-1 dimension's stride is never used: 0 (views leave any value there).
+int64_t used_stride(const at::Tensor& t, int dim) {
+  return t.size(dim) == 1 ? 0 : t.stride(dim);
+}
+
+bool rope_layout_ok(const at::Tensor& t) {
+  const int64_t vec = t.scalar_type() == at::kFloat ? 4 : 8;
+  return t.numel() == 0
+         || (t.stride(3) == 1 && aligned16(t) && used_stride(t, 0) % vec == 0
+             && used_stride(t, 1) % vec == 0 && used_stride(t, 2) % vec == 0);
+}
+
+/// `t`, or a contiguous aligned copy when the kernel cannot read its layout.
+at::Tensor rope_ready(const at::Tensor& t) {
+  return rope_layout_ok(t) ? t : dense_aligned(t);
+}
+
+/// An output shaped and laid out like `like` where the kernel can write that
+/// layout ([B, T, H, d] memory stays so), else contiguous.
+at::Tensor rope_output(const at::Tensor& like) {
+  auto out = at::empty_like(like);
+  return rope_layout_ok(out) ? out : at::empty(like.sizes(), like.options());
+}
+
+/// Rotates `in` (ready) by θ, or by −θ when `backward`, into a new tensor.
+at::Tensor rope_run(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
+                    bool backward) {
+  c10::cuda::CUDAGuard guard(in.device());
+  auto out = rope_output(in);
+  kernels::rope_args a;
+  a.batch = static_cast<int>(in.size(0));
+  a.heads = static_cast<int>(in.size(1));
+  a.tokens = static_cast<int>(in.size(2));
+  a.head_dim = static_cast<int>(in.size(3));
+  a.dtype = kernel_dtype(in.scalar_type());
+  a.in = {in.data_ptr(), used_stride(in, 0), used_stride(in, 1), used_stride(in, 2)};
+  a.out = {out.data_ptr(), used_stride(out, 0), used_stride(out, 1), used_stride(out, 2)};
+  a.cos = cos.data_ptr<float>();
+  a.sin = sin.data_ptr<float>();
+  a.table_batch = used_stride(cos, 0);
+  a.table_token = used_stride(cos, 1);
+  a.backward = backward;
+  check_launch(kernels::rope_apply(a, at::cuda::getCurrentCUDAStream()), "apply_rope");
+  return out;
+}
+
+class rope_fn : public torch::autograd::Function<rope_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& cos,
+                                                const at::Tensor& sin) {
+    auto c = dense_aligned(cos), s = dense_aligned(sin);
+    ctx->save_for_backward({c, s});
+    return {rope_run(rope_ready(x), c, s, /*backward=*/false)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined())
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
+    return {rope_run(rope_ready(grads[0]), saved[0], saved[1], /*backward=*/true), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+#endif
+
+} // namespace
+
+std::string fused_rms_norm_path(const at::Tensor& x, const at::Tensor& weight) {
+  const auto why = norm_unsupported(x, weight);
+  return why.empty() ? "cuda kernel" : "composite (" + why + ")";
+}
+
+std::string fused_apply_rope_path(const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin) {
+  const auto why = rope_unsupported(x, cos, sin);
+  return why.empty() ? "cuda kernel" : "composite (" + why + ")";
+}
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#ifdef TANDEM_HAVE_CUDA
+  if (norm_unsupported(x, weight).empty()) {
+    if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
+      return rms_norm_fn::apply(x, weight, eps)[0];
+    return norm_forward(dense_aligned(x), dense_aligned(weight), eps, /*save=*/false).first;
+  }
+#endif
+  return rms_norm_composite(x, weight, eps);
+}
+
+at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef TANDEM_HAVE_CUDA
+  if (rope_unsupported(x, cos, sin).empty()) {
+    if (at::GradMode::is_enabled() && x.requires_grad())
+      return rope_fn::apply(x, cos, sin)[0];
+    return rope_run(rope_ready(x), dense_aligned(cos), dense_aligned(sin), /*backward=*/false);
+  }
+#endif
+  return apply_rope_composite(x, cos, sin);
+}
+
+} // namespace tandem::gpu

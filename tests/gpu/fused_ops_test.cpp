@@ -1,0 +1,180 @@
+// fused_rms_norm and fused_apply_rope (gpu/models/fused_ops.hpp) against the
+// composites they replace, evaluated in float64 through autograd on the same
+// device: forward, dx, and dweight, at the target's and the drafter's row
+// shapes (hidden states D 4096, per-head q/k rows D 128), bf16 and fp32,
+// contiguous and strided inputs, eps as Qwen3 (1e-6).  The CPU case checks
+// that the CPU path is the composite bit for bit; the CUDA cases print
+// "[  SKIPPED ]" without a GPU.  tests/gpu/fused_ops_harness.py runs the
+// same checks on the kernels alone, plus timings.
+#include <gtest/gtest.h>
+
+#include "gpu/models/common.hpp"
+#include "gpu/models/fused_ops.hpp"
+#include "gpu/pch.hpp"
+
+using namespace tandem::gpu;
+
+namespace {
+
+// Tolerances on ‖ours − ref‖ / ‖ref‖ against the float64 composite.
+/// bf16 forward: n and y are each rounded once to bf16 (2^-9 ≈ 2e-3 a
+/// rounding); an H200 measured 2.3e-3 (fused_ops_harness.py).  Indexing or
+/// reduction errors give O(1).
+constexpr double bf16_fwd_rel = 1e-2;
+/// bf16 gradients: fp32 math rounded once (measured 1.7e-3 dx, 2.4e-3 dw).
+constexpr double bf16_grad_rel = 2e-2;
+/// fp32: sums of D products in fp32 (measured 5e-8..2e-7).
+constexpr double fp32_rel = 1e-5;
+/// RoPE forward must equal the composite in the same dtype bit for bit; its
+/// backward is fp32 math (bf16: one rounding, ~2e-3; fp32 ~3e-8).
+constexpr double rope_bf16_grad_rel = 1e-2;
+constexpr double rope_fp32_grad_rel = 1e-6;
+
+constexpr double qwen3_eps = 1e-6;
+
+bool have_cuda() {
+  return torch::cuda::is_available();
+}
+
+at::Generator gen(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
+  auto a = ours.to(at::kCPU, at::kDouble), b = ref.to(at::kCPU, at::kDouble);
+  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
+}
+
+struct norm_case {
+  std::vector<int64_t> shape;  ///< [..., D]
+  at::ScalarType dtype;
+  bool strided = false;        ///< x a non-contiguous view (every other row)
+  bool train_weight = true;    ///< weight requires grad (drafter) or not (target)
+};
+
+void check_norm(const norm_case& c) {
+  SCOPED_TRACE(::testing::Message() << "D " << c.shape.back() << " dtype "
+                                    << c.dtype << (c.strided ? " strided" : "")
+                                    << (c.train_weight ? "" : " frozen weight"));
+  auto g = gen(11);
+  const auto d = c.shape.back();
+  auto big = c.shape;
+  if (c.strided)
+    big[0] *= 2;
+  auto x0 = (at::randn(big, g) * 3).to(at::kCUDA, c.dtype);
+  auto x = c.strided ? x0.slice(0, 0, big[0], 2) : x0;
+  ASSERT_EQ(x.is_contiguous(), !c.strided);
+  auto w0 = (1 + 0.1 * at::randn({d}, g)).to(at::kCUDA, c.dtype);
+  auto dy = at::randn(c.shape, g).to(at::kCUDA, c.dtype);
+
+  auto xl = x.detach().requires_grad_(true);
+  auto wl = w0.detach().requires_grad_(c.train_weight);
+  ASSERT_EQ(fused_rms_norm_path(xl, wl), "cuda kernel");
+  auto y = rms_norm(xl, wl, qwen3_eps);
+  y.backward(dy);
+
+  auto xr = x.detach().to(at::kDouble).requires_grad_(true);
+  auto wr = w0.detach().to(at::kDouble).requires_grad_(true);
+  auto yr = rms_norm_composite(xr, wr, qwen3_eps);
+  yr.backward(dy.to(at::kDouble));
+
+  const bool bf16 = c.dtype == at::kBFloat16;
+  EXPECT_LT(rel_err(y, yr), bf16 ? bf16_fwd_rel : fp32_rel);
+  EXPECT_LT(rel_err(xl.grad(), xr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+  if (c.train_weight) {
+    ASSERT_TRUE(wl.grad().defined());
+    EXPECT_LT(rel_err(wl.grad(), wr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+  } else {
+    EXPECT_FALSE(wl.grad().defined());
+  }
+  if (bf16) {  // the composite's rounding: almost every element bit-equal
+    auto same = rms_norm_composite(x, w0, qwen3_eps);
+    EXPECT_GT((y.detach() == same).to(at::kFloat).mean().item<double>(), 0.99);
+  }
+  // Deterministic: a second forward + backward is bit-equal.
+  auto xl2 = x.detach().requires_grad_(true);
+  auto wl2 = w0.detach().requires_grad_(c.train_weight);
+  rms_norm(xl2, wl2, qwen3_eps).backward(dy);
+  EXPECT_TRUE(at::equal(xl.grad(), xl2.grad()));
+  if (c.train_weight)
+    EXPECT_TRUE(at::equal(wl.grad(), wl2.grad()));
+}
+
+void check_rope(at::ScalarType dtype, bool bthd) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << dtype << (bthd ? " [B,T,H,d] memory" : ""));
+  auto g = gen(5);
+  const int64_t b = 2, h = 8, t = 300, d = 128;
+  auto make = [&] {
+    return bthd ? at::randn({b, t, h, d}, g).to(at::kCUDA, dtype).transpose(1, 2)
+                : at::randn({b, h, t, d}, g).to(at::kCUDA, dtype);
+  };
+  auto x = make(), dy = make();
+  auto pos = at::randint(0, 40000, {b, t}, g).to(at::kCUDA);
+  auto [cos, sin] = rope_tables(pos, d, 1e6);
+  ASSERT_EQ(fused_apply_rope_path(x, cos, sin), "cuda kernel");
+
+  auto xl = x.detach().requires_grad_(true);
+  auto y = apply_rope(xl, cos, sin);
+  y.backward(dy);
+  EXPECT_TRUE(at::equal(y.detach(), apply_rope_composite(x, cos, sin)));
+  EXPECT_EQ(y.strides(), x.strides());
+
+  // float64 reference of the same function (cos/sin rounded to x's dtype, as
+  // the composite does).
+  auto xr = x.detach().to(at::kDouble).requires_grad_(true);
+  auto yr = apply_rope_composite(xr, cos.to(dtype).to(at::kDouble), sin.to(dtype).to(at::kDouble));
+  yr.backward(dy.to(at::kDouble));
+  EXPECT_LT(rel_err(xl.grad(), xr.grad()),
+            dtype == at::kBFloat16 ? rope_bf16_grad_rel : rope_fp32_grad_rel);
+}
+
+} // namespace
+
+TEST(fused_ops, cpu_path_is_the_composite_bit_for_bit) {
+  auto g = gen(1);
+  auto x = at::randn({3, 5, 64}, g).to(at::kBFloat16);
+  auto w = at::randn({64}, g).to(at::kBFloat16);
+  EXPECT_EQ(fused_rms_norm_path(x, w), "composite (not on CUDA)");
+  EXPECT_TRUE(at::equal(rms_norm(x, w, qwen3_eps), rms_norm_composite(x, w, qwen3_eps)));
+  EXPECT_TRUE(at::equal(fused_rms_norm(x, w, qwen3_eps), rms_norm_composite(x, w, qwen3_eps)));
+  auto q = at::randn({2, 4, 5, 64}, g);
+  auto [cos, sin] = rope_tables(at::arange(5).unsqueeze(0).expand({2, 5}), 64, 1e6);
+  EXPECT_TRUE(at::equal(apply_rope(q, cos, sin), apply_rope_composite(q, cos, sin)));
+  EXPECT_TRUE(at::equal(fused_apply_rope(q, cos, sin), apply_rope_composite(q, cos, sin)));
+}
+
+TEST(fused_ops, cuda_rms_norm_hidden_rows_match_float64) {
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  check_norm({{8192, 4096}, at::kBFloat16});
+  check_norm({{8192, 4096}, at::kFloat});
+  check_norm({{1000, 4096}, at::kBFloat16, /*strided=*/false, /*train_weight=*/false});
+  check_norm({{300, 4096}, at::kBFloat16, /*strided=*/true});
+}
+
+TEST(fused_ops, cuda_rms_norm_per_head_rows_match_float64) {
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  check_norm({{4, 512, 32, 128}, at::kBFloat16});
+  check_norm({{4, 512, 32, 128}, at::kFloat});
+  check_norm({{64, 8, 128}, at::kBFloat16, /*strided=*/true});
+}
+
+TEST(fused_ops, cuda_rope_forward_is_the_composite_and_backward_matches_float64) {
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  check_rope(at::kBFloat16, /*bthd=*/true);
+  check_rope(at::kFloat, /*bthd=*/true);
+  check_rope(at::kBFloat16, /*bthd=*/false);
+}
+
+TEST(fused_ops, cuda_unsupported_operands_fall_back_to_the_composite) {
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  auto x = at::randn({4, 6}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
+  auto w = at::ones({6}, x.options());
+  EXPECT_NE(fused_rms_norm_path(x, w), "cuda kernel");  // D 6: not a multiple of 8
+  EXPECT_TRUE(at::equal(rms_norm(x, w, qwen3_eps), rms_norm_composite(x, w, qwen3_eps)));
+  auto wf = at::ones({6}, x.options().dtype(at::kFloat));
+  EXPECT_NE(fused_rms_norm_path(x, wf), "cuda kernel");  // mixed dtypes
+}
