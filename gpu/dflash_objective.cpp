@@ -95,8 +95,12 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
 
 namespace {
 
-/// Forward: per chunk, logits = h·headᵀ in float32, lse, CE and hits; only
-/// the per-row lse is kept.  Backward recomputes each chunk's logits.
+/// Forward: per chunk, logits = h·headᵀ in float32, lse, CE and hits, and,
+/// when hidden needs a gradient, that gradient for an upstream gradient of 1
+/// while the chunk's logits are at hand: d(Σ w·CE)/dh = (softmax − onehot)·w
+/// · head.  The loss is linear in this sum, so backward only scales the
+/// stored [rows, D] gradient by the upstream scalar: the N·Bs·V logits are
+/// computed once per step instead of twice (no recompute).
 class chunked_ce_fn : public torch::autograd::Function<chunked_ce_fn> {
 public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -104,21 +108,29 @@ public:
                                                 const at::Tensor& labels, const at::Tensor& weight,
                                                 const at::Tensor& mask, int64_t chunk_rows) {
     const auto rows = hidden.size(0);
-    auto lse = at::empty({rows}, hidden.options().dtype(at::kFloat));
+    const bool want_grad = ctx->needs_input_grad(0);
     auto total = at::zeros({}, hidden.options().dtype(at::kFloat));
     auto hits = at::zeros({}, hidden.options().dtype(at::kFloat));
+    auto grad_hidden = want_grad ? at::empty_like(hidden) : at::Tensor();
     for (int64_t r = 0; r < rows; r += chunk_rows) {
       const auto len = std::min(chunk_rows, rows - r);
       auto logits = at::matmul(hidden.narrow(0, r, len), head.t()).to(at::kFloat);  // [len, V]
       auto y = labels.narrow(0, r, len);
+      auto w = weight.narrow(0, r, len);
       auto l = at::logsumexp(logits, 1);
-      lse.narrow(0, r, len).copy_(l);
       auto picked = logits.gather(1, y.unsqueeze(1)).squeeze(1);
-      total += ((l - picked) * weight.narrow(0, r, len)).sum();
+      total += ((l - picked) * w).sum();
       hits += ((logits.argmax(1) == y).to(at::kFloat) * mask.narrow(0, r, len)).sum();
+      if (want_grad) {
+        // In place: logits → softmax − onehot(label), scaled by the weight.
+        logits.sub_(l.unsqueeze(1)).exp_();
+        logits.scatter_add_(1, y.unsqueeze(1), at::full({len, 1}, -1.0f, logits.options()));
+        logits.mul_(w.to(at::kFloat).unsqueeze(1));
+        grad_hidden.narrow(0, r, len).copy_(at::matmul(logits.to(head.scalar_type()), head));
+      }
     }
-    ctx->save_for_backward({hidden, head, labels, weight, lse});
-    ctx->saved_data["chunk_rows"] = chunk_rows;
+    if (want_grad)
+      ctx->save_for_backward({grad_hidden});
     ctx->mark_non_differentiable({hits});
     return {total, hits};
   }
@@ -126,25 +138,8 @@ public:
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& hidden = saved[0];
-    const auto& head = saved[1];
-    const auto& labels = saved[2];
-    const auto& weight = saved[3];
-    const auto& lse = saved[4];
-    const auto chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const auto rows = hidden.size(0);
-    auto grad_hidden = at::empty_like(hidden);
-    auto g = grads[0].to(at::kFloat);
-    for (int64_t r = 0; r < rows; r += chunk_rows) {
-      const auto len = std::min(chunk_rows, rows - r);
-      auto logits = at::matmul(hidden.narrow(0, r, len), head.t()).to(at::kFloat);
-      // d(CE)/d(logits) = softmax − onehot(label), scaled by weight·g.
-      auto p = at::exp(logits - lse.narrow(0, r, len).unsqueeze(1));
-      p.scatter_add_(1, labels.narrow(0, r, len).unsqueeze(1),
-                     at::full({len, 1}, -1.0f, p.options()));
-      p.mul_((weight.narrow(0, r, len) * g).unsqueeze(1));
-      grad_hidden.narrow(0, r, len).copy_(at::matmul(p.to(head.scalar_type()), head));
-    }
+    // In float32: the upstream scalar (1 / Σw) would lose bits as bfloat16.
+    auto grad_hidden = (saved[0].to(at::kFloat) * grads[0].to(at::kFloat)).to(saved[0].scalar_type());
     return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -40,8 +40,10 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
                              int64_t block_size, int64_t mask_token_id, double gamma);
 
 /// Σ weight·CE(hidden·headᵀ, label) and Σ mask·[argmax = label] over rows,
-/// with logits computed `chunk_rows` rows at a time, forward and (recomputed)
-/// backward.  `head` gets no gradient; hidden does.
+/// with logits computed `chunk_rows` rows at a time, once: the forward also
+/// computes the gradient in hidden (for an upstream gradient of 1) while each
+/// chunk's logits exist, and backward scales it.  `head` gets no gradient;
+/// hidden does.
 struct chunked_ce_result {
   at::Tensor weighted_ce;  ///< [] float32, differentiable in hidden
   at::Tensor hits;         ///< [] float32, Σ mask over correct argmax
