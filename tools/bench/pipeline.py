@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""End-to-end pipeline benchmark: `tandem run` with one target and one drafter on their own
+GPUs (default cuda:0 and cuda:1) at Qwen3-8B DFlash shapes, on random weights and synthetic
+token data, and one JSON line: samples/s, tokens/s, step time, the drafter's data-wait share.
+
+    python tools/bench/pipeline.py --tandem build/bin/tandem [--work DIR] [--steps 60]
+                                   [--target-device cuda:0] [--drafter-device cuda:1]
+                                   [--size 8b|tiny] [--keep]
+
+It writes (into --work, default a temp folder, deleted unless --keep):
+  target/   a random-weight Qwen3 folder (config.json + safetensors shards; 8b: 36 layers,
+            hidden 4096, vocab 151936, bf16, std 0.02; drawn on the first GPU, ~16 GB)
+  data/     a token data set in Tandem's shard format (docs/data.md): 2,000 samples of
+            500-3,000 random tokens, the first third of each unsupervised
+  run.toml  5-layer drafter, S 3072, N 512, Bs 16, credits 4, checkpoint only at the end
+then runs `tandem run run.toml` and reads its metrics.jsonl.  The data-wait share is
+Σ wait_ms / Σ (wait_ms + compute_ms) over the steps after the first `--skip` (default 5,
+the graph warm-up and capture).  Needs torch, numpy and safetensors.
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file as save_np
+from safetensors.torch import save_file as save_torch
+
+SIZES = {
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=151936, mask=151669, drafter_layers=5,
+               seq=3072, anchors=512),
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, vocab_size=4096, mask=4095, drafter_layers=2,
+                 seq=512, anchors=32),
+}
+
+
+def make_target(out, s, device):
+    os.makedirs(out)
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+           "hidden_size": s["hidden_size"], "intermediate_size": s["intermediate_size"],
+           "num_hidden_layers": s["num_hidden_layers"], "num_attention_heads": s["num_attention_heads"],
+           "num_key_value_heads": s["num_key_value_heads"], "head_dim": s["head_dim"],
+           "vocab_size": s["vocab_size"], "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+           "max_position_embeddings": 40960, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+           "attention_bias": False}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    g = torch.Generator(device=device).manual_seed(0)
+    d, i, h, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
+                       s["num_key_value_heads"], s["head_dim"])
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(
+            torch.bfloat16).cpu()
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    index, shard, n_shard, size = {}, {}, 0, 0
+
+    def flush():
+        nonlocal shard, n_shard, size
+        if not shard:
+            return
+        name = f"model-{n_shard:05d}.safetensors"
+        save_torch(shard, os.path.join(out, name), metadata={"format": "pt"})
+        for k in shard:
+            index[k] = name
+        shard, n_shard, size = {}, n_shard + 1, 0
+
+    def put(name, t):
+        nonlocal size
+        shard[name] = t
+        size += t.numel() * 2
+        if size > 4 << 30:
+            flush()
+
+    put("model.embed_tokens.weight", rnd(s["vocab_size"], d))
+    for l in range(s["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        put(p + "self_attn.q_proj.weight", rnd(h * hd, d))
+        put(p + "self_attn.k_proj.weight", rnd(kv * hd, d))
+        put(p + "self_attn.v_proj.weight", rnd(kv * hd, d))
+        put(p + "self_attn.o_proj.weight", rnd(d, h * hd))
+        put(p + "self_attn.q_norm.weight", ones(hd))
+        put(p + "self_attn.k_norm.weight", ones(hd))
+        put(p + "mlp.gate_proj.weight", rnd(i, d))
+        put(p + "mlp.up_proj.weight", rnd(i, d))
+        put(p + "mlp.down_proj.weight", rnd(d, i))
+        put(p + "input_layernorm.weight", ones(d))
+        put(p + "post_attention_layernorm.weight", ones(d))
+    put("model.norm.weight", ones(d))
+    put("lm_head.weight", rnd(s["vocab_size"], d))
+    flush()
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": index}, f)
+
+
+def make_data(out, vocab, samples, lo, hi):
+    os.makedirs(out)
+    rng = np.random.default_rng(0)
+    toks, masks, lens = [], [], []
+    for _ in range(samples):
+        n = int(rng.integers(lo, hi))
+        toks.append(rng.integers(0, vocab - 2, size=n).astype(np.int32))
+        m = np.zeros(n, dtype=np.uint8)
+        m[n // 3:] = 1
+        masks.append(m)
+        lens.append(n)
+    tokens, mask = np.concatenate(toks), np.concatenate(masks)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    shard = os.path.join(out, "shard-00000.safetensors")
+    save_np({"tokens": tokens, "loss_mask": mask, "offsets": offsets}, shard,
+            metadata={"format": "tandem.shard.v1", "num_samples": str(samples),
+                      "num_tokens": str(len(tokens))})
+    with open(shard, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    manifest = {"format": "tandem.dataset.v1", "created_by": "tools/bench/pipeline.py",
+                "tokenizer": {"source": "synthetic", "vocab_size": vocab, "sha256": "",
+                              "chat_template_sha256": None},
+                "options": {}, "inputs": [],
+                "shards": [{"file": "shard-00000.safetensors", "num_samples": samples,
+                            "num_tokens": int(len(tokens)), "num_supervised": int(mask.sum()),
+                            "sha256": digest}],
+                "totals": {"samples": samples, "tokens": int(len(tokens)), "supervised": int(mask.sum())},
+                "report": {}, "content_hash": hashlib.sha256(digest.encode()).hexdigest()}
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tandem", required=True)
+    p.add_argument("--work")
+    p.add_argument("--size", choices=sorted(SIZES), default="8b")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--skip", type=int, default=5)
+    p.add_argument("--target-device", default="cuda:0")
+    p.add_argument("--drafter-device", default="cuda:1")
+    p.add_argument("--keep", action="store_true")
+    a = p.parse_args()
+    s = SIZES[a.size]
+    work = a.work or tempfile.mkdtemp(prefix="tandem_pipeline_")
+    t0 = time.time()
+    try:
+        if not os.path.exists(os.path.join(work, "target", "config.json")):
+            shutil.rmtree(os.path.join(work, "target"), ignore_errors=True)
+            gen_device = a.target_device if torch.cuda.is_available() else "cpu"
+            make_target(os.path.join(work, "target"), s, gen_device)
+        if not os.path.exists(os.path.join(work, "data", "manifest.json")):
+            shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
+            make_data(os.path.join(work, "data"), s["vocab_size"], 2000, s["seq"] // 6, s["seq"])
+        prep_s = time.time() - t0
+        with open(os.path.join(work, "run.toml"), "w") as f:
+            f.write(f"""[model]
+target = "target"
+[drafter]
+layers = {s['drafter_layers']}
+mask_token_id = {s['mask']}
+[data]
+path = "data"
+seq_len = {s['seq']}
+anchors = {s['anchors']}
+[train]
+max_steps = {a.steps}
+log_every = 1
+[placement]
+targets = ["{a.target_device}"]
+drafters = ["{a.drafter_device}"]
+[runtime]
+credits = 4
+[checkpoint]
+every_steps = 0
+on_signal = false
+[metrics]
+progress = false
+[run]
+output_dir = "out"
+""")
+        shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
+        t1 = time.time()
+        r = subprocess.run([a.tandem, "run", os.path.join(work, "run.toml")], capture_output=True, text=True)
+        run_s = time.time() - t1
+        if r.returncode != 0:
+            print(json.dumps({"case": "pipeline", "error": f"tandem run exited {r.returncode}",
+                              "stderr_tail": r.stderr[-2000:]}))
+            return 1
+        rows = [json.loads(l) for l in open(os.path.join(work, "out", "metrics.jsonl"))]
+        steps = [x for x in rows if x.get("event") == "step"][a.skip:]
+        if not steps:
+            print(json.dumps({"case": "pipeline", "error": "no steps after --skip"}))
+            return 1
+        wait = sum(x["wait_ms"] for x in steps)
+        compute = sum(x["compute_ms"] for x in steps)
+        span_s = steps[-1]["time_s"] - steps[0]["time_s"]
+        n = len(steps) - 1
+        batches = [x.get("batch") for x in steps]
+        tokens = sum(x.get("tokens", 0) for x in steps[1:])
+        out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
+               "drafter_device": a.drafter_device, "steps_measured": n,
+               "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
+               "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
+               "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
+               "data_wait_share": wait / (wait + compute),
+               "steps_per_s": n / span_s if span_s > 0 else None,
+               "tokens_per_s": tokens / span_s if span_s > 0 else None,
+               "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
+               "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}
+        end = [x for x in rows if x.get("event") == "checkpoint"]
+        if end and span_s > 0:
+            # committed samples over the measured span (one row per step packs ~S/avg samples)
+            out["samples_per_s"] = end[-1].get("committed", 0) / (steps[-1]["time_s"] - rows[0].get("time_s", 0) + 1e-9)
+        print(json.dumps(out))
+        return 0
+    finally:
+        if not a.keep and not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
