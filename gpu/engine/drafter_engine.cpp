@@ -16,6 +16,8 @@
 #include "gpu/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/qwen3.hpp"
+#include "gpu/nccl/communicator.hpp"
+#include "gpu/nccl/flat_bucket.hpp"
 #include "gpu/pch.hpp"
 #include "gpu/safetensors.hpp"
 #include "gpu/transport_tensors.hpp"
@@ -89,6 +91,11 @@ struct drafter_engine::impl {
   int64_t applied = 0;               ///< host mirror of the optimizer's update count
   bool nan_armed = false, throw_armed = false;
   at::Tensor poison;                 ///< [] float32 on the device: 1, NaN for an injected nan fault
+  /// Data-parallel group (join_group, world > 1).  Once joined, fp32_grads
+  /// are views of `bucket` (kept after leave_group: harmless without a group).
+  nccl::flat_bucket bucket;
+  std::unique_ptr<nccl::communicator> comm;  ///< null: no group
+  std::chrono::milliseconds group_timeout{0};
 
   bool mixed() const { return dtype != at::kFloat; }
 
@@ -104,6 +111,13 @@ struct drafter_engine::impl {
     gen = detail::private_generator(device, detail::mix_seed(o.seed, 1));
     poison = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
     fill_info();
+  }
+
+  ~impl() {
+    try {
+      leave_group(group_timeout);
+    } catch (...) {
+    }
   }
 
   void check_options() const {
@@ -235,7 +249,8 @@ struct drafter_engine::impl {
 
   /// The whole training step on device tensors, without a host
   /// synchronisation (so it can be captured): zero grads, anchors, block
-  /// layout, objective, backward, clip, AdamW, model refresh.  Returns
+  /// layout, objective, backward, all-reduce of the gradient bucket (in a
+  /// group), clip, AdamW, model refresh.  Returns
   /// [loss, accuracy, grad_norm, lr, scored, skipped, step] as float32 on
   /// the device.
   ///
@@ -260,10 +275,23 @@ struct drafter_engine::impl {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i)
         fp32_grads[i].copy_(params[i].grad());
+    } else if (!bucket.empty()) {
+      // The params' grads are the bucket's views (autograd accumulates in
+      // place); should autograd ever have replaced one, copy it back in.
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (!params[i].grad().is_same(fp32_grads[i]))
+          fp32_grads[i].copy_(params[i].grad());
     } else {
       for (size_t i = 0; i < params.size(); ++i)
         fp32_grads[i] = params[i].grad();  // the same buffers; autograd accumulates in place
     }
+    // Data-parallel: every rank's gradient → their average, on the current
+    // stream (the graph's when graphed, so it is captured with the step),
+    // before clipping, so every rank clips the same gradient and applies the
+    // same update.  Loss and accuracy stay local.
+    if (comm)
+      nccl::all_reduce(*comm, bucket.flat(), nccl::reduce_op::avg);
     auto st = optimizer->step(fp32_grads, loss);
     refresh_model();
     at::NoGradGuard no_grad;
@@ -358,10 +386,19 @@ struct drafter_engine::impl {
         // An injected throw runs the step eagerly (also when graphed) so that
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_throw);
-      // One read-back for every reported value: the only host sync, after the step.
-      readback = metrics.to(at::kCPU, at::kDouble);
       if (inject_nan)
         poison.fill_(1.0);
+#ifdef TANDEM_HAVE_CUDA
+      // In a group the step holds a collective: bound it on the host (a
+      // rank that never arrives ends in gpu::error(timeout), the
+      // communicator aborted) instead of blocking in the read-back forever.
+      if (comm)
+        comm->wait(c10::cuda::getCurrentCUDAStream(device.index()).stream(), group_timeout,
+                   "drafter step " + std::to_string(applied + 1) + (graphed() && sg.graph->captured()
+                                                                        ? " (graph replay)" : " (eager)"));
+#endif
+      // One read-back for every reported value: the only host sync, after the step.
+      readback = metrics.to(at::kCPU, at::kDouble);
     } catch (const c10::Error& e) {
       throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
     }
@@ -377,6 +414,108 @@ struct drafter_engine::impl {
     applied = r.step;
     r.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r;
+  }
+
+  void join_group(const std::vector<uint8_t>& id, int rank, int world,
+                  std::chrono::milliseconds timeout) {
+    require(device.is_cuda(), "a data-parallel group needs a CUDA device; this drafter is on the CPU");
+    require(!comm, "already " + (comm ? comm->describe() : std::string()) + "; leave_group first");
+    require(world >= 1 && rank >= 0 && rank < world,
+            "rank " + std::to_string(rank) + " of " + std::to_string(world) + " is not a group position");
+    require(timeout.count() > 0, "the group timeout must be positive");
+    if (world == 1)
+      return;  // alone: nothing to average
+#ifdef TANDEM_HAVE_CUDA
+    detail::device_scope scope(device);
+    nccl::communicator_options co;
+    co.timeout = timeout;
+    co.name = "drafters";
+    auto c = std::make_unique<nccl::communicator>(id, rank, world, static_cast<int>(device.index()), co);
+    // The step changes (it gains the all-reduce): drop a captured graph; the
+    // next step runs eagerly again, which is also the eager use of the
+    // all-reduce NCCL needs before it is captured.
+    std::optional<c10::cuda::CUDAStreamGuard> on_graph_stream;
+    if (graphed()) {
+      on_graph_stream.emplace(graph_stream());
+      sg.graph->reset();
+      sg.graph->stream().synchronize();
+      sg.warmed = false;
+    }
+    make_bucket();
+    broadcast_state(*c, timeout);
+    comm = std::move(c);
+    group_timeout = timeout;
+#else
+    (void)id;
+    throw error(errc::device_unavailable, who + ": built without CUDA, no data-parallel groups");
+#endif
+  }
+
+  /// fp32_grads become views of one flat bucket (their values kept).
+  void make_bucket() {
+    if (!bucket.empty())
+      return;
+    if (mixed()) {
+      bucket = nccl::flat_bucket(fp32_grads);
+    } else {
+      bucket = nccl::flat_bucket::of_param_grads(params);
+      fp32_grads = bucket.views();
+    }
+  }
+
+  /// Every rank takes rank 0's master weights, optimizer moments and update
+  /// count (one broadcast of one flat fp32 buffer, waited), so the replicas
+  /// start identical whatever seed each was built with.
+  void broadcast_state(nccl::communicator& c, std::chrono::milliseconds timeout) {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> parts;
+    for (const auto& m : masters)
+      parts.push_back(m.detach().reshape({-1}));
+    for (const auto& m : optimizer->exp_avg())
+      parts.push_back(m.reshape({-1}));
+    for (const auto& v : optimizer->exp_avg_sq())
+      parts.push_back(v.reshape({-1}));
+    parts.push_back(optimizer->step_count().reshape({-1}));
+    auto flat = at::cat(parts).contiguous();
+    nccl::collective_options o;
+    o.timeout = timeout;
+    o.wait = true;
+    nccl::broadcast(c, flat, 0, o);
+    int64_t off = 0;
+    auto take = [&](const at::Tensor& like) {
+      auto v = flat.narrow(0, off, like.numel()).view(like.sizes());
+      off += like.numel();
+      return v;
+    };
+    for (auto& m : masters)
+      m.copy_(take(m));
+    std::vector<at::Tensor> ea, eas;
+    for (const auto& m : optimizer->exp_avg())
+      ea.push_back(take(m));
+    for (const auto& v : optimizer->exp_avg_sq())
+      eas.push_back(take(v));
+    const auto step = static_cast<int64_t>(std::llround(take(optimizer->step_count()).item<double>()));
+    optimizer->load_state(ea, eas, step);
+    refresh_model();
+    applied = step;
+  }
+
+  /// DESIGN.md §4 order: wait for the stream, free the graph that captured
+  /// the collective, then close the communicator (all ranks together).
+  bool leave_group(std::chrono::milliseconds timeout) {
+    if (!comm)
+      return true;
+#ifdef TANDEM_HAVE_CUDA
+    detail::device_scope scope(device);
+    if (sg.graph) {
+      sg.graph->stream().synchronize();
+      sg.graph->reset();
+      sg.warmed = false;
+    }
+#endif
+    const bool clean = comm->close(timeout.count() > 0 ? timeout : std::chrono::milliseconds(1));
+    comm.reset();
+    return clean;
   }
 
   json state_json() const {
@@ -480,6 +619,19 @@ int64_t drafter_engine::step() const {
 
 step_result drafter_engine::train_step(transport::handle batch, transport::handle features) {
   return impl_->train_step(batch, features);
+}
+
+void drafter_engine::join_group(const std::vector<uint8_t>& nccl_unique_id, int rank, int world,
+                                std::chrono::milliseconds timeout) {
+  impl_->join_group(nccl_unique_id, rank, world, timeout);
+}
+
+bool drafter_engine::leave_group(std::chrono::milliseconds timeout) {
+  return impl_->leave_group(timeout);
+}
+
+int drafter_engine::group_world() const {
+  return impl_->comm ? impl_->comm->world() : 1;
 }
 
 void drafter_engine::inject(fault f) {

@@ -10,6 +10,7 @@
 /// the optimizer updates; the forward and backward run on a copy in `dtype`
 /// refreshed after every update (on fp32 the copy is the masters themselves).
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -31,7 +32,8 @@ struct drafter_engine_options {
   int64_t anchors = 512;             ///< N anchors per row
   int64_t chunk_rows = 2048;         ///< lm-head + cross-entropy rows per chunk
   std::vector<int64_t> tap_ids;      ///< empty: DFLASH.md's default for 5 taps
-  uint64_t seed = 0;                 ///< initial weights and anchor draws
+  uint64_t seed = 0;                 ///< initial weights and anchor draws (the rank is no
+                                     ///< part of it; join_group makes ranks equal anyway)
   double lr = 6e-4;                  ///< peak learning rate
   double warmup_ratio = 0.04;        ///< linear warmup, fraction of total_steps
   double weight_decay = 0.0;
@@ -97,6 +99,46 @@ public:
   /// that do not fit the drafter, gpu::error(device_failure) when the
   /// computation fails.
   step_result train_step(transport::handle batch, transport::handle features);
+
+  /// Joins a data-parallel group of drafters (DESIGN.md §3, §4) as `rank`
+  /// of `world`: every rank calls it, each on its own thread and GPU, with
+  /// the same `nccl_unique_id` (nccl::new_unique_id's bytes, made once and
+  /// sent to every rank in a message).  Blocks until all ranks have joined,
+  /// within `timeout`.  Then:
+  ///  - every rank takes rank 0's master weights, optimizer moments and
+  ///    update count (one broadcast), so ranks may be built with different
+  ///    seeds (run.cpp adds the drafter index) and still start as replicas;
+  ///    the anchor generators stay each rank's own;
+  ///  - the fp32 gradients the optimizer reads live in one flat bucket, and
+  ///    every step all-reduces it with ncclAvg after backward and before
+  ///    clipping, on the step's stream, so it is captured in the step's graph
+  ///    like the rest; every rank clips the same averaged gradient and applies
+  ///    the same update (weights stay bit-identical); loss, accuracy and
+  ///    scored tokens in step_result stay local, grad_norm is the averaged one;
+  ///  - every rank must call train_step the same number of times, together
+  ///    (a step is a collective); a captured graph is dropped on joining and
+  ///    the next step runs eagerly, which is the eager use of the all-reduce
+  ///    NCCL needs before it is captured;
+  ///  - after each step the host waits for the collective within `timeout`:
+  ///    a rank that never arrives makes train_step throw gpu::error(timeout)
+  ///    (the communicator is aborted; leave_group, then join a new group).
+  /// `world` 1 is a no-op.  restore() acts on this rank alone: restore every
+  /// rank from the same checkpoint, or restore one and re-join.  Throws
+  /// gpu::error: bad_input (a CPU drafter, already in a group, a bad rank or
+  /// timeout), device_unavailable (built without NCCL), timeout and
+  /// device_failure (from NCCL, the message naming rank, world and device).
+  void join_group(const std::vector<uint8_t>& nccl_unique_id, int rank, int world,
+                  std::chrono::milliseconds timeout);
+
+  /// Leaves the group: waits for the stream, frees the graph that captured
+  /// the all-reduce, then closes the communicator within `timeout` (call it
+  /// on all ranks together; past the timeout it aborts).  True when it
+  /// closed cleanly (or there was no group).  The destructor does the same
+  /// with the join timeout.
+  bool leave_group(std::chrono::milliseconds timeout);
+
+  /// The group's size: 1 when not in a group.
+  int group_world() const;
 
   /// Arms a fault for the next train_step.
   void inject(fault f);

@@ -129,14 +129,20 @@ public:
       cudaGetLastError();
       previous_ = -1;
     }
+    // A failed switch (a device this process does not have: a communicator
+    // refused at construction is still destroyed) must not leave the error
+    // pending on this thread: LibTorch's allocator checks cudaGetLastError
+    // before every cudaMalloc and would throw it from an unrelated place.
     if (previous_ != device) {
-      cudaSetDevice(device);
-      switched_ = true;
+      if (cudaSetDevice(device) == cudaSuccess)
+        switched_ = true;
+      else
+        cudaGetLastError();
     }
   }
   ~device_scope() {
-    if (switched_ && previous_ >= 0)
-      cudaSetDevice(previous_);
+    if (switched_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess)
+      cudaGetLastError();
   }
   device_scope(const device_scope&) = delete;
   device_scope& operator=(const device_scope&) = delete;
@@ -218,6 +224,8 @@ struct communicator::impl {
         aborter.detach();  // the thread owns its job through a shared_ptr
       }
     }
+    if (tails.empty())
+      return;  // nothing on the device (e.g. refused before init): no device switch
     device_scope scope(device);
     for (auto& [stream, event] : tails)
       cudaEventDestroy(event);

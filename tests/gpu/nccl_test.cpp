@@ -38,6 +38,7 @@
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/cuda/Sleep.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace nccl = tandem::gpu::nccl;
@@ -270,6 +271,17 @@ TEST(nccl_cpu, communicator_fails_clearly_without_nccl_or_device) {
                    [&] { nccl::communicator c(fake, 0, 1, missing, 1s); });
   EXPECT_TRUE(contains(m, "no such CUDA device")) << m;
   EXPECT_TRUE(contains(m, "cuda:" + std::to_string(missing))) << m;
+#ifdef TANDEM_HAVE_CUDA
+  if (torch::cuda::is_available()) {
+    // The refused communicator must leave no CUDA error pending on this
+    // thread (its destructor once switched to the missing device unchecked,
+    // and the next cudaMalloc here threw "invalid device ordinal").
+    const auto e = cudaPeekAtLastError();
+    EXPECT_EQ(e, cudaSuccess) << "pending: " << cudaGetErrorString(e);
+    if (e != cudaSuccess)
+      cudaGetLastError();
+  }
+#endif
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -395,6 +407,26 @@ struct rank_scope {
   c10::cuda::CUDAStream stream;
   c10::cuda::CUDAStreamGuard on_stream;
 };
+
+/// `read()` (a device-to-host read) with `stream` current: the read is
+/// ordered after the work on that stream.  The default (legacy) stream is
+/// not ordered with pool streams (created non-blocking), so a plain
+/// `.cpu()` after work on a pool stream can read stale memory.
+at::Tensor on_stream(const c10::cuda::CUDAStream& stream, const std::function<at::Tensor()>& read) {
+  c10::cuda::CUDAStreamGuard on(stream);
+  return read();
+}
+
+/// A runtime error left pending by a call that was not checked would
+/// surface later in an unrelated place (the caching allocator checks
+/// cudaGetLastError before every cudaMalloc).  Fails, names it, clears it.
+void expect_no_pending_cuda_error(const char* where) {
+  const auto e = cudaPeekAtLastError();
+  EXPECT_EQ(e, cudaSuccess) << where << ": a CUDA error is pending: " << cudaGetErrorName(e)
+                            << " (" << cudaGetErrorString(e) << ")";
+  if (e != cudaSuccess)
+    cudaGetLastError();
+}
 
 /// ~0.5 s of GPU time at H200 clocks: long enough that an unordered copy
 /// would be caught, short enough for a test.
@@ -699,17 +731,18 @@ TEST(peer, copy_is_byte_exact_and_ordered_by_events) {
     src.copy_(staged);             // ...before it writes the features
     ready->record(producer);
   }
+  expect_no_pending_cuda_error("before copy_into");
   auto copy = transport::copy_into(src, ready, dst, copy_stream, compute);
+  expect_no_pending_cuda_error("after copy_into");
   std::printf("cuda:0 → cuda:1: %s\n", transport::to_string(copy.path));
   EXPECT_NE(copy.path, transport::copy_path::same_device);
   ASSERT_TRUE(copy.done);
   EXPECT_FALSE(copy.done->query()) << "the copy finished before the producer's event";
-  at::Tensor seen;
-  {
-    c10::cuda::CUDAStreamGuard on(compute);  // waits on copy.done already
-    seen = dst.clone();
-  }
-  EXPECT_TRUE(at::equal(seen.cpu(), bytes)) << "the consumer must see the producer's bytes";
+  // Read on the consumer's compute stream (it waits on copy.done already).
+  // Pool streams do not synchronise with the default stream, so a read
+  // there would not be ordered after the copy.
+  const auto seen = on_stream(compute, [&] { return dst.cpu(); });
+  EXPECT_TRUE(at::equal(seen, bytes)) << "the consumer must see the producer's bytes";
   EXPECT_TRUE(copy.done->query());
 }
 
@@ -730,20 +763,19 @@ TEST(peer, producer_buffer_reusable_after_consumer_event) {
     at::cuda::sleep(kSpinCycles);  // a slow copy stream
   }
   auto copy = transport::copy_into(src, ready, dst, copy_stream, compute);
+  expect_no_pending_cuda_error("after copy_into");
   // The producer's next step overwrites its buffer once the copy is done.
   copy.done->block(producer);
   {
     c10::cuda::CUDAStreamGuard on(producer);
     src.fill_(9.f);
   }
-  at::Tensor seen;
-  {
-    c10::cuda::CUDAStreamGuard on(compute);
-    seen = dst.clone();
-  }
-  EXPECT_TRUE(at::equal(seen.cpu(), at::full({n}, 7.f)))
+  // Each read on the stream that owns the buffer's last write.
+  const auto seen = on_stream(compute, [&] { return dst.cpu(); });
+  EXPECT_TRUE(at::equal(seen, at::full({n}, 7.f)))
     << "the producer overwrote its buffer before the consumer's copy";
-  EXPECT_TRUE(at::equal(src.cpu(), at::full({n}, 9.f)));
+  EXPECT_TRUE(at::equal(on_stream(producer, [&] { return src.cpu(); }), at::full({n}, 9.f)))
+    << "the producer's own write must land after the copy";
 }
 
 TEST(peer, producer_tensor_kept_alive_until_copy_done) {
@@ -773,12 +805,9 @@ TEST(peer, producer_tensor_kept_alive_until_copy_done) {
     for (int i = 0; i < 4; ++i)
       at::empty({n}, f32_on(0)).fill_(-1.f);
   }
-  at::Tensor seen;
-  {
-    c10::cuda::CUDAStreamGuard on(compute);
-    seen = dst.clone();
-  }
-  EXPECT_TRUE(at::equal(seen.cpu(), at::full({n}, 5.f)));
+  const auto seen = on_stream(compute, [&] { return dst.cpu(); });
+  EXPECT_TRUE(at::equal(seen, at::full({n}, 5.f)))
+    << "the producer's freed buffer was reused before the copy read it";
 }
 
 TEST(peer, same_device_returns_the_same_storage) {

@@ -1,0 +1,245 @@
+// Data-parallel drafters (DESIGN.md §3, §4; drafter_engine::join_group) on two
+// GPUs, with the parity fixtures' tiny Qwen3 target; "[  SKIPPED ]" with fewer
+// than 2 CUDA devices or without NCCL.  One thread per rank, each owning one
+// drafter engine and one target engine on its own GPU, as one drafter actor
+// per GPU would; every rank trains on DIFFERENT batches.
+//   - captured steps (capture_graphs = true), 20 steps: after every step the
+//     two ranks' fp32 master weights are bit-identical, both saw the same
+//     (averaged) gradient norm, the weights moved, the losses differ;
+//   - the same with eager steps (capture_graphs = false);
+//   - ranks built with different seeds start as replicas (rank 0's weights
+//     are broadcast at join).
+//   build/bin/gpu_tests --gtest_filter='data_parallel*'
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/engine/batch.hpp"
+#include "gpu/engine/drafter_engine.hpp"
+#include "gpu/engine/target_engine.hpp"
+#include "gpu/error.hpp"
+#include "gpu/nccl/communicator.hpp"
+#include "gpu/pch.hpp"
+#include "gpu/transport_tensors.hpp"
+
+using namespace tandem::gpu;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+fs::path target_dir() {
+  return fs::path(TANDEM_FIXTURES_DIR) / "qwen3_tiny";  // V 512, D 64, 8 layers
+}
+
+int cuda_devices() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+#define TANDEM_REQUIRE_TWO_GPUS_AND_NCCL()                                                    \
+  do {                                                                                        \
+    if (cuda_devices() < 2)                                                                   \
+      GTEST_SKIP() << "SKIPPED: needs 2 CUDA devices, this host has " << cuda_devices();      \
+    if (!nccl::available())                                                                   \
+      GTEST_SKIP() << "SKIPPED: built without NCCL";                                          \
+  } while (0)
+
+drafter_engine_options options(int device, bool graphs, uint64_t seed) {
+  drafter_engine_options o;
+  o.target_dir = target_dir();
+  o.device = device;
+  o.layers = 2;
+  o.block_size = 8;
+  o.mask_token_id = 511;
+  o.anchors = 16;
+  o.chunk_rows = 64;
+  o.seed = seed;
+  o.lr = 2e-3;
+  o.total_steps = 20;
+  o.capture_graphs = graphs;
+  return o;
+}
+
+/// Rows of a repeated random phrase (learnable), two documents in row 0.
+data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto phrase = at::randint(0, 500, {10}, g, at::kLong);
+  data::packed_batch b;
+  b.tokens = phrase.repeat({rows, seq / 10 + 1}).narrow(1, 0, seq).contiguous().to(at::kInt);
+  b.doc_lengths = at::zeros({rows, 2}, at::kLong);
+  b.doc_lengths[0][0] = seq / 2;
+  b.doc_lengths[0][1] = seq - seq / 2;
+  for (int64_t r = 1; r < rows; ++r)
+    b.doc_lengths[r][0] = seq;
+  b.loss_mask = at::ones({rows, seq}, at::kByte);
+  b.real_tokens = rows * seq;
+  return b;
+}
+
+/// Runs body(rank) on one thread per rank.  Exceptions become failures
+/// naming the rank; a rank still running after `limit` aborts the process
+/// with a message rather than hanging.
+void on_ranks(int world, const std::function<void(int)>& body,
+              std::chrono::seconds limit = std::chrono::seconds(240)) {
+  std::vector<std::string> errors(world);
+  std::mutex m;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const error& e) {
+        errors[r] = "gpu::error(" + tandem::to_string(e.code()) + "): " + e.what();
+      } catch (const std::exception& e) {
+        errors[r] = std::string("exception: ") + e.what();
+      }
+      std::lock_guard<std::mutex> l(m);
+      ++finished;
+      cv.notify_all();
+    });
+  {
+    std::unique_lock<std::mutex> l(m);
+    if (!cv.wait_for(l, limit, [&] { return finished == world; })) {
+      std::fprintf(stderr, "data_parallel_test: ranks still running after %lld s; aborting\n",
+                   static_cast<long long>(limit.count()));
+      std::abort();
+    }
+  }
+  for (auto& t : threads)
+    t.join();
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw " << errors[r];
+}
+
+/// The engine's fp32 master weights, on the CPU (from its snapshot).
+std::vector<at::Tensor> masters_of(const drafter_engine& e) {
+  const auto h = e.snapshot();
+  auto t = transport::acquire(h, at::Device(at::kCPU));
+  transport::release(h);
+  // {state bytes, step, weights…, exp_avg…, exp_avg_sq…}
+  const auto n = (t.size() - 2) / 3;
+  return std::vector<at::Tensor>(t.begin() + 2, t.begin() + 2 + static_cast<std::ptrdiff_t>(n));
+}
+
+bool bit_identical(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size())
+    return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].sizes() != b[i].sizes() || !at::equal(a[i], b[i]))
+      return false;
+  return true;
+}
+
+/// What one rank saw over its steps.
+struct rank_record {
+  std::vector<at::Tensor> initial;                 ///< masters right after join_group
+  std::vector<std::vector<at::Tensor>> after;      ///< masters after each step
+  std::vector<step_result> results;
+};
+
+/// Two ranks, different seeds and different batches, `steps` steps.
+std::vector<rank_record> train_two_ranks(bool graphs, int steps) {
+  const auto id = nccl::new_unique_id();
+  std::vector<rank_record> rec(2);
+  on_ranks(2, [&](int r) {
+    c10::cuda::CUDAGuard device(static_cast<c10::DeviceIndex>(r));
+    // Each rank's own features, from its own target engine on its own GPU.
+    target_engine target({target_dir(), r, "auto", {}});
+    std::vector<transport::handle> batches, features;
+    for (int i = 0; i < 4; ++i) {
+      batches.push_back(publish_batch(phrase_batch(2, 128, 1000 * static_cast<uint64_t>(r + 1) + i)));
+      features.push_back(target.forward(batches.back()));
+    }
+    {
+      // Different seeds on purpose: join_group must make them replicas.
+      drafter_engine drafter(options(r, graphs, 11 + static_cast<uint64_t>(r)));
+      drafter.join_group(id, r, 2, 60s);
+      EXPECT_EQ(drafter.group_world(), 2);
+      rec[r].initial = masters_of(drafter);
+      for (int s = 0; s < steps; ++s) {
+        const auto i = static_cast<size_t>(s % 4);
+        rec[r].results.push_back(drafter.train_step(batches[i], features[i]));
+        rec[r].after.push_back(masters_of(drafter));
+      }
+      EXPECT_TRUE(drafter.leave_group(60s)) << "rank " << r << ": the communicator did not close cleanly";
+    }
+    for (auto h : features) transport::release(h);
+    for (auto h : batches) transport::release(h);
+  });
+  return rec;
+}
+
+void expect_replicas(const std::vector<rank_record>& rec, int steps) {
+  ASSERT_EQ(rec.size(), 2u);
+  ASSERT_EQ(rec[0].after.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(rec[1].after.size(), static_cast<size_t>(steps));
+  EXPECT_TRUE(bit_identical(rec[0].initial, rec[1].initial))
+    << "ranks built with different seeds must start from rank 0's weights";
+  int losses_differ = 0;
+  for (int s = 0; s < steps; ++s) {
+    const auto& a = rec[0].results[static_cast<size_t>(s)];
+    const auto& b = rec[1].results[static_cast<size_t>(s)];
+    ASSERT_TRUE(a.finite && b.finite) << "step " << s;
+    EXPECT_EQ(a.step, s + 1);
+    EXPECT_EQ(a.step, b.step);
+    // Both clip the same averaged gradient: the same norm, bit for bit.
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+    EXPECT_EQ(a.lr, b.lr) << "step " << s;
+    EXPECT_TRUE(bit_identical(rec[0].after[static_cast<size_t>(s)], rec[1].after[static_cast<size_t>(s)]))
+      << "step " << s << ": the ranks' master weights differ";
+    losses_differ += a.loss != b.loss;
+  }
+  // Different data: the local losses differ (on essentially every step).
+  EXPECT_GE(losses_differ, steps - 1) << "the ranks' losses should differ: different batches";
+  // The weights moved.
+  double moved = 0;
+  for (size_t i = 0; i < rec[0].initial.size(); ++i)
+    moved = std::max(moved, (rec[0].after.back()[i] - rec[0].initial[i]).abs().max().item<double>());
+  EXPECT_GT(moved, 1e-4) << "20 updates should move some weight";
+  std::printf("data parallel: %d steps, loss rank0 %.4f → %.4f, rank1 %.4f → %.4f, max |Δw| %.3g\n",
+              steps, rec[0].results.front().loss, rec[0].results.back().loss,
+              rec[1].results.front().loss, rec[1].results.back().loss, moved);
+}
+
+} // namespace
+
+TEST(data_parallel, captured_steps_keep_two_drafters_bit_identical) {
+  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  const int steps = 20;
+  expect_replicas(train_two_ranks(/*graphs=*/true, steps), steps);
+}
+
+TEST(data_parallel, eager_steps_keep_two_drafters_bit_identical) {
+  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  const int steps = 20;
+  expect_replicas(train_two_ranks(/*graphs=*/false, steps), steps);
+}
+
+TEST(data_parallel_cpu, join_group_is_refused_on_the_cpu) {
+  if (!fs::exists(target_dir() / "config.json"))
+    GTEST_SKIP() << "SKIPPED: no parity fixtures at " << target_dir();
+  auto o = options(-1, false, 11);
+  drafter_engine e(o);
+  EXPECT_EQ(e.group_world(), 1);
+  try {
+    e.join_group(std::vector<uint8_t>(nccl::unique_id_size), 0, 2, 1s);
+    ADD_FAILURE() << "join_group on the CPU must throw";
+  } catch (const error& err) {
+    EXPECT_EQ(err.code(), tandem::errc::bad_input);
+    EXPECT_NE(std::string(err.what()).find("CUDA device"), std::string::npos) << err.what();
+  }
+  EXPECT_TRUE(e.leave_group(1s)) << "no group: nothing to leave";
+}
