@@ -123,8 +123,10 @@ public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& hidden, const at::Tensor& head,
                                                 const at::Tensor& labels, const at::Tensor& weight,
-                                                const at::Tensor& mask, int64_t chunk_rows) {
-    const bool want_grad = ctx->needs_input_grad(0);
+                                                const at::Tensor& mask, int64_t chunk_rows,
+                                                bool want_grad) {
+    // want_grad comes from the caller: needs_input_grad() throws when no
+    // input requires a gradient (the node then has no edges).
 #ifdef TANDEM_HAVE_CUDA
     if (kernel_takes(hidden, head)) {
       auto out = forward_kernel(hidden, head, labels, weight, mask, chunk_rows, want_grad);
@@ -166,7 +168,8 @@ public:
     auto saved = ctx->get_saved_variables();
     // In float32: the upstream scalar (1 / Σw) would lose bits as bfloat16.
     auto grad_hidden = (saved[0].to(at::kFloat) * grads[0].to(at::kFloat)).to(saved[0].scalar_type());
-    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 
 private:
@@ -233,8 +236,9 @@ private:
 chunked_ce_result chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
                                         const at::Tensor& labels, const at::Tensor& weight,
                                         const at::Tensor& mask, int64_t chunk_rows) {
+  const bool want_grad = hidden.requires_grad() && at::GradMode::is_enabled();
   auto out = chunked_ce_fn::apply(hidden, head.detach(), labels, weight.detach(), mask.detach(),
-                                  chunk_rows);
+                                  chunk_rows, want_grad);
   return {out[0], out[1]};
 }
 
