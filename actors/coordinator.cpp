@@ -57,6 +57,8 @@ struct coordinator_state {
   std::vector<caf::actor_clock::time_point> dispatched;  ///< when its step started
   std::vector<std::vector<std::pair<caf::actor_clock::time_point, std::string>>> failures;
   std::vector<bool> down;                        ///< waiting for its restart
+  std::vector<caf::actor_clock::time_point> last_heartbeat;  ///< last asked (idle drafters)
+  std::vector<bool> heartbeat_pending;           ///< asked, no answer yet
   int64_t lineage = 0;                           ///< rollbacks so far (a snapshot older than one is stale)
 };
 
@@ -328,6 +330,37 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
                      respawn_atom::value, d);
 }
 
+/// Asks idle drafter `d` for a heartbeat when heartbeat_s has passed since
+/// the last; no answer within heartbeat_s is a failure of that incarnation.
+/// (A busy drafter's thread is inside its step: step_timeout_s covers it.)
+void ask_heartbeat(self_ptr self, int32_t d, caf::actor_clock::time_point now) {
+  auto& s = self->state;
+  const auto di = static_cast<size_t>(d);
+  if (s.down[di] || s.heartbeat_pending[di] || !s.peers.drafters[di]
+      || std::chrono::duration<double>(now - s.last_heartbeat[di]).count() < s.opts.heartbeat_s)
+    return;
+  s.heartbeat_pending[di] = true;
+  s.last_heartbeat[di] = now;
+  const auto addr = s.drafter_addr[di];
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+    std::chrono::duration<double>(s.opts.heartbeat_s));
+  self->request(s.peers.drafters[di], timeout, heartbeat_atom::value)
+    .then(
+      [self, di](int64_t) {
+        self->state.heartbeat_pending[di] = false;
+        self->state.last_heartbeat[di] = self->clock().now();
+      },
+      [self, d, di, addr](caf::error& e) {
+        auto& s = self->state;
+        s.heartbeat_pending[di] = false;
+        if (s.drafter_addr[di] != addr || s.down[di])
+          return;  // already replaced: not this incarnation's failure
+        on_drafter_failure(self, d, "drafter " + std::to_string(d) + " missed its heartbeat: no answer within "
+                                      + std::to_string(s.opts.heartbeat_s) + " s (runtime.heartbeat_s): "
+                                      + self->system().render(e));
+      });
+}
+
 void respawn(self_ptr self, int32_t d) {
   auto& s = self->state;
   const auto di = static_cast<size_t>(d);
@@ -338,6 +371,8 @@ void respawn(self_ptr self, int32_t d) {
   s.peers.drafters[di] = fresh;
   s.drafter_addr[di] = fresh.address();
   s.down[di] = false;
+  s.heartbeat_pending[di] = false;
+  s.last_heartbeat[di] = self->clock().now();
   s.idle.push_back(d);
   event(self, {{"event", "drafter_restarted"}, {"drafter", d}, {"step", s.step},
                {"from", s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint}});
@@ -416,6 +451,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         const auto n = s.peers.drafters.size();
         s.drafter_addr.resize(n);
         s.dispatched.resize(n);
+        s.last_heartbeat.assign(n, self->clock().now());
+        s.heartbeat_pending.assign(n, false);
         s.failures.resize(n);
         s.down.assign(n, false);
         for (size_t d = 0; d < n; ++d) {
@@ -553,6 +590,9 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
                                           + std::to_string(static_cast<int64_t>(t)) + " s (step_timeout_s "
                                           + std::to_string(s.opts.step_timeout_s) + ")");
         }
+        if (s.opts.heartbeat_s > 0)
+          for (auto d : std::vector<int32_t>(s.idle.begin(), s.idle.end()))
+            ask_heartbeat(self, d, now);
         self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
       },
       [self](shutdown_atom) {

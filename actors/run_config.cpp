@@ -506,7 +506,8 @@ const field_def fields[] = {
   {"runtime", "heartbeat_s", kind::number, false,
    [](rc& c, const vr& v) { c.runtime.heartbeat_s = v.positive_number(); },
    [](const rc& c) { return w_num(c.runtime.heartbeat_s); },
-   "seconds without a heartbeat after which an actor is declared failed"},
+   "seconds: an idle drafter is asked for a heartbeat this often and must answer within it;\n"
+   "a drafter inside a step is watched by step_timeout_s"},
   {"runtime", "step_timeout_s", kind::number, false,
    [](rc& c, const vr& v) { c.runtime.step_timeout_s = v.positive_number(); },
    [](const rc& c) { return w_num(c.runtime.step_timeout_s); },

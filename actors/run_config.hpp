@@ -42,7 +42,7 @@ public:
 struct fault_spec {
   int64_t drafter = 0;  ///< index of the drafter that fails (placement.drafters order)
   std::string kind;     ///< "throw" (an exception), "nan" (a non-finite loss),
-                        ///< "hang" (stops answering; the heartbeat catches it)
+                        ///< "hang" (its step never ends; step_timeout_s catches it)
   int64_t at_step = 0;  ///< the global optimizer step at which it fails
 
   /// The `--fault` form: "drafter=0,kind=nan,at_step=5".
@@ -118,7 +118,7 @@ struct run_config {
   /// [runtime]: flow control and liveness.
   struct runtime_section {
     int64_t credits = 4;          ///< credits: batches in flight per target
-    double heartbeat_s = 10.0;    ///< heartbeat_s: a silent actor is declared failed after this
+    double heartbeat_s = 10.0;    ///< heartbeat_s: an idle drafter must answer a heartbeat within this
     double step_timeout_s = 120.0;  ///< step_timeout_s: a step slower than this is a failure
     bool capture_graphs = true;   ///< capture_graphs: CUDA graphs (ignored on the CPU)
   } runtime;

@@ -88,6 +88,8 @@ struct coordinator_options {
   std::vector<double> backoff_s{1, 2, 4};
   double window_s = 600;
   double step_timeout_s = 120;       ///< a step longer than this is a hang
+  double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer
+                                     ///< within it (runtime.heartbeat_s); 0 = not asked
   /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
   std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
 };

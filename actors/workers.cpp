@@ -208,7 +208,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   } catch (const std::exception& e) {
     self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
     return {[](const work_item&) {}, [](snapshot_atom) { return snapshot_desc{}; },
-            [](shutdown_atom) {}};
+            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}};
   }
   st.idle_since = clock_type::now();
   return {
@@ -253,6 +253,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       d.handle = s.engine->snapshot();
       return d;
     },
+    [self](heartbeat_atom) -> int64_t { return self->state.engine->step(); },
     [self](shutdown_atom) { self->quit(); },
   };
 }

@@ -8,10 +8,14 @@
 ///     | -- (snapshot) -----------> |  copy weights + optimizer off the device
 ///     | <----------- snapshot_desc |  (a request: the reply carries the handle;
 ///     |                            |   whoever receives it owns and releases it)
+///     | -- (heartbeat) ----------> |  liveness, asked of an idle drafter
+///     | <-------------- int64_t    |  (the reply: updates applied so far)
 ///     | -- (shutdown) -----------> |  quits
 ///
 /// A step that throws kills the actor: the supervisor sees the down message
-/// and restarts it.  A non-finite loss is reported (finite = false) without
+/// and restarts it.  An idle drafter that does not answer a heartbeat within
+/// runtime.heartbeat_s counts as failed too (a busy one is watched by
+/// runtime.step_timeout_s instead: its thread is inside the step).  A non-finite loss is reported (finite = false) without
 /// applying the update.  Work items are handled one at a time, so a
 /// snapshot request never arrives mid-step.
 
@@ -26,10 +30,12 @@
 namespace tandem {
 
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 
 using drafter_actor = caf::typed_actor<
   caf::reacts_to<work_item>,
   caf::replies_to<snapshot_atom>::with<snapshot_desc>,
+  caf::replies_to<heartbeat_atom>::with<int64_t>,
   caf::reacts_to<shutdown_atom>>;
 
 } // namespace tandem

@@ -374,6 +374,57 @@ CAF_TEST(a non-finite loss is a failure and restarts from fresh weights without 
   check_handles_released();
 }
 
+CAF_TEST(an idle drafter that misses its heartbeat is a failure and is restarted) {
+  setup s;
+  s.opts.heartbeat_s = 3;
+  start(s);
+  w->targets[0].hold = true;  // no features: the drafter stays idle
+  w->mute_heartbeat = true;
+  auto first = drafter();
+  auto exit1 = watch(sys, first);
+  sched.run();
+  CAF_CHECK_EQUAL(w->work_received, 0);
+  // 3.25 s: asked; 5 s: still within heartbeat_s of the question.
+  advance_time(3250ms);
+  sched.run();
+  advance_time(1750ms);
+  sched.run();
+  CAF_CHECK(w->events_named("drafter_failed").empty());
+  // 6.5 s: no answer for more than 3 s.
+  advance_time(1500ms);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "drafter 0 missed its heartbeat"));
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "runtime.heartbeat_s"));
+  CAF_REQUIRE_EQUAL(exit1->reasons.size(), 1u);
+  CAF_CHECK(exit1->reasons[0] == caf::exit_reason::kill);
+  // The restart answers its heartbeats: no second failure.
+  w->mute_heartbeat = false;
+  advance_time(1s);
+  sched.run();
+  CAF_CHECK_EQUAL(w->respawns.size(), 1u);
+  for (int i = 0; i < 10; ++i) {
+    advance_time(1s);
+    sched.run();
+  }
+  CAF_CHECK_EQUAL(w->events_named("drafter_failed").size(), 1u);
+}
+
+CAF_TEST(a drafter that answers its heartbeats is left alone) {
+  setup s;
+  s.opts.heartbeat_s = 2;
+  start(s);
+  w->targets[0].hold = true;
+  sched.run();
+  for (int i = 0; i < 40; ++i) {
+    advance_time(500ms);
+    sched.run();
+  }
+  CAF_CHECK(w->events_named("drafter_failed").empty());
+  CAF_CHECK(w->respawns.empty());
+}
+
 CAF_TEST(a step that overruns step_timeout_s on the deterministic clock is a failure) {
   setup s;
   s.opts.step_timeout_s = 5;

@@ -89,6 +89,7 @@ struct peer_world {
   std::vector<int64_t> final_weights; ///< the newest incarnation's, kept up to date
   std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)
   double loss = 5.0;
+  bool mute_heartbeat = false;        ///< heartbeats are never answered (a stuck drafter)
 
   // -- checkpointer ---------------------------------------------------------
   bool hold_writes = false;
@@ -309,6 +310,12 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       snapshot_desc d{index, s.step, w->next_handle++};
       w->snapshots[d.handle] = {s.step, s.weights};
       return d;
+    },
+    [=](heartbeat_atom) {
+      auto rp = self->make_response_promise<int64_t>();
+      if (!w->mute_heartbeat)
+        rp.deliver(self->state.step);
+      return rp;
     },
     [self](shutdown_atom) { self->quit(); },
   };

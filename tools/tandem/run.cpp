@@ -93,6 +93,7 @@ int run_training(const run_options& ro) {
   co.backoff_s = cfg.supervision.backoff_s;
   co.window_s = cfg.supervision.window_s;
   co.step_timeout_s = cfg.runtime.step_timeout_s;
+  co.heartbeat_s = cfg.runtime.heartbeat_s;
   std::string restore_from;
   if (ro.resume) {
     auto last = newest_checkpoint(ckpt_dir);
