@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/error.hpp"
+#include "gpu/shape_text.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; Tandem reads it in place on little-endian hosts only"
@@ -73,15 +74,6 @@ std::string dtype_text(at::ScalarType type) {
   if (auto* d = find_dtype(type))
     return d->name;
   return c10::toString(type);
-}
-
-std::string shape_text(at::IntArrayRef shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
 }
 
 [[noreturn]] void fail(const fs::path& file, const std::string& what) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gpu/error.hpp"
+#include "gpu/shape_text.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -58,19 +59,17 @@ bool enable_one_way(int from, int to) {
   return e == cudaErrorPeerAccessAlreadyEnabled;
 }
 
-std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (size_t i = 0; i < t.sizes().size(); ++i)
-    s += (i ? ", " : "") + std::to_string(t.sizes()[i]);
-  return s + "] " + c10::toString(t.scalar_type()) + " on " + t.device().str();
+/// "[2, 3] BFloat16 on cuda:1".
+std::string tensor_text(const at::Tensor& t) {
+  return shape_text(t.sizes()) + " " + c10::toString(t.scalar_type()) + " on " + t.device().str();
 }
 
 void check_cuda_tensor(const at::Tensor& t, const char* role) {
   if (!t.defined() || !t.is_cuda())
     throw error(errc::bad_input, std::string("transport: the ") + role + " must be a CUDA tensor, got "
-                                   + (t.defined() ? shape_text(t) : std::string("undefined")));
+                                   + (t.defined() ? tensor_text(t) : std::string("undefined")));
   if (!t.is_contiguous())
-    throw error(errc::bad_input, std::string("transport: the ") + role + " " + shape_text(t)
+    throw error(errc::bad_input, std::string("transport: the ") + role + " " + tensor_text(t)
                                    + " is not contiguous");
 }
 
@@ -135,8 +134,8 @@ device_copy copy_into(const at::Tensor& src, const std::shared_ptr<at::cuda::CUD
   check_cuda_tensor(src, "source");
   check_cuda_tensor(dst, "destination");
   if (src.scalar_type() != dst.scalar_type() || src.numel() != dst.numel())
-    throw error(errc::bad_input, "transport: cannot copy " + shape_text(src) + " into "
-                                   + shape_text(dst) + " (dtype and element count must match)");
+    throw error(errc::bad_input, "transport: cannot copy " + tensor_text(src) + " into "
+                                   + tensor_text(dst) + " (dtype and element count must match)");
   check_stream(copy_stream, dst.device(), "copy stream");
   check_stream(compute_stream, dst.device(), "compute stream");
   c10::cuda::CUDAGuard guard(dst.device().index());

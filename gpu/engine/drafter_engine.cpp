@@ -21,6 +21,7 @@
 #include "gpu/pch.hpp"
 #include "gpu/safetensors.hpp"
 #include "gpu/transport_tensors.hpp"
+#include "gpu/shape_text.hpp"
 
 namespace tandem::gpu {
 
@@ -33,13 +34,6 @@ const std::string who = "drafter engine";
 void require(bool ok, const std::string& what) {
   if (!ok)
     throw error(errc::bad_input, who + ": " + what);
-}
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 /// The fields of the drafter's shape that a checkpoint must agree with.

@@ -3,23 +3,13 @@
 #include <mutex>
 
 #include "gpu/error.hpp"
+#include "gpu/shape_text.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
 namespace tandem::gpu::detail {
-
-namespace {
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-} // namespace
 
 void check_batch_payload(const std::vector<at::Tensor>& t, transport::handle h,
                          const std::string& who) {

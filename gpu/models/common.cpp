@@ -2,19 +2,9 @@
 
 #include "gpu/error.hpp"
 #include "gpu/models/fused_ops.hpp"
+#include "gpu/shape_text.hpp"
 
 namespace tandem::gpu {
-
-namespace {
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-} // namespace
 
 at::Tensor take_tensor(const std::map<std::string, at::Tensor>& tensors, const std::string& name,
                        at::IntArrayRef shape, at::ScalarType dtype, const std::string& file) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "gpu/error.hpp"
+#include "gpu/shape_text.hpp"
 
 namespace tandem::gpu::nccl {
 
@@ -10,13 +11,6 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
-}
-
-std::string shape_text(const at::Tensor& t) {
-  std::string s = "[";
-  for (size_t i = 0; i < t.sizes().size(); ++i)
-    s += (i ? ", " : "") + std::to_string(t.sizes()[i]);
-  return s + "]";
 }
 
 void check_for_collective(const communicator& comm, const at::Tensor& t, const char* what) {
@@ -31,7 +25,7 @@ void check_for_collective(const communicator& comm, const at::Tensor& t, const c
     throw error(errc::bad_input, comm.describe() + ": " + what + ": tensor on " + t.device().str()
                                    + ", communicator on cuda:" + std::to_string(comm.device()));
   if (!t.is_contiguous())
-    throw error(errc::bad_input, comm.describe() + ": " + what + ": tensor " + shape_text(t)
+    throw error(errc::bad_input, comm.describe() + ": " + what + ": tensor " + shape_text(t.sizes())
                                    + " is not contiguous");
 }
 
@@ -57,7 +51,7 @@ flat_bucket::flat_bucket(std::vector<at::Tensor>& grads, int64_t alignment) {
     if (!g.defined())
       throw error(errc::bad_input, where + " is undefined");
     if (g.scalar_type() != at::kFloat)
-      throw error(errc::bad_input, where + " " + shape_text(g) + " is "
+      throw error(errc::bad_input, where + " " + shape_text(g.sizes()) + " is "
                                      + std::string(c10::toString(g.scalar_type()))
                                      + ", the bucket holds float32 (the fp32 gradients of the "
                                        "masters)");
