@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "gpu/kernels/elem.cuh"
+
 namespace tandem::gpu::kernels {
 namespace {
 
@@ -17,29 +19,6 @@ constexpr int block_threads = 512;
 constexpr int warps = block_threads / 32;
 constexpr int unroll = 4;  ///< 16-byte loads a thread has in flight
 constexpr unsigned full_mask = 0xffffffffu;
-
-// ---- element types --------------------------------------------------------
-
-template <typename T>
-struct elem;
-
-template <>
-struct elem<__nv_bfloat16> {
-  static __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 narrow(float x) { return __float2bfloat16_rn(x); }
-};
-
-template <>
-struct elem<__half> {
-  static __device__ __forceinline__ float widen(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half narrow(float x) { return __float2half_rn(x); }
-};
-
-template <>
-struct elem<float> {
-  static __device__ __forceinline__ float widen(float x) { return x; }
-  static __device__ __forceinline__ float narrow(float x) { return x; }
-};
 
 /// N consecutive elements of T, kept raw (widened on use, which keeps the
 /// unrolled loads in registers): one 16-byte access when N · sizeof(T) = 16,

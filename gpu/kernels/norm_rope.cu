@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "gpu/kernels/elem.cuh"
+
 namespace tandem::gpu::kernels {
 namespace {
 
@@ -16,29 +18,6 @@ constexpr unsigned full_mask = 0xffffffffu;
 /// Most CTAs of the backward: fixes the number of dweight partial rows (and
 /// so the reduction order) as a function of the sizes alone.
 constexpr int64_t max_bwd_ctas = 512;
-
-// ---- element types --------------------------------------------------------
-
-template <typename T>
-struct elem;
-
-template <>
-struct elem<__nv_bfloat16> {
-  static __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 narrow(float x) { return __float2bfloat16_rn(x); }
-};
-
-template <>
-struct elem<__half> {
-  static __device__ __forceinline__ float widen(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half narrow(float x) { return __float2half_rn(x); }
-};
-
-template <>
-struct elem<float> {
-  static __device__ __forceinline__ float widen(float x) { return x; }
-  static __device__ __forceinline__ float narrow(float x) { return x; }
-};
 
 /// Rounds through T and back (the composite's cast to the input dtype).
 template <typename T>
