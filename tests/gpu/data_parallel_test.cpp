@@ -31,17 +31,15 @@
 #include "gpu/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 #include "gpu/transport_tensors.hpp"
 
 using namespace tandem::gpu;
+using namespace tandem::gpu::test;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 namespace {
-
-fs::path target_dir() {
-  return fs::path(TANDEM_FIXTURES_DIR) / "qwen3_tiny";  // V 512, D 64, 8 layers
-}
 
 int cuda_devices() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
@@ -57,7 +55,7 @@ int cuda_devices() {
 
 drafter_engine_options options(int device, bool graphs, uint64_t seed) {
   drafter_engine_options o;
-  o.target_dir = target_dir();
+  o.target_dir = tiny_target_dir();
   o.device = device;
   o.layers = 2;
   o.block_size = 8;
@@ -69,22 +67,6 @@ drafter_engine_options options(int device, bool graphs, uint64_t seed) {
   o.total_steps = 20;
   o.capture_graphs = graphs;
   return o;
-}
-
-/// Rows of a repeated random phrase (learnable), two documents in row 0.
-data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto phrase = at::randint(0, 500, {10}, g, at::kLong);
-  data::packed_batch b;
-  b.tokens = phrase.repeat({rows, seq / 10 + 1}).narrow(1, 0, seq).contiguous().to(at::kInt);
-  b.doc_lengths = at::zeros({rows, 2}, at::kLong);
-  b.doc_lengths[0][0] = seq / 2;
-  b.doc_lengths[0][1] = seq - seq / 2;
-  for (int64_t r = 1; r < rows; ++r)
-    b.doc_lengths[r][0] = seq;
-  b.loss_mask = at::ones({rows, seq}, at::kByte);
-  b.real_tokens = rows * seq;
-  return b;
 }
 
 /// Runs body(rank) on one thread per rank.  Exceptions become failures
@@ -157,7 +139,7 @@ std::vector<rank_record> train_two_ranks(bool graphs, int steps) {
   on_ranks(2, [&](int r) {
     c10::cuda::CUDAGuard device(static_cast<c10::DeviceIndex>(r));
     // Each rank's own features, from its own target engine on its own GPU.
-    target_engine target({target_dir(), r, "auto", {}});
+    target_engine target({tiny_target_dir(), r, "auto", {}});
     std::vector<transport::handle> batches, features;
     for (int i = 0; i < 4; ++i) {
       batches.push_back(publish_batch(phrase_batch(2, 128, 1000 * static_cast<uint64_t>(r + 1) + i)));
@@ -229,8 +211,8 @@ TEST(data_parallel, eager_steps_keep_two_drafters_bit_identical) {
 }
 
 TEST(data_parallel_cpu, join_group_is_refused_on_the_cpu) {
-  if (!fs::exists(target_dir() / "config.json"))
-    GTEST_SKIP() << "SKIPPED: no parity fixtures at " << target_dir();
+  if (!fs::exists(tiny_target_dir() / "config.json"))
+    GTEST_SKIP() << "SKIPPED: no parity fixtures at " << tiny_target_dir();
   auto o = options(-1, false, 11);
   drafter_engine e(o);
   EXPECT_EQ(e.group_world(), 1);

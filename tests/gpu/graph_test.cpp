@@ -18,16 +18,14 @@
 #include "gpu/engine/graph.hpp"
 #include "gpu/engine/target_engine.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 #include "gpu/transport_tensors.hpp"
 
 using namespace tandem::gpu;
+using namespace tandem::gpu::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path target_dir() {
-  return fs::path(TANDEM_FIXTURES_DIR) / "qwen3_tiny";  // V 512, D 64, 8 layers
-}
 
 bool have_gpu() {
   return torch::cuda::is_available() && torch::cuda::device_count() > 0;
@@ -35,7 +33,7 @@ bool have_gpu() {
 
 drafter_engine_options options(bool graphs) {
   drafter_engine_options o;
-  o.target_dir = target_dir();
+  o.target_dir = tiny_target_dir();
   o.device = 0;
   o.layers = 2;
   o.block_size = 8;
@@ -49,27 +47,11 @@ drafter_engine_options options(bool graphs) {
   return o;
 }
 
-/// Rows of a repeated random phrase (learnable), two documents in row 0.
-data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto phrase = at::randint(0, 500, {10}, g, at::kLong);
-  data::packed_batch b;
-  b.tokens = phrase.repeat({rows, seq / 10 + 1}).narrow(1, 0, seq).contiguous().to(at::kInt);
-  b.doc_lengths = at::zeros({rows, 2}, at::kLong);
-  b.doc_lengths[0][0] = seq / 2;
-  b.doc_lengths[0][1] = seq - seq / 2;
-  for (int64_t r = 1; r < rows; ++r)
-    b.doc_lengths[r][0] = seq;
-  b.loss_mask = at::ones({rows, seq}, at::kByte);
-  b.real_tokens = rows * seq;
-  return b;
-}
-
 /// Batches and their features on cuda:0, published for the test's life.
 struct gpu_inputs {
   std::vector<transport::handle> batches, features;
   explicit gpu_inputs(int n) {
-    target_engine target({target_dir(), 0, "auto", {}});
+    target_engine target({tiny_target_dir(), 0, "auto", {}});
     for (int i = 0; i < n; ++i) {
       batches.push_back(publish_batch(phrase_batch(2, 128, 100 + static_cast<uint64_t>(i))));
       features.push_back(target.forward(batches.back()));
