@@ -1,0 +1,16 @@
+# Sourced on the GPU host from the repository root (see tools/gpu-host/pack):
+# unpacks the binaries into build/, makes the build folder they were compiled
+# in (their fixture and helper paths are absolute) point here, and puts the
+# host's LibTorch, NVIDIA libraries and the packed libraries on the path.
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+ROOT=$PWD
+if [ ! -d build/bin ]; then
+  mkdir -p build && tar -xJf .devbin/bin.tar.xz -C build || exit 1
+fi
+PACKED=$(cat .devbin/build_dir)
+if [ "$PACKED" != "$ROOT/build" ]; then mkdir -p "$(dirname "$PACKED")" && ln -sfn "$ROOT/build" "$PACKED"; fi
+SP=${TORCH_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}
+export LD_LIBRARY_PATH=$ROOT/build/lib:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib | tr '\n' ':')
+export TANDEM_PYTHON=${TANDEM_PYTHON:-$(dirname "$(dirname "$(dirname "$SP")")")/bin/python}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
