@@ -5,10 +5,11 @@
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 ROOT=$PWD
+DEVBIN=${TANDEM_DEVBIN:-.devbin}
 if [ ! -d build/bin ]; then
-  mkdir -p build && tar -xJf .devbin/bin.tar.xz -C build || exit 1
+  mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
 fi
-PACKED=$(cat .devbin/build_dir)
+PACKED=$(cat $DEVBIN/build_dir)
 if [ "$PACKED" != "$ROOT/build" ]; then mkdir -p "$(dirname "$PACKED")" && ln -sfn "$ROOT/build" "$PACKED"; fi
 SP=${TORCH_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}
 export LD_LIBRARY_PATH=$ROOT/build/lib:$SP/torch/lib:$(ls -d $SP/nvidia/*/lib | tr '\n' ':')
