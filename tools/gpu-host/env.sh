@@ -6,9 +6,10 @@ set -o pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 ROOT=$PWD
 DEVBIN=${TANDEM_DEVBIN:-.devbin}
-if [ ! -d build/bin ]; then
-  mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
-fi
+# Always unpacked afresh: a warm host keeps the last call's build/ (ignored
+# paths survive), which may come from another pack.
+rm -rf build/bin build/fixtures build/lib
+mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
 PACKED=$(cat $DEVBIN/build_dir)
 if [ "$PACKED" != "$ROOT/build" ]; then mkdir -p "$(dirname "$PACKED")" && ln -sfn "$ROOT/build" "$PACKED"; fi
 SP=${TORCH_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}
