@@ -15,6 +15,11 @@
 /// lr·t/W for t ≤ W, then lr·½(1 + cos(π·min(1, (t − W)/(total − W)))): the
 /// first update uses lr/W, update W the full lr, update `total_steps` (and
 /// any later one) lr 0.  total_steps ≤ 0: a constant lr, no warmup.
+/// Flat mode (CUDA; the drafter engine's mixed-precision path): the masters
+/// are views of ONE contiguous fp32 buffer, the moments views of two more at
+/// the same offsets, and `step_flat` runs the update above as two kernels
+/// over the flat gradient (bf16 or fp32) that also write the bf16 model copy
+/// (gpu/kernels/adamw_flat.hpp: 32 instead of 54 bytes per parameter).
 /// gpu/ only (torch); the engines use it, tests check it.
 
 #include <cstdint>
@@ -47,6 +52,10 @@ public:
   /// `params`: the fp32 master weights, updated in place.  All on one device.
   adamw(std::vector<at::Tensor> params, const adamw_options& opts);
 
+  /// Flat mode: every param is a contiguous view of `flat` ([N] fp32, CUDA,
+  /// 16-byte aligned, N a multiple of 8; see flat_layout in drafter_engine).
+  adamw(std::vector<at::Tensor> params, const adamw_options& opts, at::Tensor flat);
+
   /// What one update produced, as device scalars (float32 []); nothing read back.
   struct stats {
     at::Tensor grad_norm;  ///< global norm before clipping
@@ -57,6 +66,12 @@ public:
   /// One update.  `grads` (fp32, shaped like the params) are clipped in
   /// place; `loss` ([] any float dtype) is only checked for finiteness.
   stats step(const std::vector<at::Tensor>& grads, const at::Tensor& loss);
+
+  /// Flat mode only: one update from `grad` ([N], bf16/fp16/fp32, laid out
+  /// as the masters' flat buffer; read, not changed) that also writes
+  /// `model` ([N] bf16/fp16, or undefined) = the updated masters, rounded.
+  stats step_flat(const at::Tensor& grad, const at::Tensor& model, const at::Tensor& loss);
+  bool is_flat() const { return flat_.defined(); }
 
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
@@ -79,6 +94,8 @@ private:
   std::vector<at::Tensor> exp_avg_;     ///< fp32, like params
   std::vector<at::Tensor> exp_avg_sq_;  ///< fp32, like params
   std::vector<at::Tensor> steps_;       ///< [] float32 each, all equal (the fused kernel reads one per tensor)
+  at::Tensor flat_, flat_avg_, flat_avg_sq_;  ///< flat mode: [N] fp32 masters, moments
+  at::Tensor partials_;                 ///< flat mode: [blocks] fp32, the norm's partial sums
 };
 
 } // namespace tandem::gpu

@@ -78,7 +78,17 @@ struct drafter_engine::impl {
   std::vector<std::string> names;    ///< z-lab names, dflash_parameters order
   std::vector<at::Tensor> masters;   ///< master's tensors in that order
   std::vector<at::Tensor> params;    ///< model's tensors in that order
-  std::vector<at::Tensor> fp32_grads;  ///< the optimizer's gradients (= params' grads on fp32)
+  std::vector<at::Tensor> fp32_grads;  ///< the optimizer's gradients (= params' grads on fp32; unused when flat)
+  /// Flat mode (CUDA, bf16/fp16 model): every parameter is a view of one
+  /// buffer per role, at the same offsets (each slot padded to 8 elements),
+  /// and the optimizer's update is one pass over them (adamw::step_flat).
+  struct flat_buffers {
+    at::Tensor master;  ///< [N] fp32: masters[i] are views
+    at::Tensor model;   ///< [N] dtype: params[i] are views (leaves)
+    at::Tensor grad;    ///< [N] dtype: params[i].grad() are views (autograd accumulates in place)
+    at::Tensor reduced; ///< [N] fp32: in a group, the averaged gradient (grad copied, all-reduced)
+    std::vector<int64_t> offsets;  ///< parameter i's slot, in elements
+  } flat;
   std::unique_ptr<adamw> optimizer;
   at::Generator gen;                 ///< anchors; private, on the device
   drafter_info info;
@@ -101,7 +111,9 @@ struct drafter_engine::impl {
     build_config();
     load_frozen();
     init_weights();
-    optimizer = std::make_unique<adamw>(masters, optimizer_options());
+    optimizer = flat.master.defined()
+                  ? std::make_unique<adamw>(masters, optimizer_options(), flat.master)
+                  : std::make_unique<adamw>(masters, optimizer_options());
     gen = detail::private_generator(device, detail::mix_seed(o.seed, 1));
     poison = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
     fill_info();
@@ -177,6 +189,10 @@ struct drafter_engine::impl {
       names.push_back(name);
       masters.push_back(*p);
     }
+    if (mixed() && device.is_cuda()) {
+      make_flat();
+      return;
+    }
     if (!mixed()) {
       model = master;
       for (auto& p : masters)
@@ -192,6 +208,37 @@ struct drafter_engine::impl {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].mutable_grad() = at::zeros_like(params[i]);
       fp32_grads.push_back(mixed() ? at::zeros_like(masters[i]) : params[i].grad());
+    }
+  }
+
+  /// Flat mode: masters, the model copy and the gradients become views of
+  /// one buffer each, slots padded to multiples of 8 elements (16 bytes of
+  /// bf16), which the flat optimizer kernels need.
+  void make_flat() {
+    at::NoGradGuard no_grad;
+    auto& offsets = flat.offsets;
+    int64_t n = 0;
+    for (const auto& m : masters) {
+      offsets.push_back(n);
+      n += (m.numel() + 7) / 8 * 8;
+    }
+    flat.master = at::zeros({n}, masters.front().options());
+    auto view = [&](const at::Tensor& buf, size_t i) {
+      return buf.narrow(0, offsets[i], masters[i].numel()).view(masters[i].sizes());
+    };
+    for (size_t i = 0; i < masters.size(); ++i)
+      view(flat.master, i).copy_(masters[i]);
+    flat.model = flat.master.to(dtype);
+    flat.grad = at::zeros({n}, flat.model.options());
+    model = master;
+    auto m = dflash_parameters(master);
+    auto p = dflash_parameters(model);
+    for (size_t i = 0; i < masters.size(); ++i) {
+      masters[i] = view(flat.master, i);
+      *m[i].second = masters[i];
+      params.push_back(view(flat.model, i).detach().requires_grad_(true));
+      *p[i].second = params.back();
+      params.back().mutable_grad() = view(flat.grad, i);
     }
   }
 
@@ -228,6 +275,10 @@ struct drafter_engine::impl {
     if (!mixed())
       return;
     at::NoGradGuard no_grad;
+    if (flat.model.defined()) {
+      flat.model.copy_(flat.master);
+      return;
+    }
     for (size_t i = 0; i < params.size(); ++i)
       params[i].copy_(masters[i]);
   }
@@ -254,8 +305,11 @@ struct drafter_engine::impl {
                        const at::Tensor& doc_lengths, const at::Tensor& taps,
                        bool fail_after_backward = false) {
     const auto s = tokens.size(1);
-    for (auto& p : params)
-      p.mutable_grad().zero_();
+    if (flat.grad.defined())
+      flat.grad.zero_();
+    else
+      for (auto& p : params)
+        p.mutable_grad().zero_();
     auto docs = make_doc_layout(doc_lengths, s);
     auto anchors = sample_anchors(loss_mask, docs, opts.anchors, opts.block_size, gen);
     auto blocks = make_block_batch(tokens, loss_mask, docs, taps.to(dtype), anchors, embed,
@@ -265,6 +319,8 @@ struct drafter_engine::impl {
     loss.backward();
     if (fail_after_backward)
       throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
+    if (flat.grad.defined())
+      return flat_update(loss, out);
     if (mixed()) {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i)
@@ -288,10 +344,41 @@ struct drafter_engine::impl {
       nccl::all_reduce(*comm, bucket.flat(), nccl::reduce_op::avg);
     auto st = optimizer->step(fp32_grads, loss);
     refresh_model();
+    return step_metrics(loss, out, st);
+  }
+
+  at::Tensor step_metrics(const at::Tensor& loss, const objective_output& out, const adamw::stats& st) {
     at::NoGradGuard no_grad;
     return at::stack({loss.detach().to(at::kFloat), out.accuracy.to(at::kFloat),
                       st.grad_norm.to(at::kFloat), st.lr.to(at::kFloat), out.scored.to(at::kFloat),
                       st.skipped.to(at::kFloat), optimizer->step_count().to(at::kFloat)});
+  }
+
+  /// Flat mode's update: the gradient (averaged over the group, in fp32,
+  /// when there is one) → clip + AdamW + the model copy, in two kernels.
+  at::Tensor flat_update(const at::Tensor& loss, const objective_output& out) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      // Autograd accumulates into the views; should it ever have replaced
+      // one, copy it back and restore the view.
+      auto g = params[i].grad();
+      if (!g.defined() || !g.is_alias_of(flat.grad)) {
+        auto v = flat.grad.narrow(0, flat.offsets[i], masters[i].numel()).view(masters[i].sizes());
+        if (g.defined())
+          v.copy_(g);
+        else
+          v.zero_();
+        params[i].mutable_grad() = v;
+      }
+    }
+    auto grad = flat.grad;
+    if (comm) {
+      flat.reduced.copy_(flat.grad);
+      nccl::all_reduce(*comm, flat.reduced, nccl::reduce_op::avg);
+      grad = flat.reduced;
+    }
+    auto st = optimizer->step_flat(grad, flat.model, loss);
+    return step_metrics(loss, out, st);
   }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -447,6 +534,11 @@ struct drafter_engine::impl {
 
   /// fp32_grads become views of one flat bucket (their values kept).
   void make_bucket() {
+    if (flat.master.defined()) {
+      if (!flat.reduced.defined())
+        flat.reduced = at::zeros_like(flat.master);
+      return;
+    }
     if (!bucket.empty())
       return;
     if (mixed()) {
