@@ -25,6 +25,8 @@
 #include "gpu/safetensors.hpp"
 #include "gpu/transport_tensors.hpp"
 
+#include <torch/csrc/autograd/profiler_kineto.h>
+
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -548,6 +550,83 @@ std::pair<int, std::string> run_capture(const std::vector<std::string>& argv) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+#ifdef TANDEM_HAVE_CUDA
+/// Kernel class of a CUDA activity, by name (docs/bench.md, "kernel_ms").
+std::string kernel_class(const std::string& name) {
+  auto has = [&](const char* x) { return name.find(x) != std::string::npos; };
+  if (has("Memcpy") || has("memcpy"))
+    return "memcpy";
+  if (has("Memset") || has("memset"))
+    return "memset";
+  if (has("nccl"))
+    return "nccl";
+  if (has("kernels::") && (has("fwd_kernel") || has("delta_kernel") || has("bwd_")))
+    return "attention";
+  if (has("ce_grad"))
+    return "ce_grad";
+  if (has("rms_norm") || has("rope_kernel"))
+    return "norm_rope";
+  if (has("adamw") || has("sumsq") || has("fused_adam") || has("multi_tensor"))
+    return "optimizer";
+  if (has("gemm") || has("nvjet") || has("cutlass") || has("xmma") || has("sm90_") || has("Kernel2"))
+    return "gemm";
+  if (has("reduce_kernel") || has("Reduce"))
+    return "reduce";
+  if (has("elementwise") || has("Elementwise"))
+    return "elementwise";
+  if (has("index") || has("gather") || has("scatter") || has("Index"))
+    return "index";
+  if (has("sort") || has("Sort") || has("cub::") || has("random") || has("distribution"))
+    return "sort_random";
+  return "other";
+}
+#endif
+
+/// Runs `step` `steps` times under the Kineto profiler and sums the GPU time
+/// of every kernel, copy and memset per step by kernel_class (ms); the
+/// Chrome trace goes to `trace` when it is not empty.  {} on the CPU.
+nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::string& trace,
+                               const std::function<void()>& step) {
+  nlohmann::json out = nlohmann::json::object();
+#ifdef TANDEM_HAVE_CUDA
+  if (!dev.is_cuda() || steps <= 0)
+    return out;
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  c10::cuda::getCurrentCUDAStream(dev.index()).synchronize();
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);  // as torch.profiler does before enabling
+  prof::enableProfiler(config, activities);
+  for (int i = 0; i < steps; ++i)
+    step();
+  c10::cuda::getCurrentCUDAStream(dev.index()).synchronize();
+  auto result = prof::disableProfiler();
+  std::map<std::string, double> ms;
+  std::map<std::string, int64_t> launches;
+  double total = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA)
+      continue;
+    const double t = static_cast<double>(e.durationNs()) / 1e6 / steps;
+    const auto c = kernel_class(e.name());
+    ms[c] += t;
+    ++launches[c];
+    total += t;
+  }
+  for (auto& [c, t] : ms)
+    out[c] = {{"ms", t}, {"launches", launches[c] / steps}};
+  out["total_ms"] = total;
+  if (!trace.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(trace).parent_path());
+    result->save(trace);
+  }
+#else
+  (void)dev, (void)steps, (void)trace, (void)step;
+#endif
+  return out;
+}
+
 /// The engine's real training step (drafter_engine::train_step: anchors,
 /// layout, forward, chunked CE, backward, clip, fused AdamW on fp32
 /// masters), eager and graphed, on one published batch and random taps;
@@ -637,6 +716,11 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     auto t = summarise(ms);
+    nlohmann::json kernels;
+    if (!graphs && o.profile_steps > 0)  // the graphed step runs the same kernels
+      kernels = profile_kernels(dev, o.profile_steps,
+                                o.trace_dir.empty() ? "" : o.trace_dir + "/drafter_step_" + size + ".json",
+                                [&] { last = engine.train_step(batch_h, features_h); });
     auto j = base_line("drafter_step", o, dev, size);
     j["warmup"] = warmup;
     j["mode"] = graphs ? "graphed" : "eager";
@@ -646,6 +730,8 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     finish_line(j, t, flop, tokens, peak_gib(dev));
     j["last_step"] = {{"loss", last.loss}, {"grad_norm", last.grad_norm}, {"finite", last.finite},
                       {"step", last.step}};
+    if (!kernels.empty())
+      j["kernel_ms"] = kernels;  // per step, profiled after the timed runs
     return j;
   };
   auto eager = run_mode(false);

@@ -32,6 +32,11 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--reference", opts->reference,
                 "drafter_step: also time the PyTorch reference (tools/bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
+  cmd->add_option("--profile-steps", opts->profile_steps,
+                  "drafter_step: eager steps profiled after timing for the per-kernel-class "
+                  "GPU time (kernel_ms); 0 turns it off")
+    ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--trace", opts->trace_dir, "drafter_step: save the profiled steps' Chrome trace in this folder");
   cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
   cmd->callback([opts, &exit_code] {
     opts->git_commit = build::git_commit;
