@@ -2,6 +2,7 @@
 // credits, keeps the sample ledger, decides checkpoints, ends epochs and the
 // run.  Cooperative: its handlers only move descriptors and counters.
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -60,6 +61,18 @@ struct coordinator_state {
   std::vector<caf::actor_clock::time_point> last_heartbeat;  ///< last asked (idle drafters)
   std::vector<bool> heartbeat_pending;           ///< asked, no answer yet
   int64_t lineage = 0;                           ///< rollbacks so far (a snapshot older than one is stale)
+  // Data-parallel drafters (more than one): one NCCL group, lockstep steps.
+  struct group_state {
+    int64_t generation = 0;        ///< groups formed so far
+    bool formed = false;           ///< a group is up and no rank has failed since
+    bool forming = false;
+    int32_t joined = 0;            ///< join replies of the group being formed
+    std::vector<bool> clean;       ///< holds the state the ledger's step says (restored or never diverged)
+    /// The group step in flight: reports still due and what they trained.
+    int32_t reports_due = 0;
+    std::vector<step_report> reports;
+    std::vector<int64_t> batches;  ///< the real batches of this step
+  } group;
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
@@ -76,8 +89,59 @@ void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t feat
     self->send(s.peers.targets[static_cast<size_t>(source)], release_atom::value, features_handle);
 }
 
+bool grouped(self_ptr self) {
+  return self->state.peers.drafters.size() > 1;
+}
+
+/// Whether no more batches of this epoch can arrive: every prefetch is
+/// exhausted and every batch in flight has its features (is queued).
+bool epoch_tail(self_ptr self) {
+  auto& s = self->state;
+  for (bool e : s.exhausted)
+    if (!e)
+      return false;
+  return s.queue.size() == s.in_flight.size();
+}
+
+/// Lockstep dispatch of one group step: all ranks idle, the group formed,
+/// N queued batches (or fewer at the end of an epoch: the other ranks get a
+/// copy with contribute = false, messages/drafter.hpp).
+void dispatch_group(self_ptr self) {
+  auto& s = self->state;
+  const auto world = s.peers.drafters.size();
+  if (s.stopping || !s.group.formed || s.group.forming || s.group.reports_due > 0
+      || s.idle.size() != world || s.queue.empty())
+    return;
+  if (s.queue.size() < world && !epoch_tail(self))
+    return;
+  const auto now = self->clock().now();
+  s.group.reports.clear();
+  s.group.batches.clear();
+  s.group.reports_due = static_cast<int32_t>(world);
+  const work_item first = s.queue.front();
+  s.idle.clear();
+  for (size_t d = 0; d < world; ++d) {
+    work_item w;
+    if (!s.queue.empty()) {
+      w = std::move(s.queue.front());
+      s.queue.pop_front();
+      s.group.batches.push_back(w.batch.batch_id);
+    } else {
+      w = first;
+      w.contribute = false;
+    }
+    s.busy.insert(static_cast<int32_t>(d));
+    s.dispatched[d] = now;
+    self->send(s.peers.drafters[d], std::move(w));
+  }
+}
+
 void dispatch(self_ptr self) {
   auto& s = self->state;
+  if (grouped(self)) {
+    dispatch_group(self);
+    return;
+  }
   while (!s.stopping && !s.idle.empty() && !s.queue.empty()) {
     auto d = s.idle.front();
     s.idle.pop_front();
@@ -179,7 +243,7 @@ void deliver(self_ptr self) {
 /// (if there is anything new) and answer the run request.
 void try_complete(self_ptr self) {
   auto& s = self->state;
-  if (!s.stopping || !s.busy.empty() || s.checkpointing)
+  if (!s.stopping || !s.busy.empty() || s.checkpointing || s.group.forming)
     return;
   for (bool d : s.down)
     if (d)
@@ -255,8 +319,104 @@ void maybe_end_epoch(self_ptr self) {
   });
 }
 
+void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason);
+
+template <class T>
+std::chrono::nanoseconds seconds_of(T s) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
+}
+
+/// Data-parallel drafters: forms a new NCCL group once every drafter is up
+/// and idle.  Rank 0 is a clean drafter (one holding the restore point's
+/// state: at the start every drafter, after a failure the restarted one,
+/// restored from the newest checkpoint); joining broadcasts its weights,
+/// moments and step to the others.  A rank that cannot join is a failed
+/// drafter; the others' joins then time out and are not counted against them.
+void maybe_form_group(self_ptr self) {
+  auto& s = self->state;
+  const auto world = s.peers.drafters.size();
+  if (!grouped(self) || !s.running || s.group.formed || s.group.forming)
+    return;
+  for (size_t d = 0; d < world; ++d)
+    if (s.down[d])
+      return;
+  if (!s.busy.empty() || s.idle.size() != world)
+    return;
+  int32_t root = -1;
+  for (size_t d = 0; d < world && root < 0; ++d)
+    if (s.group.clean[d])
+      root = static_cast<int32_t>(d);
+  if (root < 0) {
+    fail(self, make_error(errc::device_failure,
+                          "data-parallel drafters: none holds the restore point's state"));
+    return;
+  }
+  s.group.forming = true;
+  s.group.joined = 0;
+  const auto gen = ++s.group.generation;
+  const auto timeout = seconds_of(s.opts.group_timeout_s + 30);
+  const auto root_addr = s.drafter_addr[static_cast<size_t>(root)];
+  // Only the first failure of a generation is a drafter's fault.
+  auto join_failed = [self, gen](int32_t d, caf::actor_addr addr, const std::string& what) {
+    auto& s = self->state;
+    if (s.group.generation != gen || !s.group.forming)
+      return;
+    s.group.forming = false;
+    if (s.drafter_addr[static_cast<size_t>(d)] == addr && !s.down[static_cast<size_t>(d)])
+      on_drafter_failure(self, d, what);
+  };
+  self->request(s.peers.drafters[static_cast<size_t>(root)], timeout, group_id_atom::value)
+    .then(
+      [self, gen, root, timeout, join_failed](const std::vector<uint8_t>& id) {
+        auto& s = self->state;
+        if (s.group.generation != gen || !s.group.forming)
+          return;
+        const auto world = static_cast<int32_t>(s.peers.drafters.size());
+        std::vector<int32_t> order{root};
+        for (int32_t d = 0; d < world; ++d)
+          if (d != root)
+            order.push_back(d);
+        for (int32_t rank = 0; rank < world; ++rank) {
+          const auto d = order[static_cast<size_t>(rank)];
+          const auto addr = s.drafter_addr[static_cast<size_t>(d)];
+          group_spec g{id, rank, world, gen, s.opts.group_timeout_s};
+          self->request(s.peers.drafters[static_cast<size_t>(d)], timeout, std::move(g))
+            .then(
+              [self, gen, root, world](int64_t step) {
+                auto& s = self->state;
+                if (s.group.generation != gen || !s.group.forming || ++s.group.joined < world)
+                  return;
+                s.group.forming = false;
+                s.group.formed = true;
+                s.group.clean.assign(static_cast<size_t>(world), true);
+                if (step != s.step)
+                  spdlog::warn("data-parallel group {}: rank 0 (drafter {}) is at step {}, the "
+                               "ledger at {}", gen, root, step, s.step);
+                event(self, {{"event", "group_formed"}, {"generation", gen}, {"world", world},
+                             {"root", root}, {"step", step}});
+                dispatch(self);
+                try_complete(self);
+                maybe_end_epoch(self);
+              },
+              [self, d, addr, gen, join_failed](caf::error& e) {
+                join_failed(d, addr, "drafter " + std::to_string(d) + " could not join data-parallel group "
+                                       + std::to_string(gen) + ": " + self->system().render(e));
+              });
+        }
+      },
+      [self, root, root_addr, gen, join_failed](caf::error& e) {
+        join_failed(root, root_addr, "drafter " + std::to_string(root)
+                                       + " could not create data-parallel group "
+                                       + std::to_string(gen) + ": " + self->system().render(e));
+      });
+}
+
 /// A drafter failed: roll back to the newest checkpoint, re-issue what was
 /// lost, and restart it after its backoff — or end the run past the budget.
+/// Data-parallel drafters: the group is broken for everyone; the survivors
+/// stay up (a survivor inside the step's collective reports group_failed
+/// after runtime.group_timeout_s), and the next group takes the restarted
+/// drafter's restored state.
 void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
   auto& s = self->state;
   const auto di = static_cast<size_t>(d);
@@ -275,6 +435,15 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
   s.drafter_addr[di] = caf::actor_addr{};
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
+  if (grouped(self)) {
+    // Every replica has left the restore point (they roll back below).
+    s.group.formed = false;
+    s.group.forming = false;
+    s.group.reports_due = 0;
+    s.group.reports.clear();
+    s.group.batches.clear();
+    s.group.clean.assign(s.peers.drafters.size(), false);
+  }
   const auto restarts = static_cast<int64_t>(f.size());
   if (restarts > s.opts.restart_budget) {
     std::string report = "drafter " + std::to_string(d) + " failed " + std::to_string(restarts)
@@ -374,10 +543,131 @@ void respawn(self_ptr self, int32_t d) {
   s.heartbeat_pending[di] = false;
   s.last_heartbeat[di] = self->clock().now();
   s.idle.push_back(d);
+  if (grouped(self))
+    s.group.clean[di] = true;  // restored from the restore point
   event(self, {{"event", "drafter_restarted"}, {"drafter", d}, {"step", s.step},
                {"from", s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint}});
+  maybe_form_group(self);
   dispatch(self);
   try_complete(self);
+}
+
+/// After a step's accounting: the run's end, a checkpoint, the next work.
+void after_step(self_ptr self) {
+  auto& s = self->state;
+  if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
+    finish(self, "max_steps");
+    return;
+  }
+  if (s.stopping) {
+    try_complete(self);
+    return;
+  }
+  if (s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
+    checkpoint(self, [self] { maybe_end_epoch(self); });
+  dispatch(self);
+  maybe_end_epoch(self);
+}
+
+/// The batch is trained into the weights of step `step`: retire it.
+void retire(self_ptr self, int64_t batch_id, int64_t step) {
+  auto& s = self->state;
+  auto it = s.in_flight.find(batch_id);
+  if (it != s.in_flight.end()) {
+    release(self, it->second.source, it->second.batch_handle, it->second.features_handle);
+    if (!s.stopping)
+      self->send(s.peers.prefetch[static_cast<size_t>(it->second.source)], credit_atom::value,
+                 int32_t{1});
+    s.in_flight.erase(it);
+  }
+  s.ledger->trained(batch_id, step);
+}
+
+/// A data-parallel drafter's report.  The group step is accounted when all
+/// N are in: every real batch retired at the common step, or — a rank with
+/// a non-finite loss, or a collective that failed — a drafter failure.
+void on_group_report(self_ptr self, const step_report& r) {
+  auto& s = self->state;
+  s.busy.erase(r.drafter);
+  if (std::find(s.idle.begin(), s.idle.end(), r.drafter) == s.idle.end())
+    s.idle.push_back(r.drafter);
+  if (!s.group.formed || s.group.reports_due == 0) {
+    // A step cut short by a failure already handled: nothing to account.
+    if (r.group_failed)
+      event(self, {{"event", "group_step_abandoned"}, {"drafter", r.drafter}});
+    maybe_form_group(self);
+    try_complete(self);
+    return;
+  }
+  s.group.reports.push_back(r);
+  --s.group.reports_due;
+  bool collective_failed = false;
+  for (const auto& x : s.group.reports)
+    collective_failed |= x.group_failed;
+  if (s.group.reports_due > 0) {
+    if (collective_failed && s.busy.size() == static_cast<size_t>(s.group.reports_due)) {
+      // Every rank still busy kept its peers' collective from completing.
+      for (auto d : std::vector<int32_t>(s.busy.begin(), s.busy.end()))
+        on_drafter_failure(self, d, "drafter " + std::to_string(d) + " did not complete group step "
+                                      + std::to_string(s.step + 1) + ": its peers' collective timed out");
+    }
+    return;
+  }
+  const auto reports = std::move(s.group.reports);
+  s.group.reports.clear();
+  if (collective_failed) {
+    for (const auto& x : reports)
+      if (x.group_failed) {
+        on_drafter_failure(self, x.drafter, "drafter " + std::to_string(x.drafter) + ": the collective of group step "
+                                               + std::to_string(s.step + 1) + " failed");
+        return;
+      }
+  }
+  for (const auto& x : reports)
+    if (x.contributed)
+      self->send(s.peers.metrics, x);
+  for (const auto& x : reports)
+    if (!x.finite) {
+      // Every rank skipped the update (the averaged gradient is not
+      // finite); the one whose own loss is not finite is the failure.
+      int32_t culprit = x.drafter;
+      for (const auto& y : reports)
+        if (!std::isfinite(y.loss)) {
+          culprit = y.drafter;
+          break;
+        }
+      on_drafter_failure(self, culprit, "drafter " + std::to_string(culprit)
+                                          + ": non-finite loss or gradient at step "
+                                          + std::to_string(s.step + 1));
+      return;
+    }
+  const auto step = reports.front().step;
+  for (const auto& x : reports)
+    if (x.step != step) {
+      fail(self, make_error(errc::device_failure,
+                            "data-parallel drafters disagree on the step after a group step: drafter "
+                              + std::to_string(reports.front().drafter) + " at " + std::to_string(step)
+                              + ", drafter " + std::to_string(x.drafter) + " at " + std::to_string(x.step)));
+      return;
+    }
+  for (auto id : s.group.batches)
+    retire(self, id, step);
+  s.group.batches.clear();
+  s.step = step;
+  double loss = 0;
+  int contributing = 0;
+  for (const auto& x : reports)
+    if (x.contributed) {
+      loss += x.loss;
+      ++contributing;
+    }
+  loss /= std::max(contributing, 1);
+  if (!s.have_first_loss) {
+    s.summary.first_loss = loss;
+    s.have_first_loss = true;
+  }
+  s.summary.last_loss = loss;
+  after_step(self);
 }
 
 int32_t drafter_index(self_ptr self, const caf::actor_addr& a) {
@@ -404,13 +694,17 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         auto& s = self->state;
         if (s.running)
           return make_error(errc::bad_input, "coordinator: a run is already in progress");
-        if (peers.drafters.size() != 1)
-          return make_error(errc::bad_input,
-                            "coordinator: " + std::to_string(peers.drafters.size())
-                              + " drafters; data-parallel drafters need the NCCL all-reduce of the "
-                                "GPU engine (not yet built): use one drafter");
+        if (peers.drafters.empty())
+          return make_error(errc::bad_input, "coordinator: no drafter");
         if (peers.prefetch.size() != peers.targets.size() || peers.prefetch.empty())
           return make_error(errc::bad_input, "coordinator: one prefetch per target is required");
+        if (peers.drafters.size() > 1
+            && static_cast<size_t>(s.opts.credits) * peers.prefetch.size() < peers.drafters.size())
+          return make_error(errc::bad_input,
+                            "coordinator: runtime.credits (" + std::to_string(s.opts.credits) + ") x "
+                              + std::to_string(peers.prefetch.size()) + " target(s) is less than the "
+                              + std::to_string(peers.drafters.size())
+                              + " data-parallel drafters: each group step needs one batch per drafter");
         // Everything that can fail is checked before the response promise
         // exists: once it does, CAF 0.17 drops an error returned here (the
         // request counts as answered) and the requester would wait forever.
@@ -467,7 +761,9 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
                                           + std::to_string(self->state.step + 1) + ": "
                                           + self->system().render(m.reason));
         });
+        s.group.clean.assign(n, true);  // all start from the same restore point
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+        maybe_form_group(self);
         start_epoch(self, done);
         for (auto& p : s.peers.prefetch)
           self->send(p, credit_atom::value, s.opts.credits);
@@ -538,6 +834,10 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         if (r.drafter < 0 || static_cast<size_t>(r.drafter) >= s.drafter_addr.size()
             || self->current_sender() != s.drafter_addr[static_cast<size_t>(r.drafter)])
           return;  // a replaced incarnation's late report
+        if (grouped(self)) {
+          on_group_report(self, r);
+          return;
+        }
         if (!r.finite) {
           self->send(s.peers.metrics, r);
           on_drafter_failure(self, r.drafter, "drafter " + std::to_string(r.drafter)
@@ -547,15 +847,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         }
         s.busy.erase(r.drafter);
         s.idle.push_back(r.drafter);
-        auto it = s.in_flight.find(r.batch_id);
-        if (it != s.in_flight.end()) {
-          release(self, it->second.source, it->second.batch_handle, it->second.features_handle);
-          if (!s.stopping)
-            self->send(s.peers.prefetch[static_cast<size_t>(it->second.source)], credit_atom::value,
-                       int32_t{1});
-          s.in_flight.erase(it);
-        }
-        s.ledger->trained(r.batch_id, r.step);
+        retire(self, r.batch_id, r.step);
         s.step = r.step;
         if (!s.have_first_loss) {
           s.summary.first_loss = r.loss;
@@ -563,18 +855,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         }
         s.summary.last_loss = r.loss;
         self->send(s.peers.metrics, r);
-        if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
-          finish(self, "max_steps");
-          return;
-        }
-        if (s.stopping) {
-          try_complete(self);
-          return;
-        }
-        if (s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
-          checkpoint(self, [self] { maybe_end_epoch(self); });
-        dispatch(self);
-        maybe_end_epoch(self);
+        after_step(self);
       },
       [self](respawn_atom, int32_t d) { respawn(self, d); },
       [self](tick_atom) {
@@ -590,7 +871,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
                                           + std::to_string(static_cast<int64_t>(t)) + " s (step_timeout_s "
                                           + std::to_string(s.opts.step_timeout_s) + ")");
         }
-        if (s.opts.heartbeat_s > 0)
+        if (s.opts.heartbeat_s > 0 && !s.group.forming)  // joining blocks the drafters' threads
           for (auto d : std::vector<int32_t>(s.idle.begin(), s.idle.end()))
             ask_heartbeat(self, d, now);
         self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);

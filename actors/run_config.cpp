@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -508,6 +509,11 @@ const field_def fields[] = {
    [](const rc& c) { return w_num(c.runtime.heartbeat_s); },
    "seconds: an idle drafter is asked for a heartbeat this often and must answer within it;\n"
    "a drafter inside a step is watched by step_timeout_s"},
+  {"runtime", "group_timeout_s", kind::number, false,
+   [](rc& c, const vr& v) { c.runtime.group_timeout_s = v.positive_number(); },
+   [](const rc& c) { return w_num(c.runtime.group_timeout_s); },
+   "seconds: data-parallel drafters (more than one) must form their NCCL group, and finish each\n"
+   "step's all-reduce, within this; a rank that does not is a failure and the others re-form"},
   {"runtime", "step_timeout_s", kind::number, false,
    [](rc& c, const vr& v) { c.runtime.step_timeout_s = v.positive_number(); },
    [](const rc& c) { return w_num(c.runtime.step_timeout_s); },
@@ -1098,6 +1104,24 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
   }
   for (size_t i = 0; i < drafters.size(); ++i)
     plan.drafters.push_back({"drafter", static_cast<int>(i), drafters[i]});
+  if (drafters.size() > 1) {
+    // Data-parallel drafters form one NCCL group: one rank per GPU.
+    std::set<int32_t> seen;
+    for (auto d : drafters) {
+      if (d < 0)
+        throw config_error(at + "'placement.drafters': " + std::to_string(drafters.size()) +
+                           " data-parallel drafters need a CUDA device each (NCCL), got \"cpu\"; "
+                           "use one drafter on the CPU");
+      if (!seen.insert(d).second)
+        throw config_error(at + "'placement.drafters' names cuda:" + std::to_string(d) +
+                           " twice: data-parallel drafters need distinct GPUs (one NCCL rank each)");
+    }
+    if (c.runtime.credits * static_cast<int64_t>(targets.size()) < static_cast<int64_t>(drafters.size()))
+      throw config_error(at + "'runtime.credits' (" + std::to_string(c.runtime.credits) + ") x " +
+                         std::to_string(targets.size()) + " target(s) is less than the " +
+                         std::to_string(drafters.size()) +
+                         " data-parallel drafters: a group step needs one batch per drafter");
+  }
   for (auto& f : c.faults)
     if (f.drafter >= static_cast<int64_t>(drafters.size()))
       throw config_error(at + "fault '" + f.to_string() + "' names drafter " +

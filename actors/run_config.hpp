@@ -120,6 +120,7 @@ struct run_config {
     int64_t credits = 4;          ///< credits: batches in flight per target
     double heartbeat_s = 10.0;    ///< heartbeat_s: an idle drafter must answer a heartbeat within this
     double step_timeout_s = 120.0;  ///< step_timeout_s: a step slower than this is a failure
+    double group_timeout_s = 30.0;  ///< group_timeout_s: data-parallel drafters' group forming and collectives
     bool capture_graphs = true;   ///< capture_graphs: CUDA graphs (ignored on the CPU)
   } runtime;
 

@@ -90,6 +90,9 @@ struct coordinator_options {
   double step_timeout_s = 120;       ///< a step longer than this is a hang
   double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer
                                      ///< within it (runtime.heartbeat_s); 0 = not asked
+  /// Data-parallel drafters (more than one): the deadline of forming their
+  /// NCCL group and of every collective in a step (runtime.group_timeout_s).
+  double group_timeout_s = 30;
   /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
   std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
 };

@@ -11,6 +11,7 @@
 
 #include "actors/runtime.hpp"
 #include "gpu/error.hpp"
+#include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -207,7 +208,8 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       st.engine->restore(restore_from);
   } catch (const std::exception& e) {
     self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
-    return {[](const work_item&) {}, [](snapshot_atom) { return snapshot_desc{}; },
+    return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
+            [](const group_spec&) { return int64_t{0}; }, [](snapshot_atom) { return snapshot_desc{}; },
             [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}};
   }
   st.idle_since = clock_type::now();
@@ -220,8 +222,25 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       // (its supervisor) restarts it from the newest checkpoint.
       gpu::step_result r;
       try {
-        r = s.engine->train_step(w.batch.handle, w.features.handle);
+        r = s.engine->train_step(w.batch.handle, w.features.handle, w.contribute);
       } catch (const gpu::error& e) {
+        if (s.engine->group_broken()) {
+          // The step's collective did not complete: a peer failed, not this
+          // drafter.  Leave the group and wait for the next one (whose
+          // broadcast replaces these weights).
+          spdlog::warn("drafter {}: step {}: {} (leaving the group)", s.index, s.engine->step() + 1, e.what());
+          s.engine->leave_group(std::chrono::seconds(2));
+          step_report rep;
+          rep.drafter = s.index;
+          rep.step = s.engine->step();
+          rep.batch_id = w.batch.batch_id;
+          rep.finite = false;
+          rep.contributed = w.contribute;
+          rep.group_failed = true;
+          s.idle_since = clock_type::now();
+          self->send(s.coordinator, rep);
+          return;
+        }
         self->quit(make_error(e.code(), "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
         return;
       } catch (const std::exception& e) {
@@ -242,8 +261,32 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       rep.finite = r.finite;
       rep.compute_ms = r.compute_ms;
       rep.wait_ms = wait;
+      rep.contributed = w.contribute;
       s.idle_since = clock_type::now();
       self->send(s.coordinator, rep);
+    },
+    [self](group_id_atom) -> caf::result<std::vector<uint8_t>> {
+      try {
+        return gpu::nccl::new_unique_id();
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), "drafter " + std::to_string(self->state.index) + ": " + e.what());
+      }
+    },
+    [self](const group_spec& g) -> caf::result<int64_t> {
+      auto& s = self->state;
+      try {
+        s.engine->leave_group(std::chrono::seconds(2));  // the previous group, if any
+        const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::duration<double>(g.timeout_s));
+        s.engine->join_group(g.nccl_id, g.rank, g.world, timeout);
+        spdlog::info("drafter {}: joined data-parallel group {} as rank {} of {} at step {}", s.index,
+                     g.generation, g.rank, g.world, s.engine->step());
+        s.idle_since = clock_type::now();
+        return s.engine->step();
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), "drafter " + std::to_string(s.index) + ": group "
+                                      + std::to_string(g.generation) + ": " + e.what());
+      }
     },
     [self](snapshot_atom) -> snapshot_desc {
       auto& s = self->state;

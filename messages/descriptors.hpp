@@ -61,11 +61,14 @@ typename Inspector::result_type inspect(Inspector& f, features_desc& x) {
 struct work_item {
   batch_desc batch;
   features_desc features;
+  /// false: a data-parallel rank without a batch of its own this step (see
+  /// messages/drafter.hpp): train on this copy with the loss scaled by 0.
+  bool contribute = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, work_item& x) {
-  return f(caf::meta::type_name("tandem.work_item"), x.batch, x.features);
+  return f(caf::meta::type_name("tandem.work_item"), x.batch, x.features, x.contribute);
 }
 
 /// A drafter's report of one optimizer step.
@@ -79,13 +82,18 @@ struct step_report {
   bool finite = true;        ///< false: non-finite loss or gradient, update skipped
   double compute_ms = 0;     ///< the step itself
   double wait_ms = 0;        ///< idle time before this work item arrived
+  bool contributed = true;   ///< false: the work item's contribute was false
+  /// The step's collective did not complete (a peer died): nothing was
+  /// applied that can be trusted; the drafter left its group and waits for
+  /// the next group_spec.
+  bool group_failed = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
            x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
-           x.wait_ms);
+           x.wait_ms, x.contributed, x.group_failed);
 }
 
 /// A drafter's state copied off its device, ready for the checkpointer.

@@ -29,6 +29,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<run_summary>("tandem.run_summary");
   cfg.add_message_type<std::vector<int64_t>>("tandem.int64_list");
   cfg.add_message_type<coordinator_peers>("tandem.coordinator_peers");
+  cfg.add_message_type<group_spec>("tandem.group_spec");
+  cfg.add_message_type<std::vector<uint8_t>>("tandem.bytes");
 }
 
 } // namespace tandem

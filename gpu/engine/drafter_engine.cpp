@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "gpu/error.hpp"
 #include "gpu/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
+#include "gpu/models/linear.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/nccl/flat_bucket.hpp"
@@ -94,7 +96,8 @@ struct drafter_engine::impl {
   drafter_info info;
   int64_t applied = 0;               ///< host mirror of the optimizer's update count
   bool nan_armed = false, throw_armed = false;
-  at::Tensor poison;                 ///< [] float32 on the device: 1, NaN for an injected nan fault
+  at::Tensor poison;                 ///< [] float32 on the device: the loss's factor — 1, NaN (an
+                                     ///< injected nan fault), 0 (a rank that does not contribute)
   /// Data-parallel group (join_group, world > 1).  Once joined, fp32_grads
   /// are views of `bucket` (kept after leave_group: harmless without a group).
   nccl::flat_bucket bucket;
@@ -314,7 +317,13 @@ struct drafter_engine::impl {
     auto anchors = sample_anchors(loss_mask, docs, opts.anchors, opts.block_size, gen);
     auto blocks = make_block_batch(tokens, loss_mask, docs, taps.to(dtype), anchors, embed,
                                    opts.block_size, opts.mask_token_id, objective.gamma);
+    // Flat mode: the projections' weight gradients go straight into the
+    // flat gradient buffer (gpu/models/linear.hpp), no separate add.
+    std::optional<weight_grad_accumulation> in_place;
+    if (flat.grad.defined())
+      in_place.emplace();
     auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
+    in_place.reset();
     auto loss = out.loss * poison;  // poison: 1, or NaN when a nan fault is armed
     loss.backward();
     if (fail_after_backward)
@@ -426,7 +435,7 @@ struct drafter_engine::impl {
   }
 #endif
 
-  step_result train_step(transport::handle batch_h, transport::handle features_h) {
+  step_result train_step(transport::handle batch_h, transport::handle features_h, bool contribute) {
     const auto t0 = std::chrono::steady_clock::now();
     detail::device_scope scope(device);
 #ifdef TANDEM_HAVE_CUDA
@@ -456,8 +465,8 @@ struct drafter_engine::impl {
 
     at::Tensor readback;
     try {
-      if (inject_nan)
-        poison.fill_(std::numeric_limits<float>::quiet_NaN());
+      // Set every step (a failed step must not leave it at NaN or 0).
+      poison.fill_(inject_nan ? std::numeric_limits<double>::quiet_NaN() : contribute ? 1.0 : 0.0);
       at::Tensor metrics;
 #ifdef TANDEM_HAVE_CUDA
       if (graphed() && !inject_throw)
@@ -467,8 +476,6 @@ struct drafter_engine::impl {
         // An injected throw runs the step eagerly (also when graphed) so that
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_throw);
-      if (inject_nan)
-        poison.fill_(1.0);
 #ifdef TANDEM_HAVE_CUDA
       // In a group the step holds a collective: bound it on the host (a
       // rank that never arrives ends in gpu::error(timeout), the
@@ -703,8 +710,13 @@ int64_t drafter_engine::step() const {
   return impl_->applied;
 }
 
-step_result drafter_engine::train_step(transport::handle batch, transport::handle features) {
-  return impl_->train_step(batch, features);
+step_result drafter_engine::train_step(transport::handle batch, transport::handle features,
+                                       bool contribute) {
+  return impl_->train_step(batch, features, contribute);
+}
+
+bool drafter_engine::group_broken() const {
+  return impl_->comm && !impl_->comm->usable();
 }
 
 void drafter_engine::join_group(const std::vector<uint8_t>& nccl_unique_id, int rank, int world,

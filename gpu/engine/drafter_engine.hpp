@@ -98,7 +98,11 @@ public:
   /// caller decides what follows.  Throws gpu::error(bad_input) for payloads
   /// that do not fit the drafter, gpu::error(device_failure) when the
   /// computation fails.
-  step_result train_step(transport::handle batch, transport::handle features);
+  /// `contribute` false (a data-parallel rank without a batch of its own
+  /// this step): the loss is scaled by 0, so the rank joins the group's
+  /// all-reduce with a zero gradient; its metrics are reported as usual.
+  step_result train_step(transport::handle batch, transport::handle features,
+                         bool contribute = true);
 
   /// Joins a data-parallel group of drafters (DESIGN.md §3, §4) as `rank`
   /// of `world`: every rank calls it, each on its own thread and GPU, with
@@ -136,6 +140,11 @@ public:
   /// closed cleanly (or there was no group).  The destructor does the same
   /// with the join timeout.
   bool leave_group(std::chrono::milliseconds timeout);
+
+  /// In a group whose communicator has failed (a collective timed out or
+  /// NCCL reported an error): the last step cannot be trusted; leave_group
+  /// and join a new group.
+  bool group_broken() const;
 
   /// The group's size: 1 when not in a group.
   int group_world() const;

@@ -13,6 +13,7 @@
 #define CAF_SUITE coordinator_protocol
 
 #include <algorithm>
+#include <numeric>
 #include <map>
 
 // Before dsl.hpp: its `inject` macro would rewrite drafter_engine::inject.
@@ -31,6 +32,7 @@ struct setup {
   int32_t targets = 1;
   int64_t samples = 12;
   int64_t batch_samples = 2;
+  int32_t drafters = 1;
   coordinator_options opts;
   setup() {
     opts.credits = 2;
@@ -107,7 +109,8 @@ struct fixture : test_coordinator_fixture<config> {
       everyone.push_back(caf::actor_cast<caf::actor>(peers.prefetch.back()));
       everyone.push_back(caf::actor_cast<caf::actor>(targets.back()));
     }
-    peers.drafters.push_back(spawn_drafter_incarnation(0, 0, {}));
+    for (int32_t d = 0; d < s.drafters; ++d)
+      peers.drafters.push_back(spawn_drafter_incarnation(d, 0, {}));
     checkpointer = sys.spawn(fake_checkpointer, w);
     peers.checkpointer = checkpointer;
     peers.metrics = sys.spawn(fake_metrics, w);
@@ -622,13 +625,13 @@ CAF_TEST(run requests are checked and answered with errors) {
   // A second coordinator for the malformed requests.
   auto c2 = spawn_coordinator(sys, coordinator_options{});
   everyone.push_back(caf::actor_cast<caf::actor>(c2));
-  auto two = peers;
-  two.drafters.push_back(two.drafters.front());
-  auto a = ask<run_summary>(sys, c2, run_atom::value, two);
+  auto none = peers;
+  none.drafters.clear();
+  auto a = ask<run_summary>(sys, c2, run_atom::value, none);
   sched.run();
   CAF_REQUIRE(a->error.has_value());
   CAF_CHECK(is(*a->error, errc::bad_input));
-  CAF_CHECK(contains(sys.render(*a->error), "2 drafters"));
+  CAF_CHECK(contains(sys.render(*a->error), "no drafter"));
   auto uneven = peers;
   uneven.targets.push_back(uneven.targets.front());
   auto b = ask<run_summary>(sys, c2, run_atom::value, uneven);
@@ -711,6 +714,117 @@ CAF_TEST(a resumed run continues from its ledger and step) {
   CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
   CAF_CHECK_EQUAL(samples_of(w->prefetch[0].sent), (std::set<int64_t>{6, 7, 8, 9, 10, 11}));
   check_exactly(12, 1);
+}
+
+/// Contributing samples of the steps in `steps`, sorted (repeats kept).
+std::vector<int64_t> contributed(const std::vector<peer_world::step_rec>& steps) {
+  std::vector<int64_t> out;
+  for (auto& st : steps)
+    if (st.work.contribute)
+      out.insert(out.end(), st.work.batch.sample_ids.begin(), st.work.batch.sample_ids.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int64_t> iota_to(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+CAF_TEST(data-parallel drafters form one group and step in lockstep with a padded epoch tail) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 14;  // 7 batches: 3 full group steps and a tail of one
+  s.opts.credits = 4;
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  // One group: drafter 0 is rank 0 and made the id; drafter 1 joined as rank 1.
+  CAF_REQUIRE_EQUAL(w->joins.size(), 2u);
+  CAF_CHECK_EQUAL(w->ids_made, 1);
+  for (auto& j : w->joins) {
+    CAF_CHECK_EQUAL(j.generation, 1);
+    CAF_CHECK_EQUAL(j.world, 2);
+    CAF_CHECK_EQUAL(j.rank, j.drafter);
+  }
+  CAF_CHECK_EQUAL(w->events_named("group_formed").size(), 1u);
+  // 4 group steps, each dispatched to both ranks at the same step.
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 14);
+  CAF_REQUIRE_EQUAL(w->steps.size(), 8u);
+  std::map<int64_t, std::set<int32_t>> ranks_at;
+  int padded = 0;
+  for (auto& st : w->steps) {
+    ranks_at[st.step].insert(st.drafter);
+    padded += !st.work.contribute;
+  }
+  CAF_CHECK_EQUAL(ranks_at.size(), 4u);
+  for (auto& [step, ranks] : ranks_at)
+    CAF_CHECK_EQUAL(ranks.size(), 2u);
+  // The tail: one real batch, one copy that contributes nothing.
+  CAF_CHECK_EQUAL(padded, 1);
+  CAF_CHECK(contributed(w->steps) == iota_to(14));
+  // Metrics see the contributing reports only.
+  CAF_CHECK_EQUAL(w->reports.size(), 7u);
+  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
+  CAF_CHECK_EQUAL(w->written[0].step, 4);
+  check_handles_released();
+}
+
+CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed from its restored state) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die};  // dies in group step 4
+  start(s);
+  sched.run();
+  CAF_CHECK(!w->summary && !w->error);
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 1);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].first, 1);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");
+  // The second group's rank 0 is the restarted drafter (restored from the
+  // checkpoint); the survivor takes its state.
+  auto formed = w->events_named("group_formed");
+  CAF_REQUIRE_EQUAL(formed.size(), 2u);
+  CAF_CHECK_EQUAL(formed[1]["root"], 1);
+  CAF_CHECK_EQUAL(formed[1]["step"], 2);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  // Exactly once: the durable steps of the first group plus every step of
+  // the second cover each sample once; step 3 (trained, not durable) and the
+  // survivor's abandoned step 4 do not count.
+  std::vector<peer_world::step_rec> kept;
+  for (auto& st : w->steps)
+    if ((st.generation == 1 && st.step <= 2) || st.generation == 2)
+      kept.push_back(st);
+  CAF_CHECK(contributed(kept) == iota_to(16));
+  CAF_CHECK(std::any_of(w->steps.begin(), w->steps.end(),
+                        [](auto& st) { return st.generation == 1 && st.step == 4; }));
+  check_handles_released();
+}
+
+CAF_TEST(a data-parallel run needs credits for one batch per drafter) {
+  setup s;
+  s.drafters = 3;
+  s.opts.credits = 2;
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(is(*w->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*w->error), "runtime.credits"));
 }
 
 CAF_TEST(an unexpected message is answered with unexpected_message) {

@@ -77,11 +77,14 @@ struct peer_world {
 
   // -- drafter --------------------------------------------------------------
   std::deque<act> script;             ///< one per work item; empty: ok
+  std::map<int32_t, std::deque<act>> drafter_script;  ///< per drafter index, before `script`
   std::vector<fake_drafter_actor> incarnations;  ///< every drafter spawned, in order
   struct step_rec {
     size_t incarnation = 0;
     int64_t step = 0;
     work_item work;
+    int64_t generation = 0;           ///< the data-parallel group it trained in (0: none)
+    int32_t drafter = 0;
   };
   std::vector<step_rec> steps;        ///< every finite step any incarnation took
   int64_t work_received = 0;
@@ -90,6 +93,15 @@ struct peer_world {
   std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)
   double loss = 5.0;
   bool mute_heartbeat = false;        ///< heartbeats are never answered (a stuck drafter)
+  /// Data-parallel groups: every join (drafter, rank, world, generation),
+  /// and per generation rank 0's (step, weights) that the others take.
+  struct join_rec {
+    int32_t drafter = 0, rank = 0, world = 0;
+    int64_t generation = 0;
+  };
+  std::vector<join_rec> joins;
+  std::map<int64_t, std::pair<int64_t, std::vector<int64_t>>> group_root;
+  int64_t ids_made = 0;
 
   // -- checkpointer ---------------------------------------------------------
   bool hold_writes = false;
@@ -243,6 +255,7 @@ struct fake_drafter_state {
   std::vector<int64_t> weights;       ///< samples trained into these weights
   caf::actor_clock::time_point idle_since;
   std::optional<work_item> held;
+  int64_t generation = 0;             ///< of the group joined last
 };
 
 inline fake_drafter_actor::behavior_type
@@ -265,15 +278,17 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     r.compute_ms = 3;
     r.wait_ms = std::chrono::duration<double, std::milli>(self->clock().now() - s.idle_since).count();
     r.finite = finite;
+    r.contributed = item.contribute;
     if (finite) {
       ++s.step;
-      s.weights.insert(s.weights.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
+      if (item.contribute)
+        s.weights.insert(s.weights.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
       if (s.incarnation + 1 == w->incarnations.size())
         w->final_weights = s.weights;
       w->loss -= 0.125;
       r.loss = w->loss;
       r.accuracy = 0.5;
-      w->steps.push_back({s.incarnation, s.step, item});
+      w->steps.push_back({s.incarnation, s.step, item, s.generation, index});
     } else {
       r.loss = std::numeric_limits<double>::quiet_NaN();
     }
@@ -285,7 +300,11 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     [=](const work_item& item) {
       ++w->work_received;
       auto what = act::ok;
-      if (!w->script.empty()) {
+      auto own = w->drafter_script.find(index);
+      if (own != w->drafter_script.end() && !own->second.empty()) {
+        what = own->second.front();
+        own->second.pop_front();
+      } else if (!w->script.empty()) {
         what = w->script.front();
         w->script.pop_front();
       }
@@ -304,6 +323,26 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
         self->state.held.reset();
         train(*item, true);
       }
+    },
+    [=](group_id_atom) {
+      ++w->ids_made;
+      return std::vector<uint8_t>(8, static_cast<uint8_t>(w->ids_made));
+    },
+    [=](const group_spec& g) -> caf::result<int64_t> {
+      // Rank 0's state is "broadcast": the others take its step and weights.
+      auto& s = self->state;
+      w->joins.push_back({index, g.rank, g.world, g.generation});
+      s.generation = g.generation;
+      if (g.rank == 0) {
+        w->group_root[g.generation] = {s.step, s.weights};
+      } else {
+        auto it = w->group_root.find(g.generation);
+        if (it == w->group_root.end())
+          return make_error(errc::timeout, "rank 0 never joined");
+        s.step = it->second.first;
+        s.weights = it->second.second;
+      }
+      return s.step;
     },
     [=](snapshot_atom) {
       auto& s = self->state;

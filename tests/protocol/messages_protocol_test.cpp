@@ -25,7 +25,7 @@ const std::set<std::string> tested_types{
   "tandem.probe_report", "tandem.device_ref",  "tandem.batch_desc",
   "tandem.features_desc", "tandem.work_item",  "tandem.step_report",
   "tandem.snapshot_desc", "tandem.run_summary", "tandem.int64_list",
-  "tandem.coordinator_peers",
+  "tandem.coordinator_peers", "tandem.group_spec", "tandem.bytes",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -96,6 +96,9 @@ CAF_TEST(device_ref batch_desc and features_desc round trip) {
 CAF_TEST(work_item step_report and snapshot_desc round trip) {
   check_value(work_item{sample_batch(), sample_features()}, "tandem.work_item",
               {"tandem.batch_desc", "tandem.features_desc"});
+  work_item pad{sample_batch(), sample_features(), false};
+  CAF_CHECK(roundtrip(pad) == pad);
+  CAF_CHECK(!through_message(pad).contribute);
   step_report r;
   r.drafter = 1;
   r.step = 99;
@@ -109,8 +112,25 @@ CAF_TEST(work_item step_report and snapshot_desc round trip) {
   r.finite = false;
   r.compute_ms = 135.5;
   r.wait_ms = 1.25;
-  check_value(r, "tandem.step_report", {"8192", "135.5", "1.25", "false"});
+  r.group_failed = true;
+  check_value(r, "tandem.step_report", {"8192", "135.5", "1.25", "false", "true"});
   check_value(snapshot_desc{1, 99, 77}, "tandem.snapshot_desc", {"99", "77"});
+}
+
+CAF_TEST(group_spec and the NCCL id bytes round trip) {
+  group_spec g;
+  g.nccl_id = std::vector<uint8_t>(128, 0);
+  for (size_t i = 0; i < g.nccl_id.size(); ++i)
+    g.nccl_id[i] = static_cast<uint8_t>(255 - i);
+  g.rank = 2;
+  g.world = 3;
+  g.generation = 7;
+  g.timeout_s = 12.5;
+  check_value(g, "tandem.group_spec", {"12.5", "7"});
+  auto id = g.nccl_id;
+  CAF_CHECK(roundtrip(id) == id);
+  CAF_CHECK(through_message(id) == id);
+  CAF_CHECK_EQUAL(tested_types.count("tandem.bytes"), 1u);
 }
 
 CAF_TEST(run_summary and probe_report round trip) {

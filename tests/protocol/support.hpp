@@ -58,14 +58,20 @@ inline bool operator==(const features_desc& a, const features_desc& b) {
 }
 
 inline bool operator==(const work_item& a, const work_item& b) {
-  return a.batch == b.batch && a.features == b.features;
+  return a.batch == b.batch && a.features == b.features && a.contribute == b.contribute;
 }
 
 inline bool operator==(const step_report& a, const step_report& b) {
   return a.drafter == b.drafter && a.step == b.step && a.batch_id == b.batch_id
          && a.loss == b.loss && a.accuracy == b.accuracy && a.grad_norm == b.grad_norm
          && a.lr == b.lr && a.scored_tokens == b.scored_tokens && a.real_tokens == b.real_tokens
-         && a.finite == b.finite && a.compute_ms == b.compute_ms && a.wait_ms == b.wait_ms;
+         && a.finite == b.finite && a.compute_ms == b.compute_ms && a.wait_ms == b.wait_ms
+         && a.contributed == b.contributed && a.group_failed == b.group_failed;
+}
+
+inline bool operator==(const group_spec& a, const group_spec& b) {
+  return a.nccl_id == b.nccl_id && a.rank == b.rank && a.world == b.world
+         && a.generation == b.generation && a.timeout_s == b.timeout_s;
 }
 
 inline bool operator==(const snapshot_desc& a, const snapshot_desc& b) {

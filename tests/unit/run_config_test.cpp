@@ -614,14 +614,24 @@ TEST_F(run_config_test, placement_1_gpu_everything_shared) {
   EXPECT_EQ(plan.drafters[0].device, 0);
   EXPECT_EQ(plan.describe(), "cuda:0: target 0, prefetch 0, drafter 0\n");
 
-  // Two drafters and a target on the one GPU.
+  // Two drafters on the one GPU: data-parallel drafters are one NCCL rank per GPU.
   auto c = load_run_config(write("b.toml", minimal), {"placement.targets=cuda:0",
                                                       "placement.drafters=cuda:0,cuda:0"});
-  plan = resolve_placement(c, 1);
-  EXPECT_EQ(plan.describe(), "cuda:0: target 0, prefetch 0, drafter 0, drafter 1\n");
+  EXPECT_EQ(error_of([&] { resolve_placement(c, 1); }),
+            c.source.string() + ": 'placement.drafters' names cuda:0 twice: data-parallel "
+                                "drafters need distinct GPUs (one NCCL rank each)");
   EXPECT_EQ(error_of([&] { resolve_placement(c, 0); }).find("this host has 0 GPUs") !=
               std::string::npos,
             true);
+  // Two drafters on two GPUs need a batch each per step: credits x targets >= 2.
+  c = load_run_config(write("d.toml", minimal), {"placement.targets=cuda:0",
+                                                 "placement.drafters=cuda:0,cuda:1",
+                                                 "runtime.credits=1"});
+  EXPECT_EQ(error_of([&] { resolve_placement(c, 2); }),
+            c.source.string() + ": 'runtime.credits' (1) x 1 target(s) is less than the 2 "
+                                "data-parallel drafters: a group step needs one batch per drafter");
+  c.runtime.credits = 2;
+  EXPECT_EQ(resolve_placement(c, 2).describe(), "cuda:0: target 0, prefetch 0, drafter 0\ncuda:1: drafter 1\n");
   c.placement.drafters = {"cuda:1"};
   EXPECT_EQ(error_of([&] { resolve_placement(c, 1); }),
             c.source.string() +
@@ -637,11 +647,11 @@ TEST_F(run_config_test, placement_0_gpus) {
   EXPECT_EQ(plan.drafters[0].device, -1);
   EXPECT_EQ(plan.describe(), "cpu: target 0, prefetch 0, drafter 0\n");
 
-  // Several CPU drafters (replicas for the fault-injection tests).
-  auto cpu = resolve_placement(
-    load_run_config(write("c.toml", minimal), {"placement.drafters=cpu,cpu,cpu"}), 0);
-  EXPECT_EQ(cpu.drafters.size(), 3u);
-  EXPECT_EQ(cpu.describe(), "cpu: target 0, prefetch 0, drafter 0, drafter 1, drafter 2\n");
+  // Several CPU drafters: data-parallel replicas need NCCL, so a GPU each.
+  auto three = load_run_config(write("c.toml", minimal), {"placement.drafters=cpu,cpu,cpu"});
+  EXPECT_EQ(error_of([&] { resolve_placement(three, 0); }),
+            three.source.string() + ": 'placement.drafters': 3 data-parallel drafters need a CUDA "
+                                    "device each (NCCL), got \"cpu\"; use one drafter on the CPU");
 
   auto p = write("x.toml", minimal + "[placement]\ntargets = [\"cuda:0\"]\ndrafters = [\"cpu\"]\n");
   EXPECT_EQ(error_of([&] { resolve_placement(load_run_config(p), 0); }),
@@ -650,11 +660,11 @@ TEST_F(run_config_test, placement_0_gpus) {
 }
 
 TEST_F(run_config_test, placement_checks_faults_name_existing_drafters) {
-  auto c = load_run_config(write("f.toml", minimal + "[placement]\ndrafters = [\"cpu\", \"cpu\"]\n"));
+  auto c = load_run_config(write("f.toml", minimal + "[placement]\ndrafters = [\"cuda:0\", \"cuda:1\"]\n"));
   c.faults.push_back(parse_fault("drafter=1,kind=nan,at_step=3"));
-  EXPECT_NO_THROW(resolve_placement(c, 0));
+  EXPECT_NO_THROW(resolve_placement(c, 2));
   c.faults.push_back(parse_fault("drafter=2,kind=throw,at_step=4"));
-  EXPECT_EQ(error_of([&] { resolve_placement(c, 0); }),
+  EXPECT_EQ(error_of([&] { resolve_placement(c, 2); }),
             c.source.string() + ": fault 'drafter=2,kind=throw,at_step=4' names drafter 2, but "
                                 "the placement has 2 drafters (0 to 1)");
 }

@@ -94,6 +94,7 @@ int run_training(const run_options& ro) {
   co.window_s = cfg.supervision.window_s;
   co.step_timeout_s = cfg.runtime.step_timeout_s;
   co.heartbeat_s = cfg.runtime.heartbeat_s;
+  co.group_timeout_s = cfg.runtime.group_timeout_s;
   std::string restore_from;
   if (ro.resume) {
     auto last = newest_checkpoint(ckpt_dir);
