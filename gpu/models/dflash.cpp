@@ -4,6 +4,7 @@
 
 #include "gpu/error.hpp"
 #include "gpu/models/dflash_attention.hpp"
+#include "gpu/models/linear.hpp"
 #include "gpu/safetensors.hpp"
 
 namespace tandem::gpu {
@@ -98,21 +99,21 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
   const auto b = in.block_embeds.size(0), q_len = in.block_embeds.size(1);
   const auto s = in.target_hidden.size(1);
   // H_t = RMSNorm(fc(concat(taps))): the same context for every layer.
-  auto ctx = rms_norm(at::linear(in.target_hidden, w.fc), w.hidden_norm, d.eps);  // [B, S, D]
+  auto ctx = rms_norm(fused_linear(in.target_hidden, w.fc), w.hidden_norm, d.eps);  // [B, S, D]
   auto [cos_c, sin_c] = rope_tables(in.ctx_positions, d.head_dim, cfg.layer.rope_theta);
   auto [cos_q, sin_q] = rope_tables(in.block_positions, d.head_dim, cfg.layer.rope_theta);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
   auto x = in.block_embeds;
   for (const auto& l : w.layers) {
     auto h = rms_norm(x, l.input_norm, d.eps);
-    auto q = rms_norm(at::linear(h, l.q_proj).view({b, q_len, d.heads, d.head_dim}), l.q_norm, d.eps)
+    auto q = rms_norm(fused_linear(h, l.q_proj).view({b, q_len, d.heads, d.head_dim}), l.q_norm, d.eps)
                .transpose(1, 2);
-    auto k_ctx = rms_norm(at::linear(ctx, l.k_proj).view({b, s, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
+    auto k_ctx = rms_norm(fused_linear(ctx, l.k_proj).view({b, s, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
                    .transpose(1, 2);
-    auto k_blk = rms_norm(at::linear(h, l.k_proj).view({b, q_len, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
+    auto k_blk = rms_norm(fused_linear(h, l.k_proj).view({b, q_len, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
                    .transpose(1, 2);
-    auto v_ctx = at::linear(ctx, l.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
-    auto v_blk = at::linear(h, l.v_proj).view({b, q_len, d.kv_heads, d.head_dim}).transpose(1, 2);
+    auto v_ctx = fused_linear(ctx, l.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
+    auto v_blk = fused_linear(h, l.v_proj).view({b, q_len, d.kv_heads, d.head_dim}).transpose(1, 2);
     q = apply_rope(q, cos_q, sin_q);
     k_ctx = apply_rope(k_ctx, cos_c, sin_c);
     k_blk = apply_rope(k_blk, cos_q, sin_q);
@@ -124,7 +125,7 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
       auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), d.heads);
       attn = at::scaled_dot_product_attention(q, k, v, in.visible, 0.0, false, scale);
     }
-    x = x + at::linear(attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim}), l.o_proj);
+    x = x + fused_linear(attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim}), l.o_proj);
     x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
   }
   return rms_norm(x, w.norm, d.eps);
