@@ -863,9 +863,14 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         if (!s.running)
           return;
         const auto now = self->clock().now();
+        // A survivor of a broken group is inside a collective that cannot
+        // complete: it comes back after group_timeout_s, not a hang.
+        const double limit = grouped(self) && !s.group.formed
+                               ? std::max(s.opts.step_timeout_s, s.opts.group_timeout_s + 10)
+                               : s.opts.step_timeout_s;
         for (auto d : std::vector<int32_t>(s.busy.begin(), s.busy.end())) {
           const double t = std::chrono::duration<double>(now - s.dispatched[static_cast<size_t>(d)]).count();
-          if (t > s.opts.step_timeout_s)
+          if (t > limit)
             on_drafter_failure(self, d, "drafter " + std::to_string(d) + " hung: step "
                                           + std::to_string(s.step + 1) + " still running after "
                                           + std::to_string(static_cast<int64_t>(t)) + " s (step_timeout_s "

@@ -1116,6 +1116,12 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
         throw config_error(at + "'placement.drafters' names cuda:" + std::to_string(d) +
                            " twice: data-parallel drafters need distinct GPUs (one NCCL rank each)");
     }
+    if (c.runtime.group_timeout_s >= c.runtime.step_timeout_s)
+      throw config_error(at + "'runtime.group_timeout_s' (" + w_num(c.runtime.group_timeout_s) +
+                         ") must be less than 'runtime.step_timeout_s' (" +
+                         w_num(c.runtime.step_timeout_s) +
+                         "): a drafter's peers must give up on a collective it never joins before "
+                         "the watchdog judges the step, so the one that failed is told apart");
     if (c.runtime.credits * static_cast<int64_t>(targets.size()) < static_cast<int64_t>(drafters.size()))
       throw config_error(at + "'runtime.credits' (" + std::to_string(c.runtime.credits) + ") x " +
                          std::to_string(targets.size()) + " target(s) is less than the " +

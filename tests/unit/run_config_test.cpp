@@ -632,6 +632,13 @@ TEST_F(run_config_test, placement_1_gpu_everything_shared) {
                                 "data-parallel drafters: a group step needs one batch per drafter");
   c.runtime.credits = 2;
   EXPECT_EQ(resolve_placement(c, 2).describe(), "cuda:0: target 0, prefetch 0, drafter 0\ncuda:1: drafter 1\n");
+  // A peer's collective must time out before the watchdog judges the step.
+  c.runtime.group_timeout_s = 120;
+  EXPECT_EQ(error_of([&] { resolve_placement(c, 2); }),
+            c.source.string() + ": 'runtime.group_timeout_s' (120.0) must be less than "
+                                "'runtime.step_timeout_s' (120.0): a drafter's peers must give up on a "
+                                "collective it never joins before the watchdog judges the step, so "
+                                "the one that failed is told apart");
   c.placement.drafters = {"cuda:1"};
   EXPECT_EQ(error_of([&] { resolve_placement(c, 1); }),
             c.source.string() +
