@@ -6,6 +6,7 @@
 
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/norm_rope.hpp"
+#include "gpu/kernels/swiglu.hpp"
 #endif
 
 namespace tandem::gpu {
@@ -24,6 +25,10 @@ at::Tensor apply_rope_composite(const at::Tensor& x, const at::Tensor& cos, cons
   auto c = cos.unsqueeze(1).to(x.scalar_type());
   auto s = sin.unsqueeze(1).to(x.scalar_type());
   return x * c + rotated * s;
+}
+
+at::Tensor swiglu_composite(const at::Tensor& gate, const at::Tensor& up) {
+  return at::silu(gate) * up;
 }
 
 namespace {
@@ -110,6 +115,24 @@ std::string rope_unsupported(const at::Tensor& x, const at::Tensor& cos, const a
     return "sizes beyond int32";
   if (const char* why = kernels::rope_unsupported(static_cast<int>(x.size(3)), dt))
     return why;
+  return {};
+#endif
+}
+
+/// Empty when the SwiGLU kernels take these operands; otherwise why not.
+std::string swiglu_unsupported(const at::Tensor& gate, const at::Tensor& up) {
+#ifndef TANDEM_HAVE_CUDA
+  (void)gate; (void)up;
+  return "built without CUDA";
+#else
+  if (!gate.is_cuda())
+    return "not on CUDA";
+  if (gate.scalar_type() != at::kBFloat16 && gate.scalar_type() != at::kHalf)
+    return std::string("dtype ") + c10::toString(gate.scalar_type());
+  if (up.scalar_type() != gate.scalar_type() || up.device() != gate.device())
+    return "up's dtype or device differs from gate's";
+  if (up.sizes() != gate.sizes())
+    return "gate and up differ in shape";
   return {};
 #endif
 }
@@ -262,6 +285,67 @@ public:
   }
 };
 
+// ---- SwiGLU ----------------------------------------------------------------
+
+kernels::swiglu_dtype swiglu_kernel_dtype(at::ScalarType t) {
+  return t == at::kHalf ? kernels::swiglu_dtype::fp16 : kernels::swiglu_dtype::bf16;
+}
+
+/// silu(gate) · up for contiguous gate and up (any alignment).
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  c10::cuda::CUDAGuard guard(gate.device());
+  auto out = at::empty(gate.sizes(), gate.options());
+  kernels::swiglu_fwd_args a;
+  a.n = gate.numel();
+  a.dtype = swiglu_kernel_dtype(gate.scalar_type());
+  a.gate = gate.data_ptr();
+  a.up = up.data_ptr();
+  a.out = out.data_ptr();
+  check_launch(kernels::swiglu_forward(a, at::cuda::getCurrentCUDAStream()), "swiglu forward");
+  return out;
+}
+
+/// Saves contiguous gate and up; backward is one kernel for both gradients.
+class swiglu_fn : public torch::autograd::Function<swiglu_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& gate, const at::Tensor& up) {
+    auto g = gate.contiguous(), u = up.contiguous();
+    ctx->save_for_backward({g, u});
+    return {swiglu_forward(g, u)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto& g = s[0];
+    const auto& u = s[1];
+    const bool want_gate = ctx->needs_input_grad(0), want_up = ctx->needs_input_grad(1);
+    if (!grads[0].defined() || (!want_gate && !want_up))
+      return {at::Tensor(), at::Tensor()};
+    c10::cuda::CUDAGuard guard(g.device());
+    auto dy = grads[0].to(g.scalar_type()).contiguous();
+    at::Tensor d_gate, d_up;
+    kernels::swiglu_bwd_args a;
+    a.n = g.numel();
+    a.dtype = swiglu_kernel_dtype(g.scalar_type());
+    a.grad_out = dy.data_ptr();
+    a.gate = g.data_ptr();
+    a.up = u.data_ptr();
+    if (want_gate) {
+      d_gate = at::empty(g.sizes(), g.options());
+      a.grad_gate = d_gate.data_ptr();
+    }
+    if (want_up) {
+      d_up = at::empty(u.sizes(), u.options());
+      a.grad_up = d_up.data_ptr();
+    }
+    check_launch(kernels::swiglu_backward(a, at::cuda::getCurrentCUDAStream()),
+                 "swiglu backward");
+    return {d_gate, d_up};
+  }
+};
+
 #endif
 
 } // namespace
@@ -274,6 +358,11 @@ std::string fused_rms_norm_path(const at::Tensor& x, const at::Tensor& weight) {
 std::string fused_apply_rope_path(const at::Tensor& x, const at::Tensor& cos,
                                   const at::Tensor& sin) {
   const auto why = rope_unsupported(x, cos, sin);
+  return why.empty() ? "cuda kernel" : "composite (" + why + ")";
+}
+
+std::string fused_swiglu_path(const at::Tensor& gate, const at::Tensor& up) {
+  const auto why = swiglu_unsupported(gate, up);
   return why.empty() ? "cuda kernel" : "composite (" + why + ")";
 }
 
@@ -297,6 +386,17 @@ at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at
   }
 #endif
   return apply_rope_composite(x, cos, sin);
+}
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
+#ifdef TANDEM_HAVE_CUDA
+  if (swiglu_unsupported(gate, up).empty()) {
+    if (at::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad()))
+      return swiglu_fn::apply(gate, up)[0];
+    return swiglu_forward(gate.contiguous(), up.contiguous());
+  }
+#endif
+  return swiglu_composite(gate, up);
 }
 
 } // namespace tandem::gpu

@@ -1,11 +1,12 @@
 #pragma once
-/// RMSNorm and rotary embeddings as single differentiable ops.  On CUDA
-/// (bf16, fp16, fp32) they run Tandem's fused kernels
-/// (gpu/kernels/norm_rope.cu): one pass over memory forward, one backward,
-/// graph-capturable (no host sync; temporaries from the caching allocator on
-/// the current stream).  On the CPU, or for operands the kernels do not take,
-/// they run the composites below, which are the reference implementation
-/// (the parity tests compare them with Hugging Face).
+/// RMSNorm, rotary embeddings and SwiGLU as single differentiable ops.  On
+/// CUDA (bf16, fp16, and fp32 for the first two) they run Tandem's fused
+/// kernels (gpu/kernels/norm_rope.cu, gpu/kernels/swiglu.cu): one pass over
+/// memory forward, one backward, graph-capturable (no host sync; temporaries
+/// from the caching allocator on the current stream).  On the CPU, or for
+/// operands the kernels do not take, they run the composites below, which
+/// are the reference implementation (the parity tests compare them with
+/// Hugging Face).
 ///
 /// Numerics on the kernel path (tests/gpu/fused_ops_test.cpp,
 /// tests/gpu/fused_ops_harness.py):
@@ -17,6 +18,11 @@
 /// - backwards: fp32 math rounded once (closer to the float64 gradient than
 ///   the composite's autograd, which rounds each intermediate); dweight is
 ///   a fixed-order two-stage reduction, bit-reproducible run to run.
+/// - swiglu (tests/gpu/swiglu_test.cpp): fp32 math (ATen's silu and
+///   silu_backward formulae) rounded once per output, forward and backward,
+///   within two ulps of an fp32 reference from the same inputs; the
+///   composite rounds silu(gate) before the product and each gradient's
+///   intermediates too.
 
 #include <string>
 
@@ -34,14 +40,23 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
 /// x's memory layout where x is dense.  Differentiable in x.
 at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+/// silu(gate) · up, SwiGLU's elementwise half (the kernel path takes bf16
+/// and fp16 gate and up of one shape and device, any strides: it makes them
+/// contiguous, and returns a contiguous tensor).  Differentiable in both;
+/// the kernel path saves only gate and up, and its backward recomputes the
+/// sigmoid (the composite's autograd also keeps silu(gate)).
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
+
 /// The composites (the code the kernels replace; CPU path and reference).
 at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor apply_rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor swiglu_composite(const at::Tensor& gate, const at::Tensor& up);
 
 /// Which path each op takes for these operands: "cuda kernel", or
 /// "composite (<why not>)".
 std::string fused_rms_norm_path(const at::Tensor& x, const at::Tensor& weight);
 std::string fused_apply_rope_path(const at::Tensor& x, const at::Tensor& cos,
                                   const at::Tensor& sin);
+std::string fused_swiglu_path(const at::Tensor& gate, const at::Tensor& up);
 
 } // namespace tandem::gpu
