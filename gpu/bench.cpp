@@ -687,7 +687,8 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     {"heads", s.target.num_attention_heads}, {"kv_heads", s.target.num_key_value_heads},
     {"head_dim", s.target.head_dim}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
     {"taps", taps}, {"chunk_rows", 2048}, {"attention", attention},
-    {"optimizer", "clip + fused AdamW, fp32 masters"}, {"dtype", c10::toString(dtype)}};
+    {"optimizer", "clip + fused AdamW, fp32 masters"}, {"dtype", c10::toString(dtype)},
+    {"engine", o.engine}};
 
   auto run_mode = [&](bool graphs) {
     drafter_engine_options eo;
@@ -700,6 +701,8 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     eo.chunk_rows = 2048;
     eo.tap_ids = taps;
     eo.capture_graphs = graphs;
+    eo.flat_optimizer = o.engine != "foreach";
+    eo.fused_linear = o.engine == "fused";
     eo.seed = 6;
     drafter_engine engine(eo);
     // Graphed: step 1 runs eagerly (the capture's warm-up), step 2 captures.

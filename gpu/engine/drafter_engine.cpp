@@ -90,6 +90,9 @@ struct drafter_engine::impl {
     at::Tensor grad;    ///< [N] dtype: params[i].grad() are views (autograd accumulates in place)
     at::Tensor reduced; ///< [N] fp32: in a group, the averaged gradient (grad copied, all-reduced)
     std::vector<int64_t> offsets;  ///< parameter i's slot, in elements
+    std::vector<at::Tensor> vector_grads;  ///< the 1-D parameters' gradients (zeroed each step)
+    size_t matrices = 0;           ///< 2-D parameters: fused_linear writes their gradients
+    grad_writes writes;            ///< which of them this step has written
   } flat;
   std::unique_ptr<adamw> optimizer;
   at::Generator gen;                 ///< anchors; private, on the device
@@ -192,7 +195,7 @@ struct drafter_engine::impl {
       names.push_back(name);
       masters.push_back(*p);
     }
-    if (mixed() && device.is_cuda()) {
+    if (mixed() && device.is_cuda() && opts.flat_optimizer) {
       make_flat();
       return;
     }
@@ -242,6 +245,10 @@ struct drafter_engine::impl {
       params.push_back(view(flat.model, i).detach().requires_grad_(true));
       *p[i].second = params.back();
       params.back().mutable_grad() = view(flat.grad, i);
+      if (masters[i].dim() == 2)
+        ++flat.matrices;
+      else
+        flat.vector_grads.push_back(params.back().grad());
     }
   }
 
@@ -308,7 +315,9 @@ struct drafter_engine::impl {
                        const at::Tensor& doc_lengths, const at::Tensor& taps,
                        bool fail_after_backward = false) {
     const auto s = tokens.size(1);
-    if (flat.grad.defined())
+    if (flat.grad.defined() && opts.fused_linear)
+      at::_foreach_zero_(flat.vector_grads);  // the matrices' are written by their GEMMs
+    else if (flat.grad.defined())
       flat.grad.zero_();
     else
       for (auto& p : params)
@@ -317,15 +326,23 @@ struct drafter_engine::impl {
     auto anchors = sample_anchors(loss_mask, docs, opts.anchors, opts.block_size, gen);
     auto blocks = make_block_batch(tokens, loss_mask, docs, taps.to(dtype), anchors, embed,
                                    opts.block_size, opts.mask_token_id, objective.gamma);
-    // Flat mode: the projections' weight gradients go straight into the
-    // flat gradient buffer (gpu/models/linear.hpp), no separate add.
+    // Flat mode: the projections' weight gradients are written into the
+    // flat gradient buffer by their GEMMs (gpu/models/linear.hpp): no zeroing
+    // of the matrices, no separate add.
     std::optional<weight_grad_accumulation> in_place;
-    if (flat.grad.defined())
-      in_place.emplace();
+    const bool in_place_grads = flat.grad.defined() && opts.fused_linear;
+    if (in_place_grads)
+      in_place.emplace(flat.writes);
     auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
     in_place.reset();
     auto loss = out.loss * poison;  // poison: 1, or NaN when a nan fault is armed
     loss.backward();
+    if (in_place_grads && flat.writes.count() != flat.matrices)
+      throw error(errc::device_failure,
+                  who + ": " + std::to_string(flat.writes.count()) + " of the "
+                    + std::to_string(flat.matrices)
+                    + " weight matrices got their gradient from fused_linear this step (a "
+                      "projection that bypasses it would keep a stale gradient)");
     if (fail_after_backward)
       throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
     if (flat.grad.defined())

@@ -44,6 +44,12 @@ struct drafter_engine_options {
   int64_t total_steps = 0;           ///< cosine to 0 after warmup; ≤ 0: constant lr
   bool capture_graphs = true;        ///< CUDA: the whole step as one captured graph (the
                                      ///< first step runs eagerly as its warm-up); ignored on the CPU
+  /// CUDA, bf16/fp16 only; for A/B benchmarks (`tandem bench --engine`), both on by default:
+  /// flat_optimizer: masters, moments, model and gradients in flat buffers, the update in
+  /// two kernels (gpu/kernels/adamw_flat.hpp), else the foreach chain;
+  /// fused_linear: (flat only) weight gradients written by their GEMMs (gpu/models/linear.hpp).
+  bool flat_optimizer = true;
+  bool fused_linear = true;
 };
 
 struct drafter_info {

@@ -2,6 +2,7 @@
 
 #include "gpu/error.hpp"
 #include "gpu/models/fused_ops.hpp"
+#include "gpu/models/linear.hpp"
 #include "gpu/shape_text.hpp"
 
 namespace tandem::gpu {
@@ -112,13 +113,16 @@ at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
 }
 
 at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
-  auto gate = at::linear(x, w.gate_proj);
-  auto up = at::linear(x, w.up_proj);
+  // fused_linear: at::linear, except inside a weight_grad_accumulation scope
+  // (the drafter's training step), where the weight gradients go straight
+  // into W.grad() (gpu/models/linear.hpp).
+  auto gate = fused_linear(x, w.gate_proj);
+  auto up = fused_linear(x, w.up_proj);
   // CUDA bf16/fp16: one fused kernel each way (gpu/kernels/swiglu.cu); the
   // CPU keeps the composite, bit for bit (parity, bit-exact resume), and so
   // does fp32 on CUDA (fused_swiglu falls back to it).
   auto act = x.is_cuda() ? fused_swiglu(gate, up) : swiglu_composite(gate, up);
-  return at::linear(act, w.down_proj);
+  return fused_linear(act, w.down_proj);
 }
 
 doc_layout make_doc_layout(const at::Tensor& doc_lengths, int64_t seq_len) {

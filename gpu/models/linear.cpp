@@ -4,14 +4,16 @@ namespace tandem::gpu {
 
 namespace {
 
-thread_local bool accumulate_in_place = false;
+thread_local grad_writes* current_writes = nullptr;
 
-/// y = x·Wᵀ whose backward adds gᵀx into W.grad() and returns no gradient
+/// y = x·Wᵀ whose backward writes gᵀx into W.grad() (overwriting on the
+/// step's first contribution, accumulating after) and returns no gradient
 /// for W.
-struct accumulating_linear : torch::autograd::Function<accumulating_linear> {
+struct in_place_linear : torch::autograd::Function<in_place_linear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& w) {
+                            const at::Tensor& w, int64_t writes) {
     ctx->save_for_backward({x, w});
+    ctx->saved_data["writes"] = writes;  // the grad_writes of the scope, by address
     return at::linear(x, w);
   }
 
@@ -25,34 +27,56 @@ struct accumulating_linear : torch::autograd::Function<accumulating_linear> {
     if (ctx->needs_input_grad(0))
       dx = at::matmul(g, w);
     auto dw = w.grad();
+    auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
     const auto out = w.size(0), in = w.size(1);
-    dw.addmm_(g.reshape({-1, out}).t(), x.reshape({-1, in}));
-    return {dx, at::Tensor()};
+    const auto gt = g.reshape({-1, out}).t();
+    const auto x2 = x.reshape({-1, in});
+    if (writes->first(dw.data_ptr()))
+      at::mm_out(dw, gt, x2);
+    else
+      dw.addmm_(gt, x2);
+    return {dx, at::Tensor(), at::Tensor()};
   }
 };
 
 } // namespace
 
-weight_grad_accumulation::weight_grad_accumulation() : previous_(accumulate_in_place) {
-  accumulate_in_place = true;
+bool grad_writes::first(const void* grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return written_.insert(grad).second;
+}
+
+void grad_writes::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_.clear();
+}
+
+size_t grad_writes::count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return written_.size();
+}
+
+weight_grad_accumulation::weight_grad_accumulation(grad_writes& writes) : previous_(current_writes) {
+  writes.clear();
+  current_writes = &writes;
 }
 
 weight_grad_accumulation::~weight_grad_accumulation() {
-  accumulate_in_place = previous_;
+  current_writes = previous_;
 }
 
 bool weight_grad_accumulation::active() {
-  return accumulate_in_place;
+  return current_writes != nullptr;
 }
 
 at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w) {
-  if (!accumulate_in_place || !at::GradMode::is_enabled() || !w.requires_grad() || w.dim() != 2)
+  if (current_writes == nullptr || !at::GradMode::is_enabled() || !w.requires_grad() || w.dim() != 2)
     return at::linear(x, w);
   const auto& grad = w.grad();
   if (!grad.defined() || grad.sizes() != w.sizes() || grad.scalar_type() != w.scalar_type()
       || !grad.is_contiguous())
     return at::linear(x, w);
-  return accumulating_linear::apply(x, w);
+  return in_place_linear::apply(x, w, reinterpret_cast<int64_t>(current_writes));
 }
 
 } // namespace tandem::gpu

@@ -1,24 +1,33 @@
 #pragma once
-/// y = x·Wᵀ for the drafter's projections, with an opt-in backward that adds
-/// the weight gradient straight into W.grad() (one GEMM with β = 1) instead
-/// of producing a fresh tensor that autograd then adds into W.grad().
+/// y = x·Wᵀ for the drafter's projections, with an opt-in backward that
+/// writes the weight gradient straight into W.grad() from the GEMM (the
+/// first contribution of a step overwrites, later ones accumulate with
+/// β = 1) instead of producing a fresh tensor that autograd then adds into a
+/// zeroed W.grad().
 ///
 /// Why: the drafter engine keeps every gradient in one flat buffer
-/// (drafter_engine.cpp, flat mode).  With plain at::linear, backward writes
-/// each weight gradient to a temporary and AccumulateGrad adds it into the
-/// buffer: an extra read-read-write pass over all ~1e9 gradients per step.
-/// Accumulating in the GEMM's epilogue removes it (the same trick as
-/// Megatron's gradient-accumulation fusion).
+/// (drafter_engine.cpp, flat mode).  With plain at::linear, each step zeroes
+/// the ~1e9 gradients, backward writes each weight gradient to a temporary
+/// and AccumulateGrad adds it in: two extra passes over all of them.  Here
+/// the GEMM's own output is the gradient (the same trick as Megatron's
+/// gradient-accumulation fusion).
 ///
-/// Opt-in per thread, for a scope: inside a `weight_grad_accumulation`
-/// guard, `fused_linear(x, w)` takes the accumulating path for every `w` that
-/// requires grad and already has a defined `.grad()` of its own shape and
-/// dtype; autograd then sees an undefined gradient for `w` (nothing else
-/// changes W.grad(), so hooks and torch::autograd::grad() do not see it —
-/// which is why it is not the default).  Outside a guard, or for any other
-/// operand, it is at::linear.  Numerics: W.grad += gᵀx in one GEMM (fp32
-/// accumulation, one rounding), where the default rounds gᵀx and then the
-/// sum: the same value to within one rounding of the gradient's dtype.
+/// Opt-in per thread, for the forward of one step: inside a
+/// `weight_grad_accumulation` scope, `fused_linear(x, w)` takes this path for
+/// every 2-D `w` that requires grad and has a defined, contiguous `.grad()`
+/// of its own shape and dtype; autograd then sees no gradient for `w` (hooks
+/// and torch::autograd::grad() do not see it either — why it is not the
+/// default).  Which contribution comes first is decided in backward, per
+/// weight, by the scope's `grad_writes` (reset when a scope opens), so the
+/// order autograd picks does not matter; a captured graph records the
+/// decisions of its capture.  Weights that never pass through fused_linear
+/// must be zeroed by the caller as usual.  Numerics: W.grad = gᵀx (+ gᵀx′)
+/// in fp32-accumulating GEMMs, rounded once per contribution — the same
+/// values as at::linear's backward to within one rounding of the dtype.
+
+#include <cstddef>
+#include <mutex>
+#include <unordered_set>
 
 #include "gpu/pch.hpp"
 
@@ -26,10 +35,26 @@ namespace tandem::gpu {
 
 at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w);
 
-/// While alive, fused_linear() on this thread accumulates weight gradients in place.
+/// The weights whose gradient was written since the scope opened (backward
+/// runs on autograd's threads, hence the lock).  Owned by the caller; must
+/// outlive the backward of the step it tracks.
+class grad_writes {
+public:
+  /// True for the first write to `grad` (its data pointer) since clear().
+  bool first(const void* grad);
+  void clear();
+  size_t count() const;
+
+private:
+  mutable std::mutex mutex_;
+  std::unordered_set<const void*> written_;
+};
+
+/// While alive, fused_linear() on this thread writes weight gradients in
+/// place, tracked by `writes` (cleared here).
 class weight_grad_accumulation {
 public:
-  weight_grad_accumulation();
+  explicit weight_grad_accumulation(grad_writes& writes);
   ~weight_grad_accumulation();
   weight_grad_accumulation(const weight_grad_accumulation&) = delete;
   weight_grad_accumulation& operator=(const weight_grad_accumulation&) = delete;
@@ -37,7 +62,7 @@ public:
   static bool active();
 
 private:
-  bool previous_;
+  grad_writes* previous_;
 };
 
 } // namespace tandem::gpu
