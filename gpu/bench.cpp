@@ -341,7 +341,8 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
       p->mutable_grad() = at::Tensor();
     clock.begin();
     auto a = sample_anchors(loss_mask, docs, s.anchors, s.block, gen);
-    auto b = make_block_batch(tokens, loss_mask, docs, hidden, a, embed, s.block, cfg.mask_token_id, oo.gamma);
+    auto b = make_block_batch(tokens, loss_mask, docs, hidden, a, embed, s.block, cfg.mask_token_id, oo.gamma,
+                                /*dense_mask=*/false);
     clock.mark();
     // dflash_objective, split at its phases.
     auto h = dflash_forward(w, cfg, b.inputs);  // [B, Q, D]

@@ -50,7 +50,8 @@ double default_gamma(int64_t block_size) {
 block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_mask,
                              const doc_layout& docs, const at::Tensor& target_hidden,
                              const anchor_set& a, const at::Tensor& embedding,
-                             int64_t block_size, int64_t mask_token_id, double gamma) {
+                             int64_t block_size, int64_t mask_token_id, double gamma,
+                             bool dense_mask) {
   const auto b = tokens.size(0), s = tokens.size(1), n = a.anchors.size(1);
   const auto q = n * block_size;
   auto lopts = tokens.options().dtype(at::kLong);
@@ -84,12 +85,14 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
   // and block keys only inside block j; padding blocks (keep = 0) see only
   // their own block, which keeps their softmax finite and their outputs
   // out of every scored row.
-  auto kv = at::arange(s, lopts).view({1, 1, s});
-  auto ctx_visible = (kv < anchor) & (kv >= anchor_start) & keep;           // [B, N, S]
-  ctx_visible = ctx_visible.unsqueeze(2).expand({b, n, block_size, s}).reshape({b, q, s});
-  auto block_id = at::arange(q, lopts).floor_divide(block_size);
-  auto blk_visible = (block_id.unsqueeze(1) == block_id.unsqueeze(0)).unsqueeze(0).expand({b, q, q});
-  out.inputs.visible = at::cat({ctx_visible, blk_visible}, 2).unsqueeze(1);  // [B, 1, Q, S+Q]
+  if (dense_mask) {
+    auto kv = at::arange(s, lopts).view({1, 1, s});
+    auto ctx_visible = (kv < anchor) & (kv >= anchor_start) & keep;         // [B, N, S]
+    ctx_visible = ctx_visible.unsqueeze(2).expand({b, n, block_size, s}).reshape({b, q, s});
+    auto block_id = at::arange(q, lopts).floor_divide(block_size);
+    auto blk_visible = (block_id.unsqueeze(1) == block_id.unsqueeze(0)).unsqueeze(0).expand({b, q, q});
+    out.inputs.visible = at::cat({ctx_visible, blk_visible}, 2).unsqueeze(1);  // [B, 1, Q, S+Q]
+  }
 
   // The same context rule as per-block ranges, for dflash_attention (which
   // touches only these keys): [doc_start(a_j), a_j), empty when keep = 0.

@@ -34,10 +34,14 @@ struct block_batch {
 };
 
 /// `tokens` [B, S] int64, `loss_mask` [B, S], `target_hidden` [B, S, n·D].
+/// `dense_mask` false leaves `inputs.visible` undefined: dflash_forward
+/// needs only the per-block ranges, and the dense [B, 1, Q, S+Q] mask is
+/// 92 MB at Qwen3-8B shapes (the engine's step skips it; tests compare it).
 block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_mask,
                              const doc_layout& docs, const at::Tensor& target_hidden,
                              const anchor_set& anchors, const at::Tensor& embedding,
-                             int64_t block_size, int64_t mask_token_id, double gamma);
+                             int64_t block_size, int64_t mask_token_id, double gamma,
+                             bool dense_mask = true);
 
 /// Σ weight·CE(hidden·headᵀ, label) and Σ mask·[argmax = label] over rows,
 /// with logits computed `chunk_rows` rows at a time, once: the forward also

@@ -325,7 +325,8 @@ struct drafter_engine::impl {
     auto docs = make_doc_layout(doc_lengths, s);
     auto anchors = sample_anchors(loss_mask, docs, opts.anchors, opts.block_size, gen);
     auto blocks = make_block_batch(tokens, loss_mask, docs, taps.to(dtype), anchors, embed,
-                                   opts.block_size, opts.mask_token_id, objective.gamma);
+                                   opts.block_size, opts.mask_token_id, objective.gamma,
+                                   /*dense_mask=*/false);
     // Flat mode: the projections' weight gradients are written into the
     // flat gradient buffer by their GEMMs (gpu/models/linear.hpp): no zeroing
     // of the matrices, no separate add.
