@@ -319,7 +319,15 @@ void maybe_end_epoch(self_ptr self) {
   });
 }
 
-void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason);
+void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason,
+                        bool peers_hold_state = false);
+
+/// Data-parallel drafters between group steps: every live replica holds the
+/// weights of the ledger's step (nothing half-applied).
+bool group_at_rest(self_ptr self) {
+  auto& s = self->state;
+  return grouped(self) && s.group.formed && s.group.reports_due == 0 && s.busy.empty();
+}
 
 template <class T>
 std::chrono::nanoseconds seconds_of(T s) {
@@ -415,9 +423,14 @@ void maybe_form_group(self_ptr self) {
 /// lost, and restart it after its backoff — or end the run past the budget.
 /// Data-parallel drafters: the group is broken for everyone; the survivors
 /// stay up (a survivor inside the step's collective reports group_failed
-/// after runtime.group_timeout_s), and the next group takes the restarted
+/// after runtime.group_timeout_s).  `peers_hold_state`: the failure left
+/// the survivors' weights at the ledger's step (it came between group steps,
+/// or every rank skipped the step's update), so nothing is rolled back but
+/// the batches in flight, and the next group takes a survivor's state
+/// (DESIGN.md §3: restore from a healthy peer).  Otherwise training rolls
+/// back to the newest checkpoint and the next group takes the restarted
 /// drafter's restored state.
-void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
+void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, bool peers_hold_state) {
   auto& s = self->state;
   const auto di = static_cast<size_t>(d);
   if (s.down[di] || !s.running)
@@ -435,14 +448,21 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
   s.drafter_addr[di] = caf::actor_addr{};
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
+  bool keep_state = false;
   if (grouped(self)) {
-    // Every replica has left the restore point (they roll back below).
+    // A healthy peer must remain to take the state from.
+    if (peers_hold_state)
+      for (size_t j = 0; j < s.peers.drafters.size(); ++j)
+        keep_state |= j != di && !s.down[j] && s.group.clean[j];
     s.group.formed = false;
     s.group.forming = false;
     s.group.reports_due = 0;
     s.group.reports.clear();
     s.group.batches.clear();
-    s.group.clean.assign(s.peers.drafters.size(), false);
+    if (keep_state)
+      s.group.clean[di] = false;  // restarted from an older checkpoint
+    else
+      s.group.clean.assign(s.peers.drafters.size(), false);  // all roll back below
   }
   const auto restarts = static_cast<int64_t>(f.size());
   if (restarts > s.opts.restart_budget) {
@@ -455,11 +475,14 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
     fail(self, make_error(errc::device_failure, report));
     return;
   }
-  // Roll back: everything after the newest checkpoint goes back to pending.
+  // Roll back: everything after the restore point goes back to pending —
+  // the newest checkpoint, or (survivors holding the state) the current step,
+  // which returns only the batches in flight.
   ++s.lineage;
-  auto back = s.ledger->rollback(s.durable_step);
-  const int64_t lost_steps = s.step - std::max<int64_t>(s.durable_step, 0);
-  s.step = std::max<int64_t>(s.durable_step, 0);
+  const int64_t restore_step = keep_state ? s.step : std::max<int64_t>(s.durable_step, 0);
+  auto back = s.ledger->rollback(keep_state ? s.step : s.durable_step);
+  const int64_t lost_steps = s.step - restore_step;
+  s.step = restore_step;
   std::vector<int32_t> credit(s.peers.prefetch.size(), 0);
   for (auto& [id, fl] : s.in_flight) {
     ++credit[static_cast<size_t>(fl.source)];
@@ -492,6 +515,7 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason) {
   event(self, {{"event", "drafter_failed"}, {"drafter", d}, {"reason", reason},
                {"restart", restarts}, {"budget", s.opts.restart_budget},
                {"restore_step", s.step}, {"steps_lost", lost_steps},
+               {"restore_from", keep_state ? "peers" : "checkpoint"},
                {"samples_reissued", static_cast<int64_t>(back.size())},
                {"checkpoint", s.summary.checkpoint}, {"backoff_s", wait}});
   self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -526,7 +550,8 @@ void ask_heartbeat(self_ptr self, int32_t d, caf::actor_clock::time_point now) {
           return;  // already replaced: not this incarnation's failure
         on_drafter_failure(self, d, "drafter " + std::to_string(d) + " missed its heartbeat: no answer within "
                                       + std::to_string(s.opts.heartbeat_s) + " s (runtime.heartbeat_s): "
-                                      + self->system().render(e));
+                                      + self->system().render(e),
+                           group_at_rest(self));
       });
 }
 
@@ -543,8 +568,8 @@ void respawn(self_ptr self, int32_t d) {
   s.heartbeat_pending[di] = false;
   s.last_heartbeat[di] = self->clock().now();
   s.idle.push_back(d);
-  if (grouped(self))
-    s.group.clean[di] = true;  // restored from the restore point
+  if (grouped(self))  // restored from the newest checkpoint: the ledger's state only if nothing came after it
+    s.group.clean[di] = std::max<int64_t>(s.durable_step, 0) == s.step;
   event(self, {{"event", "drafter_restarted"}, {"drafter", d}, {"step", s.step},
                {"from", s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint}});
   maybe_form_group(self);
@@ -636,9 +661,13 @@ void on_group_report(self_ptr self, const step_report& r) {
           culprit = y.drafter;
           break;
         }
+      bool all_skipped = true;
+      for (const auto& y : reports)
+        all_skipped &= !y.finite;
       on_drafter_failure(self, culprit, "drafter " + std::to_string(culprit)
                                           + ": non-finite loss or gradient at step "
-                                          + std::to_string(s.step + 1));
+                                          + std::to_string(s.step + 1),
+                         /*peers_hold_state=*/all_skipped);
       return;
     }
   const auto step = reports.front().step;
@@ -756,10 +785,11 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         }
         self->set_down_handler([self](caf::down_msg& m) {
           auto d = drafter_index(self, m.source);
-          if (d >= 0)
+          if (d >= 0)  // between group steps the survivors hold the ledger's state
             on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step "
                                           + std::to_string(self->state.step + 1) + ": "
-                                          + self->system().render(m.reason));
+                                          + self->system().render(m.reason),
+                               group_at_rest(self));
         });
         s.group.clean.assign(n, true);  // all start from the same restore point
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);

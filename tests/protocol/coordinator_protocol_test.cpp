@@ -816,6 +816,43 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   check_handles_released();
 }
 
+CAF_TEST(a non-finite loss in a group loses no step: the survivors hold the state) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 0;  // no checkpoint: a rollback would lose everything
+  w->drafter_script[1] = {act::ok, act::ok, act::nan};
+  w->drafter_script[0] = {act::ok, act::ok, act::skip};  // every rank skips the NaN step
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  CAF_CHECK_EQUAL(failed[0]["samples_reissued"], 8);  // in flight: the NaN step's 2 batches, 2 queued
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "");  // no checkpoint: fresh, then the broadcast
+  auto formed = w->events_named("group_formed");
+  CAF_REQUIRE_EQUAL(formed.size(), 2u);
+  CAF_CHECK_EQUAL(formed[1]["root"], 0);  // the survivor
+  CAF_CHECK_EQUAL(formed[1]["step"], 2);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  std::vector<peer_world::step_rec> kept;
+  for (auto& st : w->steps)
+    if ((st.generation == 1 && st.step <= 2) || st.generation == 2)
+      kept.push_back(st);
+  CAF_CHECK(contributed(kept) == iota_to(16));
+  check_handles_released();
+}
+
 CAF_TEST(a data-parallel run needs credits for one batch per drafter) {
   setup s;
   s.drafters = 3;

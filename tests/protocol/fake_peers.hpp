@@ -44,6 +44,8 @@ enum class act {
   nan,   ///< reports finite = false (no update)
   die,   ///< quits with errc::device_failure (an exception in the real step)
   hang,  ///< keeps the item and answers only on `go` (a hung step)
+  skip,  ///< reports finite = false with a finite loss (a data-parallel peer's NaN
+         ///< made the averaged gradient non-finite: every rank skipped the update)
 };
 
 struct peer_world {
@@ -268,7 +270,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
   st.weights = std::move(weights);
   st.idle_since = self->clock().now();
   w->final_weights = st.weights;
-  auto train = [self, index, coordinator, w](const work_item& item, bool finite) {
+  auto train = [self, index, coordinator, w](const work_item& item, bool finite, bool own_nan = true) {
     auto& s = self->state;
     step_report r;
     r.drafter = index;
@@ -290,7 +292,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       r.accuracy = 0.5;
       w->steps.push_back({s.incarnation, s.step, item, s.generation, index});
     } else {
-      r.loss = std::numeric_limits<double>::quiet_NaN();
+      r.loss = own_nan ? std::numeric_limits<double>::quiet_NaN() : w->loss;
     }
     r.step = s.step;
     s.idle_since = self->clock().now();
@@ -311,6 +313,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       switch (what) {
         case act::ok: train(item, true); break;
         case act::nan: train(item, false); break;
+        case act::skip: train(item, false, false); break;
         case act::die:
           self->quit(make_error(errc::device_failure,
                                 "step " + std::to_string(self->state.step + 1) + ": injected failure"));
