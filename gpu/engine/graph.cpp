@@ -64,10 +64,13 @@ void captured_step::capture(const std::function<void()>& body,
                             const std::vector<at::Generator>& generators) {
   c10::cuda::CUDAGuard device_guard(device_);
   c10::cuda::CUDAStreamGuard stream_guard(stream_);
+  // Work queued before the capture must not be captured or overlap it.  Wait
+  // for it before taking the process-wide lock: only this thread queues on
+  // this stream, and no device wait (a collective waiting for a peer that
+  // itself waits for the lock, say) may happen while the lock is held.
+  stream_.synchronize();
   std::lock_guard<std::mutex> lock(capture_mutex());
   capture_in_progress counted;
-  // Work queued before the capture must not be captured or overlap it.
-  stream_.synchronize();
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
   try {
     for (const auto& g : generators)
