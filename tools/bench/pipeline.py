@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""End-to-end pipeline benchmark: `tandem run` with one target and one drafter on their own
-GPUs (default cuda:0 and cuda:1) at Qwen3-8B DFlash shapes, on random weights and synthetic
-token data, and one JSON line: samples/s, tokens/s, step time, the drafter's data-wait share.
+"""End-to-end pipeline benchmark: `tandem run` with targets and drafters on their own GPUs
+(default one of each, cuda:0 and cuda:1) at Qwen3-8B DFlash shapes, on random weights and
+synthetic token data, and one JSON line: samples/s, tokens/s, step time, the drafters'
+data-wait share (overall and per drafter).
 
     python tools/bench/pipeline.py --tandem build/bin/tandem [--work DIR] [--steps 60]
-                                   [--target-device cuda:0] [--drafter-device cuda:1]
+                                   [--target-device cuda:0[,cuda:1...]]
+                                   [--drafter-device cuda:1[,cuda:2...]]
                                    [--size 8b|tiny] [--keep]
+
+Several drafter devices make data-parallel drafters (one NCCL group, lockstep steps); the
+seed topology is --target-device cuda:0,cuda:1,cuda:2,cuda:3,cuda:4
+--drafter-device cuda:5,cuda:6,cuda:7.
 
 It writes (into --work, default a temp folder, deleted unless --keep):
   target/   a random-weight Qwen3 folder (config.json + safetensors shards; 8b: 36 layers,
@@ -147,6 +153,10 @@ def main():
     p.add_argument("--target-device", default="cuda:0")
     p.add_argument("--drafter-device", default="cuda:1")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--fault", action="append", default=[],
+                   help="passed to tandem run (drafter=N,kind=throw|nan|hang,at_step=K); the line "
+                        "then reports each recovery")
+    p.add_argument("--set", action="append", default=[], help="passed to tandem run (KEY=VALUE)")
     a = p.parse_args()
     s = SIZES[a.size]
     work = a.work or tempfile.mkdtemp(prefix="tandem_pipeline_")
@@ -160,6 +170,11 @@ def main():
             shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
             make_data(os.path.join(work, "data"), s["vocab_size"], 2000, s["seq"] // 6, s["seq"])
         prep_s = time.time() - t0
+        targets = [d.strip() for d in a.target_device.split(",") if d.strip()]
+        drafters = [d.strip() for d in a.drafter_device.split(",") if d.strip()]
+        # A group step needs one batch per drafter in flight.
+        credits = max(4, -(-2 * len(drafters) // len(targets)))
+        quoted = lambda ds: ", ".join(f'"{d}"' for d in ds)
         with open(os.path.join(work, "run.toml"), "w") as f:
             f.write(f"""[model]
 target = "target"
@@ -174,10 +189,10 @@ anchors = {s['anchors']}
 max_steps = {a.steps}
 log_every = 1
 [placement]
-targets = ["{a.target_device}"]
-drafters = ["{a.drafter_device}"]
+targets = [{quoted(targets)}]
+drafters = [{quoted(drafters)}]
 [runtime]
-credits = 4
+credits = {credits}
 [checkpoint]
 every_steps = 0
 on_signal = false
@@ -188,25 +203,43 @@ output_dir = "out"
 """)
         shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
         t1 = time.time()
-        r = subprocess.run([a.tandem, "run", os.path.join(work, "run.toml")], capture_output=True, text=True)
+        cmd = [a.tandem, "run", os.path.join(work, "run.toml")]
+        for f in a.fault:
+            cmd += ["--fault", f]
+        for kv in a.set:
+            cmd += ["--set", kv]
+        r = subprocess.run(cmd, capture_output=True, text=True)
         run_s = time.time() - t1
         if r.returncode != 0:
             print(json.dumps({"case": "pipeline", "error": f"tandem run exited {r.returncode}",
                               "stderr_tail": r.stderr[-2000:]}))
             return 1
         rows = [json.loads(l) for l in open(os.path.join(work, "out", "metrics.jsonl"))]
-        steps = [x for x in rows if x.get("event") == "step"][a.skip:]
+        all_steps = [x for x in rows if x.get("event") == "step"]
+        # Skip the first --skip optimizer steps (every drafter's report of them).
+        numbers = sorted({x["step"] for x in all_steps})
+        kept = set(numbers[a.skip:])
+        steps = [x for x in all_steps if x["step"] in kept]
         if not steps:
             print(json.dumps({"case": "pipeline", "error": "no steps after --skip"}))
             return 1
         wait = sum(x["wait_ms"] for x in steps)
         compute = sum(x["compute_ms"] for x in steps)
         span_s = steps[-1]["time_s"] - steps[0]["time_s"]
-        n = len(steps) - 1
+        n = len(kept) - 1  # optimizer steps in the span (one report per drafter each)
+        first = min(kept)
         batches = [x.get("batch") for x in steps]
-        tokens = sum(x.get("tokens", 0) for x in steps[1:])
+        tokens = sum(x.get("tokens", 0) for x in steps if x["step"] != first)
+        per_drafter = {}
+        for d in sorted({x.get("drafter", 0) for x in steps}):
+            mine = [x for x in steps if x.get("drafter", 0) == d]
+            w, c = sum(x["wait_ms"] for x in mine), sum(x["compute_ms"] for x in mine)
+            per_drafter[str(d)] = {"compute_ms_median": statistics.median(x["compute_ms"] for x in mine),
+                                   "data_wait_share": w / (w + c) if w + c > 0 else None}
         out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
-               "drafter_device": a.drafter_device, "steps_measured": n,
+               "drafter_device": a.drafter_device, "targets": len(targets), "drafters": len(drafters),
+               "steps_measured": n, "per_drafter": per_drafter,
+               "failures": sum(1 for x in rows if x.get("event") == "drafter_failed"),
                "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
                "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
                "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
@@ -215,6 +248,20 @@ output_dir = "out"
                "tokens_per_s": tokens / span_s if span_s > 0 else None,
                "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
                "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}
+        # Each failure: when it was detected, when training resumed (the first step
+        # report after it), steps lost and how the state was restored.
+        recoveries = []
+        for i, x in enumerate(rows):
+            if x.get("event") != "drafter_failed":
+                continue
+            after = [y for y in rows[i + 1:] if y.get("event") == "step"]
+            formed = [y for y in rows[i + 1:] if y.get("event") == "group_formed"]
+            recoveries.append({
+                "drafter": x.get("drafter"), "at_s": x.get("time_s"), "reason": x.get("reason", "")[:120],
+                "steps_lost": x.get("steps_lost"), "restore_from": x.get("restore_from", "checkpoint"),
+                "group_formed_after_s": formed[0]["time_s"] - x["time_s"] if formed else None,
+                "training_again_after_s": after[0]["time_s"] - x["time_s"] if after else None})
+        out["recoveries"] = recoveries
         end = [x for x in rows if x.get("event") == "checkpoint"]
         if end and span_s > 0:
             # committed samples over the measured span (one row per step packs ~S/avg samples)
