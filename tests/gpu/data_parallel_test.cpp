@@ -69,41 +69,10 @@ drafter_engine_options options(int device, bool graphs, uint64_t seed) {
   return o;
 }
 
-/// Runs body(rank) on one thread per rank.  Exceptions become failures
-/// naming the rank; a rank still running after `limit` aborts the process
-/// with a message rather than hanging.
+/// One thread per rank (tests/gpu/fixtures.hpp), named for this test's hang message.
 void on_ranks(int world, const std::function<void(int)>& body,
               std::chrono::seconds limit = std::chrono::seconds(240)) {
-  std::vector<std::string> errors(world);
-  std::mutex m;
-  std::condition_variable cv;
-  int finished = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const error& e) {
-        errors[r] = "gpu::error(" + tandem::to_string(e.code()) + "): " + e.what();
-      } catch (const std::exception& e) {
-        errors[r] = std::string("exception: ") + e.what();
-      }
-      std::lock_guard<std::mutex> l(m);
-      ++finished;
-      cv.notify_all();
-    });
-  {
-    std::unique_lock<std::mutex> l(m);
-    if (!cv.wait_for(l, limit, [&] { return finished == world; })) {
-      std::fprintf(stderr, "data_parallel_test: ranks still running after %lld s; aborting\n",
-                   static_cast<long long>(limit.count()));
-      std::abort();
-    }
-  }
-  for (auto& t : threads)
-    t.join();
-  for (int r = 0; r < world; ++r)
-    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw " << errors[r];
+  tandem::gpu::test::on_ranks("data_parallel_test", world, body, limit);
 }
 
 /// The engine's fp32 master weights, on the CPU (from its snapshot).

@@ -1,13 +1,29 @@
 #pragma once
 /// Inputs shared by the GPU engine tests (graph_test.cpp,
 /// data_parallel_test.cpp): the parity fixtures' tiny Qwen3 target and a
-/// learnable synthetic batch.
+/// learnable synthetic batch; and on_ranks, the NCCL tests' one thread per
+/// rank (nccl_test.cpp, transport_nccl_test.cpp).
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
 
 #include "gpu/engine/batch.hpp"
+#include "gpu/error.hpp"
 #include "gpu/pch.hpp"
+#include "messages/errors.hpp"
 
 namespace tandem::gpu::test {
 
@@ -30,6 +46,58 @@ inline data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed)
   b.loss_mask = at::ones({rows, seq}, at::kByte);
   b.real_tokens = rows * seq;
   return b;
+}
+
+/// Runs body(rank) on one thread per rank, as one GPU actor per device
+/// would.  Exceptions become test failures naming the rank; a rank still
+/// running after `limit` aborts the process with a message naming `who`
+/// (a hang the communicators' own timeouts did not end) instead of hanging.
+inline void on_ranks(const char* who, int world, const std::function<void(int)>& body,
+                     std::chrono::seconds limit) {
+  std::vector<std::string> errors(world);
+  auto done = std::make_unique<std::atomic<bool>[]>(world);
+  std::mutex m;
+  std::condition_variable cv;
+  int finished = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    done[r] = false;
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const tandem::gpu::error& e) {
+        errors[r] = "gpu::error(" + tandem::to_string(e.code()) + "): " + e.what();
+      } catch (const std::exception& e) {
+        errors[r] = std::string("exception: ") + e.what();
+      }
+      done[r] = true;
+      {
+        std::lock_guard<std::mutex> l(m);
+        ++finished;
+      }
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> l(m);
+    if (!cv.wait_for(l, limit, [&] { return finished == world; })) {
+      std::string stuck;
+      for (int r = 0; r < world; ++r)
+        if (!done[r])
+          stuck += " " + std::to_string(r);
+      std::fprintf(stderr,
+                   "%s: rank(s)%s still running after %lld s: a hang that the communicators' "
+                   "timeouts did not end. Aborting the process instead of hanging (rerun with "
+                   "NCCL_DEBUG=INFO for NCCL's view).\n",
+                   who, stuck.c_str(), static_cast<long long>(limit.count()));
+      std::fflush(stderr);
+      std::abort();
+    }
+  }
+  for (auto& t : threads)
+    t.join();
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw " << errors[r];
 }
 
 } // namespace tandem::gpu::test

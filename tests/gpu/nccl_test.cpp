@@ -34,6 +34,7 @@
 #include "gpu/runtime.hpp"
 #include "gpu/transport_peer.hpp"
 #include "gpu/transport_tensors.hpp"
+#include "tests/gpu/fixtures.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -344,56 +345,10 @@ std::mutex& capture_mutex() {
   static std::mutex m;
   return m;
 }
-
-/// Runs body(rank) on one thread per rank, as one drafter actor per GPU
-/// would.  Exceptions become test failures naming the rank; a rank that
-/// has not finished after `limit` aborts the process with a message.
+/// One thread per rank (tests/gpu/fixtures.hpp), named for this test's hang message.
 void on_ranks(int world, const std::function<void(int)>& body,
               std::chrono::seconds limit = std::chrono::seconds(240)) {
-  std::vector<std::string> errors(world);
-  auto done = std::make_unique<std::atomic<bool>[]>(world);
-  std::mutex m;
-  std::condition_variable cv;
-  int finished = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    done[r] = false;
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const error& e) {
-        errors[r] = "gpu::error(" + tandem::to_string(e.code()) + "): " + e.what();
-      } catch (const std::exception& e) {
-        errors[r] = std::string("exception: ") + e.what();
-      }
-      done[r] = true;
-      {
-        std::lock_guard<std::mutex> l(m);
-        ++finished;
-      }
-      cv.notify_all();
-    });
-  }
-  {
-    std::unique_lock<std::mutex> l(m);
-    if (!cv.wait_for(l, limit, [&] { return finished == world; })) {
-      std::string stuck;
-      for (int r = 0; r < world; ++r)
-        if (!done[r])
-          stuck += " " + std::to_string(r);
-      std::fprintf(stderr,
-                   "nccl_test: rank(s)%s still running after %lld s: a hang that the "
-                   "communicator's timeouts did not end. Aborting the process instead of hanging "
-                   "(rerun with NCCL_DEBUG=INFO for NCCL's view).\n",
-                   stuck.c_str(), static_cast<long long>(limit.count()));
-      std::fflush(stderr);
-      std::abort();
-    }
-  }
-  for (auto& t : threads)
-    t.join();
-  for (int r = 0; r < world; ++r)
-    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw " << errors[r];
+  tandem::gpu::test::on_ranks("nccl_test", world, body, limit);
 }
 
 /// The rank's device current and a side stream of it current (as in a

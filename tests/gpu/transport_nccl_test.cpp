@@ -193,54 +193,10 @@ at::Device cuda(int i) {
 
 constexpr int producer_rank = 0;
 constexpr int consumer_rank = 1;
-
-/// Runs body(rank) on one thread per rank.  Exceptions become failures
-/// naming the rank; a rank still running after `limit` aborts the process.
+/// One thread per rank (tests/gpu/fixtures.hpp), named for this test's hang message.
 void on_ranks(int world, const std::function<void(int)>& body,
               std::chrono::seconds limit = std::chrono::seconds(120)) {
-  std::vector<std::string> errors(world);
-  auto done = std::make_unique<std::atomic<bool>[]>(world);
-  std::mutex m;
-  std::condition_variable cv;
-  int finished = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    done[r] = false;
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const error& e) {
-        errors[r] = "gpu::error(" + tandem::to_string(e.code()) + "): " + e.what();
-      } catch (const std::exception& e) {
-        errors[r] = std::string("exception: ") + e.what();
-      }
-      done[r] = true;
-      {
-        std::lock_guard<std::mutex> l(m);
-        ++finished;
-      }
-      cv.notify_all();
-    });
-  }
-  {
-    std::unique_lock<std::mutex> l(m);
-    if (!cv.wait_for(l, limit, [&] { return finished == world; })) {
-      std::string stuck;
-      for (int r = 0; r < world; ++r)
-        if (!done[r])
-          stuck += " " + std::to_string(r);
-      std::fprintf(stderr,
-                   "transport_nccl_test: rank(s)%s still running after %lld s: a hang that the "
-                   "timeouts did not end. Aborting the process instead of hanging.\n",
-                   stuck.c_str(), static_cast<long long>(limit.count()));
-      std::fflush(stderr);
-      std::abort();
-    }
-  }
-  for (auto& t : threads)
-    t.join();
-  for (int r = 0; r < world; ++r)
-    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " threw " << errors[r];
+  tandem::gpu::test::on_ranks("transport_nccl_test", world, body, limit);
 }
 
 /// `read()` with `stream` current: ordered after the work on that stream
