@@ -853,6 +853,54 @@ CAF_TEST(a non-finite loss in a group loses no step: the survivors hold the stat
   check_handles_released();
 }
 
+CAF_TEST(a data-parallel drafter that misses its heartbeat between steps loses no step) {
+  setup s;
+  s.drafters = 2;
+  s.opts.heartbeat_s = 3;
+  s.opts.checkpoint_every = 0;  // no checkpoint: only the survivor holds step 1
+  start(s);
+  w->targets[0].hold = true;
+  w->targets[0].stay_held = true;
+  sched.run();
+  caf::anon_send(targets[0], go_atom::value);  // the two held batches: one group step
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->steps.size(), 2u);
+  CAF_CHECK_EQUAL(w->steps[0].step, 1);
+  // Both idle, the group at rest; drafter 1 stops answering.
+  w->muted.insert(1);
+  advance_time(3250ms);
+  sched.run();
+  advance_time(3500ms);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "drafter 1 missed its heartbeat"));
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 1);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  w->muted.clear();
+  advance_time(500ms);  // the backoff: drafter 1 restarts (fresh), the group re-forms from drafter 0
+  sched.run();
+  auto formed = w->events_named("group_formed");
+  CAF_REQUIRE_EQUAL(formed.size(), 2u);
+  CAF_CHECK_EQUAL(formed[1]["root"], 0);
+  CAF_CHECK_EQUAL(formed[1]["step"], 1);
+  w->targets[0].stay_held = false;
+  caf::anon_send(targets[0], go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 3);  // 6 batches of 2 samples, 2 a step
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
+  std::vector<peer_world::step_rec> kept;
+  for (auto& st : w->steps)
+    if (st.generation == 1 || st.generation == 2)
+      kept.push_back(st);
+  CAF_CHECK(contributed(kept) == iota_to(12));
+  check_handles_released();
+}
+
 CAF_TEST(a data-parallel run needs credits for one batch per drafter) {
   setup s;
   s.drafters = 3;

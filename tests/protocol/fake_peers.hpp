@@ -70,6 +70,7 @@ struct peer_world {
   // -- target ---------------------------------------------------------------
   struct target_rec {
     bool hold = false;
+    bool stay_held = false;           ///< `go` forwards what is held but keeps holding later batches
     std::deque<batch_desc> held;
     std::set<uint64_t> outstanding;   ///< feature handles sent and not released
     size_t max_outstanding = 0;
@@ -95,6 +96,7 @@ struct peer_world {
   std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)
   double loss = 5.0;
   bool mute_heartbeat = false;        ///< heartbeats are never answered (a stuck drafter)
+  std::set<int32_t> muted;            ///< these drafters' heartbeats are never answered
   /// Data-parallel groups: every join (drafter, rank, world, generation),
   /// and per generation rank 0's (step, weights) that the others take.
   struct join_rec {
@@ -232,7 +234,7 @@ fake_target(fake_target_actor::stateful_pointer<fake_target_state> self, int32_t
     },
     [=](go_atom) {
       auto& t = w->targets[static_cast<size_t>(index)];
-      t.hold = false;
+      t.hold = t.stay_held;
       while (!t.held.empty()) {
         auto b = std::move(t.held.front());
         t.held.pop_front();
@@ -355,7 +357,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     },
     [=](heartbeat_atom) {
       auto rp = self->make_response_promise<int64_t>();
-      if (!w->mute_heartbeat)
+      if (!w->mute_heartbeat && w->muted.count(index) == 0)
         rp.deliver(self->state.step);
       return rp;
     },
