@@ -39,17 +39,18 @@ handle publish(payload p) {
   return h;
 }
 
+std::shared_ptr<const payload> peek(handle h) {
+  auto& r = the_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.entries.find(h);
+  if (it == r.entries.end())
+    throw error(errc::bad_input, "transport: unknown handle " + std::to_string(h)
+                                   + " (released, or published by another process)");
+  return it->second;
+}
+
 std::vector<at::Tensor> acquire(handle h, const at::Device& device) {
-  std::shared_ptr<const payload> p;
-  {
-    auto& r = the_registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.entries.find(h);
-    if (it == r.entries.end())
-      throw error(errc::bad_input, "transport: unknown handle " + std::to_string(h)
-                                     + " (released, or published by another process)");
-    p = it->second;
-  }
+  const auto p = peek(h);
   std::vector<at::Tensor> out;
   out.reserve(p->tensors.size());
 #ifdef TANDEM_HAVE_CUDA

@@ -54,10 +54,7 @@ std::vector<tensor_spec> specs_of(const std::vector<at::Tensor>& tensors) {
 }
 
 std::vector<tensor_spec> specs_of(handle h) {
-  // A "copy" to the meta device: the registry hands back tensors with the
-  // payload's shapes and dtypes and no storage.  No bytes move, nothing waits
-  // on the payload's event (acquire waits only for CUDA consumers).
-  return specs_of(acquire(h, at::Device(at::kMeta)));
+  return specs_of(peek(h)->tensors);  // no copy, no wait
 }
 
 std::vector<tensor_spec> batch_specs(const batch_desc& desc, int64_t max_docs) {

@@ -21,6 +21,11 @@ struct payload {
 /// Publishes `p` and returns its handle (never 0).
 handle publish(payload p);
 
+/// The payload of `h` as published: no copy, no wait on its event (the
+/// tensors may still be being written).  For looking at shapes, dtypes and
+/// devices.  Throws gpu::error(errc::bad_input) for an unknown handle.
+std::shared_ptr<const payload> peek(handle h);
+
 /// The payload of `h` for a consumer on `device`, on the current stream:
 /// waits (on the device, not the host) for the producer's event.  Same
 /// device: the tensors themselves (no copy).  Another device of this
