@@ -156,6 +156,7 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
       w.features.shape = {batch.rows, batch.seq_len,
                           static_cast<int64_t>(info.tap_ids.size()) * info.hidden_size};
       w.features.where.device = info.device;
+      w.features.dtype = info.dtype;
       w.batch = std::move(batch);
       self->send(s.coordinator, std::move(w));
     },

@@ -70,6 +70,18 @@ std::vector<tensor_spec> feature_specs(const features_desc& desc, at::ScalarType
   return {{desc.shape, dtype}};
 }
 
+std::vector<tensor_spec> feature_specs(const features_desc& desc) {
+  if (desc.dtype == "bfloat16")
+    return feature_specs(desc, at::kBFloat16);
+  if (desc.dtype == "float16")
+    return feature_specs(desc, at::kHalf);
+  if (desc.dtype == "float32")
+    return feature_specs(desc, at::kFloat);
+  throw error(errc::bad_input, "transport: features of batch " + std::to_string(desc.batch_id)
+                                 + " name dtype '" + desc.dtype
+                                 + "', not one of bfloat16, float16, float32");
+}
+
 void check_specs(const std::vector<tensor_spec>& specs, const std::string& what) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& s = specs[i];

@@ -103,9 +103,12 @@ std::vector<tensor_spec> specs_of(handle h);
 /// descriptor does not carry max_docs: it is the packer's (config) K.
 std::vector<tensor_spec> batch_specs(const batch_desc& desc, int64_t max_docs);
 
-/// A target's taps {[rows, seq_len, n·D] in the target's dtype}.  The
-/// descriptor does not carry the dtype: it is the target's (target_info).
+/// A target's taps {[rows, seq_len, n·D] in the target's dtype} (target_info's,
+/// which the target actor also writes into the descriptor).
 std::vector<tensor_spec> feature_specs(const features_desc& desc, at::ScalarType dtype);
+/// As above with the descriptor's own dtype ("bfloat16", "float16", "float32");
+/// gpu::error(bad_input) when it is empty or another.
+std::vector<tensor_spec> feature_specs(const features_desc& desc);
 
 /// Throws gpu::error(bad_input) unless every spec has a defined dtype and
 /// non-negative sizes; `what` opens the message.

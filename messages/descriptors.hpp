@@ -49,12 +49,14 @@ struct features_desc {
   device_ref where;
   uint64_t handle = 0;
   double forward_ms = 0;             ///< target compute time
+  std::string dtype;                 ///< of the taps: "bfloat16" or "float32" (a receiver on
+                                     ///< another node allocates from shape and dtype)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, features_desc& x) {
   return f(caf::meta::type_name("tandem.features_desc"), x.batch_id, x.target, x.shape, x.where,
-           x.handle, x.forward_ms);
+           x.handle, x.forward_ms, x.dtype);
 }
 
 /// What a drafter trains on: a batch and its features.

@@ -126,6 +126,12 @@ TEST(transport_nccl_cpu, specs_of_a_published_payload_match_the_descriptors) {
   ASSERT_EQ(taps.size(), 1u);
   EXPECT_EQ(taps[0].bytes(), 3 * 40 * 192 * 2);
   EXPECT_EQ(transport::to_string(taps[0]), "[3, 40, 192] BFloat16");
+  // The descriptor's own dtype (the target fills it in).
+  f.dtype = "float32";
+  EXPECT_EQ(transport::to_string(transport::feature_specs(f)[0]), "[3, 40, 192] Float");
+  f.dtype = "int8";
+  auto bad = expect_error(errc::bad_input, [&] { transport::feature_specs(f); });
+  EXPECT_TRUE(contains(bad, "dtype 'int8'")) << bad;
 }
 
 TEST(transport_nccl_cpu, checks_name_what_differs) {

@@ -77,6 +77,7 @@ features_desc sample_features() {
   f.where = {1, 6};
   f.handle = 0x123456789abcdefull;
   f.forward_ms = 12.625;
+  f.dtype = "bfloat16";
   return f;
 }
 
@@ -87,7 +88,7 @@ CAF_TEST_FIXTURE_SCOPE(messages_protocol_tests, fixture)
 CAF_TEST(device_ref batch_desc and features_desc round trip) {
   check_value(device_ref{3, 7}, "tandem.device_ref", {"3", "7"});
   check_value(sample_batch(), "tandem.batch_desc", {"1234567890123", "3072", "11111"});
-  check_value(sample_features(), "tandem.features_desc", {"20480", "12.625"});
+  check_value(sample_features(), "tandem.features_desc", {"20480", "12.625", "bfloat16"});
   // Defaults survive too (batch_id -1, the CPU device).
   CAF_CHECK(roundtrip(batch_desc{}) == batch_desc{});
   CAF_CHECK(roundtrip(features_desc{}).where.device == -1);

@@ -54,7 +54,8 @@ inline bool operator==(const batch_desc& a, const batch_desc& b) {
 
 inline bool operator==(const features_desc& a, const features_desc& b) {
   return a.batch_id == b.batch_id && a.target == b.target && a.shape == b.shape
-         && a.where == b.where && a.handle == b.handle && a.forward_ms == b.forward_ms;
+         && a.where == b.where && a.handle == b.handle && a.forward_ms == b.forward_ms
+         && a.dtype == b.dtype;
 }
 
 inline bool operator==(const work_item& a, const work_item& b) {
