@@ -33,6 +33,7 @@
 #include "gpu/error.hpp"
 #include "gpu/models/common.hpp"
 #include "gpu/safetensors.hpp"
+#include "tests/unit/expect_error.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -78,21 +79,7 @@ std::pair<int, std::string> run_python(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-/// Runs `f`, which must throw gpu::error(bad_input) whose message contains
-/// every one of `needles`.
-template <class F>
-void expect_bad_input(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), errc::bad_input) << e.what();
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-        << "message lacks \"" << n << "\": " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no gpu::error thrown";
-}
+using tandem::test::expect_bad_input;
 
 // ------------------------------------------------------------ fixtures --
 

@@ -22,6 +22,7 @@
 #include "gpu/pch.hpp"
 #include "gpu/safetensors.hpp"
 #include "gpu/transport_tensors.hpp"
+#include "tests/unit/expect_error.hpp"
 
 using namespace tandem::gpu;
 namespace fs = std::filesystem;
@@ -146,18 +147,7 @@ double reference_lr(double peak, int64_t warmup, int64_t total, int64_t t) {
   return peak * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-void expect_bad_input(const std::function<void()>& f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const error& e) {
-    std::printf("  rejected: %s\n", e.what());
-    EXPECT_EQ(e.code(), errc::bad_input) << e.what();
-    for (const auto& w : words)
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-        << "message should name '" << w << "': " << e.what();
-  }
-}
+using tandem::test::expect_bad_input;
 
 } // namespace
 

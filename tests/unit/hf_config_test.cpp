@@ -16,6 +16,7 @@
 
 #include "gpu/error.hpp"
 #include "gpu/hf_config.hpp"
+#include "tests/unit/expect_error.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -34,19 +35,7 @@ void remove_tree(const fs::path& p) {
     16, FTW_DEPTH | FTW_PHYS);
 }
 
-template <class F>
-void expect_bad_input(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), errc::bad_input) << e.what();
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-        << "message lacks \"" << n << "\": " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no gpu::error thrown";
-}
+using tandem::test::expect_bad_input;
 
 std::pair<int, std::string> run_python(const std::string& args) {
   const std::string cmd = std::string("'") + TANDEM_PYTHON + "' " + args + " 2>&1";

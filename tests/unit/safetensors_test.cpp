@@ -19,6 +19,7 @@
 
 #include "gpu/error.hpp"
 #include "gpu/safetensors.hpp"
+#include "tests/unit/expect_error.hpp"
 
 namespace fs = std::filesystem;
 using namespace tandem;
@@ -104,21 +105,7 @@ std::string raw(const std::vector<T>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
-/// Runs `f`, which must throw gpu::error(bad_input) whose message contains
-/// every one of `needles`.
-template <class F>
-void expect_bad_input(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), errc::bad_input) << e.what();
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-        << "message lacks \"" << n << "\": " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no gpu::error thrown";
-}
+using tandem::test::expect_bad_input;
 
 bool mapped_in_this_process(const fs::path& p) {
   auto maps = read_bytes("/proc/self/maps");
