@@ -4,7 +4,7 @@
 Versions: torch 2.11 (+cu130), nvcc 13.0, sm_90a (H100/H200).
 
   build:  python tests/gpu/ce_grad_harness.py --build
-          compiles the kernel plus a tiny C shim (below) into build-ce/libce_grad.so with nvcc
+          compiles the kernel plus a tiny C shim (below) into build-harness/ce_grad/libce_grad.so with nvcc
           (static cudart; rebuilt on the GPU host when it does not load there), as
           fused_ops_harness.py does.
   run:    python tests/gpu/ce_grad_harness.py [--bench] [--rows R] [--vocab V]
@@ -27,16 +27,15 @@ Tolerances (the kernel and the composite see the same logits, so only fp32 round
 """
 import argparse
 import ctypes
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 
 import torch
 
+import kernel_lib
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIB = ROOT / "build-ce" / "libce_grad.so"
 
 SHIM = r'''
 #include "gpu/kernels/ce_grad.hpp"
@@ -56,28 +55,8 @@ extern "C" int tandem_ce_grad(const int64_t* a, void* stream) {
 '''
 
 
-def nvcc():
-    try:
-        from torch.utils.cpp_extension import CUDA_HOME
-        if CUDA_HOME:
-            return str(pathlib.Path(CUDA_HOME) / "bin" / "nvcc")
-    except Exception:
-        pass
-    return "nvcc"
 
 
-def build():
-    global LIB
-    if not os.access(LIB.parent if LIB.parent.exists() else ROOT, os.W_OK):
-        LIB = pathlib.Path("/tmp/build-ce/libce_grad.so")
-    LIB.parent.mkdir(parents=True, exist_ok=True)
-    shim = LIB.parent / "shim.cu"
-    shim.write_text(SHIM)
-    cmd = [nvcc(), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-           "-gencode=arch=compute_90a,code=sm_90a", "-cudart", "static", f"-I{ROOT}",
-           str(shim), str(ROOT / "gpu/kernels/ce_grad.cu"), "-o", str(LIB)]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 _lib = None
@@ -86,14 +65,7 @@ _lib = None
 def lib():
     global _lib
     if _lib is None:
-        if not LIB.exists():
-            build()
-        try:
-            _lib = ctypes.CDLL(str(LIB))
-        except OSError as e:
-            print(f"loading {LIB} failed ({e}); rebuilding", flush=True)
-            build()
-            _lib = ctypes.CDLL(str(LIB))
+        _lib = kernel_lib.load("ce_grad", SHIM, [ROOT / "gpu/kernels/ce_grad.cu"])
         _lib.tandem_ce_grad.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
         _lib.tandem_ce_grad.restype = ctypes.c_int
     return _lib
@@ -267,7 +239,7 @@ def main():
     p.add_argument("--vocab", type=int, default=151936)
     args = p.parse_args()
     if args.build:
-        build()
+        lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
     ok = run_checks(args.rows)
     if args.bench:

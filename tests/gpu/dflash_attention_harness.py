@@ -4,7 +4,7 @@
 Versions: torch 2.11 (+cu130), nvcc 13.0, sm_90a (H100/H200).
 
   build:  python tests/gpu/dflash_attention_harness.py --build
-          compiles the kernel plus a tiny C shim (below) into build-attn/libdflash_attn.so
+          compiles the kernel plus a tiny C shim (below) into build-harness/dflash_attn/libdflash_attn.so
           (static cudart, so it runs wherever a CUDA 13 driver is).
   run:    python tests/gpu/dflash_attention_harness.py [--bench] [--flex]
           loads the library through ctypes (building it if missing), checks forward output,
@@ -20,16 +20,15 @@ any indexing or masking error (those give O(1)).
 """
 import argparse
 import ctypes
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 
 import torch
 
+import kernel_lib
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIB = ROOT / "build-attn" / "libdflash_attn.so"
 BS = 16
 
 SHIM = r'''
@@ -75,18 +74,6 @@ extern "C" int tandem_attn_bwd(const int64_t* a, float scale, void* stream) {
 '''
 
 
-def build():
-    global LIB
-    if LIB.exists() and not os.access(LIB.parent, os.W_OK):
-        LIB = pathlib.Path("/tmp/build-attn/libdflash_attn.so")
-    LIB.parent.mkdir(parents=True, exist_ok=True)
-    shim = LIB.parent / "shim.cu"
-    shim.write_text(SHIM)
-    cmd = ["nvcc", "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-           "-gencode=arch=compute_90a,code=sm_90a", "-cudart", "static", f"-I{ROOT}",
-           str(shim), str(ROOT / "gpu/kernels/dflash_attention.cu"), "-o", str(LIB)]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 _lib = None
@@ -95,14 +82,7 @@ _lib = None
 def lib():
     global _lib
     if _lib is None:
-        if not LIB.exists():
-            build()
-        try:
-            _lib = ctypes.CDLL(str(LIB))
-        except OSError as e:  # built elsewhere for another system: build here
-            print(f"loading {LIB} failed ({e}); rebuilding", flush=True)
-            build()
-            _lib = ctypes.CDLL(str(LIB))
+        _lib = kernel_lib.load("dflash_attn", SHIM, [ROOT / "gpu/kernels/dflash_attention.cu"])
         for f in (_lib.tandem_attn_fwd, _lib.tandem_attn_bwd):
             f.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_void_p]
             f.restype = ctypes.c_int
@@ -436,7 +416,7 @@ def main():
     ap.add_argument("--flex", action="store_true")
     args = ap.parse_args()
     if args.build:
-        build()
+        lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     ok = run_checks()

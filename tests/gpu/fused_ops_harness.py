@@ -4,7 +4,7 @@
 Versions: torch 2.11 (+cu130), nvcc 13.0, sm_90a (H100/H200).
 
   build:  python tests/gpu/fused_ops_harness.py --build
-          compiles the kernels plus a tiny C shim (below) into build-norm/libnorm_rope.so with
+          compiles the kernels plus a tiny C shim (below) into build-harness/norm_rope/libnorm_rope.so with
           nvcc (static cudart: a library built on a CUDA 13 machine without a GPU loads on the
           H200 host; it is rebuilt there when it does not load).  The shim takes raw pointers,
           so neither it nor the kernels include torch headers; torch.utils.cpp_extension only
@@ -33,13 +33,13 @@ import ctypes
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 
 import torch
 
+import kernel_lib
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIB = ROOT / "build-norm" / "libnorm_rope.so"
 
 SHIM = r'''
 #include "gpu/kernels/norm_rope.hpp"
@@ -80,28 +80,8 @@ extern "C" int tandem_rope(const int64_t* a, void* stream) {
 '''
 
 
-def nvcc():
-    try:
-        from torch.utils.cpp_extension import CUDA_HOME
-        if CUDA_HOME:
-            return str(pathlib.Path(CUDA_HOME) / "bin" / "nvcc")
-    except Exception:
-        pass
-    return "nvcc"
 
 
-def build():
-    global LIB
-    if LIB.exists() and not os.access(LIB.parent, os.W_OK):
-        LIB = pathlib.Path("/tmp/build-norm/libnorm_rope.so")
-    LIB.parent.mkdir(parents=True, exist_ok=True)
-    shim = LIB.parent / "shim.cu"
-    shim.write_text(SHIM)
-    cmd = [nvcc(), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-           "-gencode=arch=compute_90a,code=sm_90a", "-cudart", "static", f"-I{ROOT}",
-           str(shim), str(ROOT / "gpu/kernels/norm_rope.cu"), "-o", str(LIB)]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 _lib = None
@@ -110,14 +90,7 @@ _lib = None
 def lib():
     global _lib
     if _lib is None:
-        if not LIB.exists():
-            build()
-        try:
-            _lib = ctypes.CDLL(str(LIB))
-        except OSError as e:
-            print(f"loading {LIB} failed ({e}); rebuilding", flush=True)
-            build()
-            _lib = ctypes.CDLL(str(LIB))
+        _lib = kernel_lib.load("norm_rope", SHIM, [ROOT / "gpu/kernels/norm_rope.cu"])
         _lib.tandem_rms_fwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_void_p]
         _lib.tandem_rms_bwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
         _lib.tandem_rope.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
@@ -412,7 +385,7 @@ def main():
     p.add_argument("--bench", action="store_true")
     args = p.parse_args()
     if args.build:
-        build()
+        lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
     ok = run_checks()
     if args.bench:
