@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 #include <unistd.h>
 
@@ -26,6 +27,7 @@ struct metrics_state {
   // Running sums since the last progress line.
   double loss_sum = 0, acc_sum = 0, wait_ms = 0, busy_ms = 0;
   int64_t steps = 0, tokens = 0, last_step = 0;
+  std::set<int32_t> drafters;  ///< reporting since the last progress line (data-parallel: several)
   double ema_loss = std::nan("");
   bool tty = false;
 };
@@ -59,6 +61,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
         s.wait_ms += r.wait_ms;
         s.busy_ms += r.compute_ms;
         s.tokens += r.real_tokens;
+        s.drafters.insert(r.drafter);
         ++s.steps;
         s.last_step = r.step;
         if (s.opts.log_every > 0 && (r.step % s.opts.log_every == 0 || !r.finite))
@@ -71,7 +74,9 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
                          {"compute_ms", r.compute_ms}, {"wait_ms", r.wait_ms}});
         const double since = std::chrono::duration<double>(clock_type::now() - s.last_progress).count();
         if (s.opts.progress && since >= s.opts.every_s) {
-          const double window_s = (s.wait_ms + s.busy_ms) / 1e3;
+          // The drafters run side by side: their summed time over their number
+          // is the window, and the tokens of all of them went through in it.
+          const double window_s = (s.wait_ms + s.busy_ms) / 1e3 / std::max<size_t>(1, s.drafters.size());
           const double tok_s = window_s > 0 ? s.tokens / window_s : 0;
           const double wait_share = (s.wait_ms + s.busy_ms) > 0 ? s.wait_ms / (s.wait_ms + s.busy_ms) : 0;
           std::string eta = "?";
@@ -89,6 +94,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           s.last_progress = clock_type::now();
           s.loss_sum = s.acc_sum = s.wait_ms = s.busy_ms = 0;
           s.steps = s.tokens = 0;
+          s.drafters.clear();
         }
       },
       [self](event_atom, const std::string& json) {
