@@ -29,6 +29,7 @@ struct metrics_state {
   int64_t steps = 0, tokens = 0, last_step = 0;
   std::set<int32_t> drafters;  ///< reporting since the last progress line (data-parallel: several)
   double ema_loss = std::nan("");
+  int64_t first_step = -1;     ///< the step before this process's first report (a resume starts late)
   bool tty = false;
 };
 
@@ -64,6 +65,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
         s.drafters.insert(r.drafter);
         ++s.steps;
         s.last_step = r.step;
+        if (s.first_step < 0)
+          s.first_step = r.step - 1;
         if (s.opts.log_every > 0 && (r.step % s.opts.log_every == 0 || !r.finite))
           write_line(s, {{"event", "step"},          {"time_s", elapsed},
                          {"drafter", r.drafter},     {"step", r.step},
@@ -80,8 +83,9 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           const double tok_s = window_s > 0 ? s.tokens / window_s : 0;
           const double wait_share = (s.wait_ms + s.busy_ms) > 0 ? s.wait_ms / (s.wait_ms + s.busy_ms) : 0;
           std::string eta = "?";
-          if (s.opts.total_steps > 0 && r.step > 0) {
-            const double per_step = elapsed / static_cast<double>(r.step);
+          if (s.opts.total_steps > 0 && r.step > s.first_step) {
+            // Time per step of this process (a resumed run did its first steps earlier).
+            const double per_step = elapsed / static_cast<double>(r.step - s.first_step);
             const auto left = static_cast<int64_t>(per_step * static_cast<double>(s.opts.total_steps - r.step));
             eta = std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s";
           }
