@@ -18,5 +18,5 @@ esac
 steps=${SEED_STEPS:-80}
 timeout 560 $TANDEM_PYTHON tools/bench/pipeline.py --tandem build/bin/tandem --size 8b \
   --target-device $t --drafter-device $d --steps $steps --work /tmp/seed \
-  --fault drafter=1,kind=throw,at_step=$((steps / 2)) --set checkpoint.every_steps=10 \
+  --fault drafter=1,kind=throw,at_step=$((steps / 2)) --set checkpoint.every_steps=20 \
   --set runtime.group_timeout_s=20 2>>$OUT/seed.err | tee -a $OUT/seed.jsonl
