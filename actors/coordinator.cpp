@@ -66,6 +66,7 @@ struct coordinator_state {
     int64_t generation = 0;        ///< groups formed so far
     bool formed = false;           ///< a group is up and no rank has failed since
     bool forming = false;
+    int32_t ready = 0;             ///< drafters that answered before the group being formed
     int32_t joined = 0;            ///< join replies of the group being formed
     std::vector<bool> clean;       ///< holds the state the ledger's step says (restored or never diverged)
     /// The group step in flight: reports still due and what they trained.
@@ -334,6 +335,9 @@ std::chrono::nanoseconds seconds_of(T s) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
 }
 
+template <class JoinFailed>
+void join_group(self_ptr self, int64_t gen, int32_t root, JoinFailed join_failed);
+
 /// Data-parallel drafters: forms a new NCCL group once every drafter is up
 /// and idle.  Rank 0 is a clean drafter (one holding the restore point's
 /// state: at the start every drafter, after a failure the restarted one,
@@ -361,9 +365,8 @@ void maybe_form_group(self_ptr self) {
   }
   s.group.forming = true;
   s.group.joined = 0;
+  s.group.ready = 0;
   const auto gen = ++s.group.generation;
-  const auto timeout = seconds_of(s.opts.group_timeout_s + 30);
-  const auto root_addr = s.drafter_addr[static_cast<size_t>(root)];
   // Only the first failure of a generation is a drafter's fault.
   auto join_failed = [self, gen](int32_t d, caf::actor_addr addr, const std::string& what) {
     auto& s = self->state;
@@ -373,6 +376,36 @@ void maybe_form_group(self_ptr self) {
     if (s.drafter_addr[static_cast<size_t>(d)] == addr && !s.down[static_cast<size_t>(d)])
       on_drafter_failure(self, d, what);
   };
+  // First every drafter must be up: a restarted one answers only once it
+  // has built its engine and restored its checkpoint (seconds at 8B), and
+  // its peers' NCCL init must not start its deadline before that.
+  for (size_t d = 0; d < world; ++d) {
+    const auto addr = s.drafter_addr[d];
+    self->request(s.peers.drafters[d], seconds_of(s.opts.step_timeout_s), heartbeat_atom::value)
+      .then(
+        [self, gen, root, join_failed](int64_t) {
+          auto& s = self->state;
+          if (s.group.generation != gen || !s.group.forming
+              || ++s.group.ready < static_cast<int32_t>(s.peers.drafters.size()))
+            return;
+          join_group(self, gen, root, join_failed);
+        },
+        [self, gen, d, addr, join_failed](caf::error& e) {
+          join_failed(static_cast<int32_t>(d), addr,
+                      "drafter " + std::to_string(d) + " did not come up for data-parallel group "
+                        + std::to_string(gen) + " within runtime.step_timeout_s: "
+                        + self->system().render(e));
+        });
+  }
+}
+
+/// The second half of forming group `gen`: rank 0 makes the NCCL id, every
+/// drafter joins with it.
+template <class JoinFailed>
+void join_group(self_ptr self, int64_t gen, int32_t root, JoinFailed join_failed) {
+  auto& s = self->state;
+  const auto timeout = seconds_of(s.opts.group_timeout_s + 30);
+  const auto root_addr = s.drafter_addr[static_cast<size_t>(root)];
   self->request(s.peers.drafters[static_cast<size_t>(root)], timeout, group_id_atom::value)
     .then(
       [self, gen, root, timeout, join_failed](const std::vector<uint8_t>& id) {

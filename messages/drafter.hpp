@@ -15,6 +15,9 @@
 /// Data-parallel drafters (N > 1) form one NCCL group, through messages:
 ///
 ///   coordinator                   drafter[0]            drafter[j], every j
+///     | -- (heartbeat) ----------------------------------> |  up? (a restarted
+///     | <------------------------------------- int64_t --- |   one answers once
+///     |                            |                       |   restored)
 ///     | -- (group_id) ----------> |  a fresh ncclUniqueId (its process
 ///     | <------------ bytes ----- |   hosts the bootstrap root)
 ///     | -- group_spec{id, rank, world, generation} ---------> |  leaves any old
