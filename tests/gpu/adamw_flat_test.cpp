@@ -9,19 +9,13 @@
 #include "gpu/engine/adamw.hpp"
 #include "gpu/error.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 
 using namespace tandem::gpu;
+using tandem::gpu::test::have_cuda;
+using tandem::gpu::test::rel_err;
 
 namespace {
-
-bool have_cuda() {
-  return torch::cuda::is_available();
-}
-
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  const double d = (a - b).norm().item<double>(), n = b.norm().item<double>();
-  return n == 0 ? d : d / n;
-}
 
 /// Parameters of awkward sizes (not multiples of 8) as views of one padded
 /// flat buffer, as the drafter engine lays them out.
@@ -97,8 +91,8 @@ void run_parity(at::ScalarType grad_type) {
     // the same float32 update in another operation order.
     EXPECT_LE(err, 1e-5);
     auto& state = static_cast<torch::optim::AdamWParamState&>(*reference.state().at(ref[i].unsafeGetTensorImpl()));
-    EXPECT_LE(rel(opt.exp_avg()[i], state.exp_avg()), 1e-6);
-    EXPECT_LE(rel(opt.exp_avg_sq()[i], state.exp_avg_sq()), 1e-6);
+    EXPECT_LE(rel_err(opt.exp_avg()[i], state.exp_avg()), 1e-6);
+    EXPECT_LE(rel_err(opt.exp_avg_sq()[i], state.exp_avg_sq()), 1e-6);
     // The model copy is the masters rounded, exactly.
     auto mv = model.narrow(0, fp.offsets[i], init[i].numel()).view(init[i].sizes());
     EXPECT_TRUE(at::equal(mv, fp.views[i].to(at::kBFloat16))) << "param " << i;

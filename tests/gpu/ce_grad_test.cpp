@@ -14,9 +14,13 @@
 
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/ce_grad.hpp"
+#include "tests/gpu/fixtures.hpp"
 #endif
 
 using namespace tandem::gpu;
+using tandem::gpu::test::have_cuda;
+using tandem::gpu::test::gen;
+using tandem::gpu::test::rel_err;
 
 namespace {
 
@@ -35,19 +39,6 @@ constexpr double grad_abs = 1e-7;
 constexpr double dh_rel = 1e-2;
 /// Loss sum of the whole chunked path vs float64 of the same logits.
 constexpr double sum_rel = 1e-6;
-
-bool have_cuda() {
-  return torch::cuda::is_available();
-}
-
-at::Generator gen(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
-  auto a = ours.to(at::kCPU, at::kDouble), b = ref.to(at::kCPU, at::kDouble);
-  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
-}
 
 struct ce_inputs {
   at::Tensor labels;  ///< [rows] int64 (CUDA)

@@ -13,12 +13,16 @@
 #include "gpu/dflash_objective.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #endif
 
 using namespace tandem::gpu;
+using tandem::gpu::test::have_cuda;
+using tandem::gpu::test::gen;
+using tandem::gpu::test::rel_err;
 
 namespace {
 
@@ -37,15 +41,6 @@ constexpr double bf16_grad_rel = 2e-2;
 constexpr double lse_rel = 1e-3;
 
 constexpr int64_t block_size = 16;
-
-at::Generator gen(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
-  auto a = ours.to(at::kCPU, at::kDouble), b = ref.to(at::kCPU, at::kDouble);
-  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
-}
 
 /// One layout drawn the way the objective draws it.
 struct layout_case {
@@ -192,10 +187,6 @@ struct shape_case {
 std::vector<shape_case> cases(bool gpu) {
   return {{"small", 37, 5, 2, 4, 2, gpu ? 64 : 16, {0.5, 0.9}},
           {"mid", gpu ? 1000 : 300, gpu ? 64 : 24, 3, 8, 2, gpu ? 128 : 32, {0.5, 0.93}}};
-}
-
-bool have_cuda() {
-  return torch::cuda::is_available();
 }
 
 } // namespace

@@ -24,6 +24,7 @@
 #include "gpu/error.hpp"
 #include "gpu/pch.hpp"
 #include "messages/errors.hpp"
+#include "tests/unit/expect_error.hpp"
 
 namespace tandem::gpu::test {
 
@@ -46,6 +47,27 @@ inline data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed)
   b.loss_mask = at::ones({rows, seq}, at::kByte);
   b.real_tokens = rows * seq;
   return b;
+}
+
+inline bool have_cuda() {
+  return torch::cuda::is_available();
+}
+
+/// A private CPU generator (never the process-wide one: DESIGN.md §4).
+inline at::Generator gen(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+/// ‖ours − ref‖ / ‖ref‖ in float64 on the CPU.
+inline double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
+  auto a = ours.to(at::kCPU, at::kDouble), b = ref.to(at::kCPU, at::kDouble);
+  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
+}
+
+using steady = std::chrono::steady_clock;
+
+inline double seconds_since(steady::time_point t0) {
+  return std::chrono::duration<double>(steady::now() - t0).count();
 }
 
 /// Runs body(rank) on one thread per rank, as one GPU actor per device

@@ -11,8 +11,12 @@
 #include "gpu/models/common.hpp"
 #include "gpu/models/fused_ops.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 
 using namespace tandem::gpu;
+using tandem::gpu::test::have_cuda;
+using tandem::gpu::test::gen;
+using tandem::gpu::test::rel_err;
 
 namespace {
 
@@ -31,19 +35,6 @@ constexpr double rope_bf16_grad_rel = 1e-2;
 constexpr double rope_fp32_grad_rel = 1e-6;
 
 constexpr double qwen3_eps = 1e-6;
-
-bool have_cuda() {
-  return torch::cuda::is_available();
-}
-
-at::Generator gen(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-double rel_err(const at::Tensor& ours, const at::Tensor& ref) {
-  auto a = ours.to(at::kCPU, at::kDouble), b = ref.to(at::kCPU, at::kDouble);
-  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
-}
 
 struct norm_case {
   std::vector<int64_t> shape;  ///< [..., D]

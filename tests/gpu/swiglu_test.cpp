@@ -19,8 +19,11 @@
 #include "gpu/models/common.hpp"
 #include "gpu/models/fused_ops.hpp"
 #include "gpu/pch.hpp"
+#include "tests/gpu/fixtures.hpp"
 
 using namespace tandem::gpu;
+using tandem::gpu::test::have_cuda;
+using tandem::gpu::test::gen;
 
 namespace {
 
@@ -35,14 +38,6 @@ constexpr double max_ulps = 2.0;
 /// cancels near g ≈ −1.28, where a few fp32 ulps of the factor exceed a bf16
 /// ulp of the product); 2⁻²⁰ is 16 fp32 ulps of m.
 constexpr double fp32_slack = 1.0 / (1 << 20);
-
-bool have_cuda() {
-  return torch::cuda::is_available();
-}
-
-at::Generator gen(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
 
 /// ulp of T at each value of `x` (float64): 2^(exponent − mantissa bits),
 /// the exponent floored at T's smallest normal one (subnormals).

@@ -40,28 +40,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using steady = std::chrono::steady_clock;
-
-double seconds_since(steady::time_point t0) {
-  return std::chrono::duration<double>(steady::now() - t0).count();
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-/// Runs `expr`, expects gpu::error with `code`, returns its message.
-template <class F>
-std::string expect_error(errc code, F&& expr) {
-  try {
-    expr();
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), code) << "got " << tandem::to_string(e.code()) << ": " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected gpu::error(" << tandem::to_string(code) << "), nothing was thrown";
-  return "";
-}
+using tandem::test::contains;
+using tandem::test::expect_error;
+using tandem::gpu::test::seconds_since;
+using tandem::gpu::test::steady;
 
 /// The test's payload: what a prefetch and a target publish for one batch.
 struct payload_shape {
