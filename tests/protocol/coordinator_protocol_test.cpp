@@ -726,6 +726,18 @@ std::vector<int64_t> contributed(const std::vector<peer_world::step_rec>& steps)
   return out;
 }
 
+/// Contributing samples of the training the final weights hold after one
+/// re-formed group: the first group's steps up to `restore_step`, then every
+/// later group's.
+std::vector<int64_t> kept_samples(const std::vector<peer_world::step_rec>& steps,
+                                  int64_t restore_step) {
+  std::vector<peer_world::step_rec> kept;
+  for (auto& st : steps)
+    if ((st.generation == 1 && st.step <= restore_step) || st.generation >= 2)
+      kept.push_back(st);
+  return contributed(kept);
+}
+
 std::vector<int64_t> iota_to(int64_t n) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0);
@@ -806,11 +818,7 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   // Exactly once: the durable steps of the first group plus every step of
   // the second cover each sample once; step 3 (trained, not durable) and the
   // survivor's abandoned step 4 do not count.
-  std::vector<peer_world::step_rec> kept;
-  for (auto& st : w->steps)
-    if ((st.generation == 1 && st.step <= 2) || st.generation == 2)
-      kept.push_back(st);
-  CAF_CHECK(contributed(kept) == iota_to(16));
+  CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   CAF_CHECK(std::any_of(w->steps.begin(), w->steps.end(),
                         [](auto& st) { return st.generation == 1 && st.step == 4; }));
   check_handles_released();
@@ -845,11 +853,7 @@ CAF_TEST(a non-finite loss in a group loses no step: the survivors hold the stat
   CAF_CHECK_EQUAL(formed[1]["step"], 2);
   CAF_CHECK_EQUAL(w->summary->steps, 4);
   CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
-  std::vector<peer_world::step_rec> kept;
-  for (auto& st : w->steps)
-    if ((st.generation == 1 && st.step <= 2) || st.generation == 2)
-      kept.push_back(st);
-  CAF_CHECK(contributed(kept) == iota_to(16));
+  CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   check_handles_released();
 }
 
@@ -893,11 +897,7 @@ CAF_TEST(a data-parallel drafter that misses its heartbeat between steps loses n
   CAF_CHECK(!w->error);
   CAF_CHECK_EQUAL(w->summary->steps, 3);  // 6 batches of 2 samples, 2 a step
   CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
-  std::vector<peer_world::step_rec> kept;
-  for (auto& st : w->steps)
-    if (st.generation == 1 || st.generation == 2)
-      kept.push_back(st);
-  CAF_CHECK(contributed(kept) == iota_to(12));
+  CAF_CHECK(kept_samples(w->steps, 1) == iota_to(12));
   check_handles_released();
 }
 
