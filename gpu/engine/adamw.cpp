@@ -93,6 +93,16 @@ at::Tensor adamw::lr_for(const at::Tensor& step) const {
   return at::where(t <= static_cast<double>(w), warm, cosine).to(at::kFloat);
 }
 
+void adamw::count_update(stats& out, const at::Tensor& loss) {
+  auto finite = at::isfinite(out.grad_norm) & at::isfinite(loss.detach()).all();
+  out.skipped = at::logical_not(finite).to(at::kFloat);
+  // The lr of update t = count + 1, whether or not it is applied.
+  out.lr = lr_for(steps_.front() + 1.0);
+  // As PyTorch's fused path: counters first (the kernel reads t for its
+  // bias corrections), but not for a skipped update.
+  at::_foreach_add_(steps_, 1.0 - out.skipped);
+}
+
 adamw::stats adamw::step(const std::vector<at::Tensor>& grads, const at::Tensor& loss) {
   if (grads.size() != params_.size())
     throw error(errc::bad_input, "adamw: " + std::to_string(grads.size()) + " gradients for "
@@ -105,13 +115,7 @@ adamw::stats adamw::step(const std::vector<at::Tensor>& grads, const at::Tensor&
     auto coef = at::clamp_max(opts_.grad_clip / (out.grad_norm + 1e-6), 1.0);
     at::_foreach_mul_(grads, coef);
   }
-  auto finite = at::isfinite(out.grad_norm) & at::isfinite(loss.detach()).all();
-  out.skipped = at::logical_not(finite).to(at::kFloat);
-  // The lr of update t = count + 1, whether or not it is applied.
-  out.lr = lr_for(steps_.front() + 1.0);
-  // As PyTorch's fused path: counters first (the kernel reads t for its
-  // bias corrections), but not for a skipped update.
-  at::_foreach_add_(steps_, 1.0 - out.skipped);
+  count_update(out, loss);
   at::_fused_adamw_(params_, grads, exp_avg_, exp_avg_sq_, /*max_exp_avg_sqs=*/{}, steps_, out.lr,
                     opts_.beta1, opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false,
                     /*maximize=*/false, /*grad_scale=*/std::nullopt, /*found_inf=*/out.skipped);
@@ -161,10 +165,7 @@ adamw::stats adamw::step_flat(const at::Tensor& grad, const at::Tensor& model, c
         "gradient norm");
   stats out;
   out.grad_norm = partials_.sum().sqrt();
-  auto finite = at::isfinite(out.grad_norm) & at::isfinite(loss.detach()).all();
-  out.skipped = at::logical_not(finite).to(at::kFloat);
-  out.lr = lr_for(steps_.front() + 1.0);
-  steps_.front().add_(1.0 - out.skipped);
+  count_update(out, loss);
   kernels::adamw_flat_args a;
   a.master = flat_.data_ptr<float>();
   a.exp_avg = flat_avg_.data_ptr<float>();

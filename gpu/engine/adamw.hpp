@@ -88,6 +88,9 @@ public:
 
 private:
   at::Tensor lr_for(const at::Tensor& step) const;
+  /// Given out.grad_norm: the skip rule (a non-finite loss or norm), the lr of
+  /// update count + 1, and the counters advanced unless skipped.
+  void count_update(stats& out, const at::Tensor& loss);
 
   adamw_options opts_;
   std::vector<at::Tensor> params_;      ///< fp32 masters (not owned: aliases the engine's)
