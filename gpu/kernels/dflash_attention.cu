@@ -245,9 +245,90 @@ __device__ __forceinline__ void load_kv_tile(uint16_t* k_dst, uint16_t* v_dst,
 
 // ---- forward -------------------------------------------------------------
 
+/// One context tile of a warp's online softmax: S = Q·Kᵀ over the tile's
+/// keys [vlo, vhi), then m, l and O updated (m in the exp2 domain: raw
+/// score · scale · log2e).  !Masked: the whole tile is visible, so no key
+/// is tested (the common case: only the ends of a range are partial).
+template <bool Masked, typename T, int D, int BN>
+__device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], uint32_t kb, uint32_t vb,
+                                         const lane_offsets<D + 8>& off, int t4, int vlo, int vhi,
+                                         float sl2, float (&o)[D / 8][4], float& m0, float& m1,
+                                         float& l0, float& l1) {
+  constexpr int RS = D + 8, NT = BN / 8, DT = D / 8;
+  using E = elem<T>;
+  float s[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+    if (!Masked || (nt * 8 < vhi && nt * 8 + 8 > vlo)) {
+#pragma unroll
+      for (int kp = 0; kp < D / 32; ++kp) {
+        uint32_t r[4];
+        ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+      }
+    }
+  }
+  // The scale is positive, so the max of the raw scores, scaled, is the
+  // max of the scaled ones; each exponent is then one fma.
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (Masked) {
+        const int key = nt * 8 + 2 * t4 + e;
+        const bool ok = key >= vlo && key < vhi;
+        s[nt][e] = ok ? s[nt][e] : -INFINITY;
+        s[nt][2 + e] = ok ? s[nt][2 + e] : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, s[nt][e]);
+      mx1 = fmaxf(mx1, s[nt][2 + e]);
+    }
+  const float mn0 = fmaxf(m0, quad_max(mx0) * sl2), mn1 = fmaxf(m1, quad_max(mx1) * sl2);
+  const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
+  m0 = mn0;
+  m1 = mn1;
+  float rs0 = 0, rs1 = 0;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][0] = exp2_approx(fmaf(s[nt][0], sl2, -mn0));
+    s[nt][1] = exp2_approx(fmaf(s[nt][1], sl2, -mn0));
+    s[nt][2] = exp2_approx(fmaf(s[nt][2], sl2, -mn1));
+    s[nt][3] = exp2_approx(fmaf(s[nt][3], sl2, -mn1));
+    rs0 += s[nt][0] + s[nt][1];
+    rs1 += s[nt][2] + s[nt][3];
+  }
+  l0 = l0 * al0 + rs0;
+  l1 = l1 * al1 + rs1;
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    o[dt][0] *= al0; o[dt][1] *= al0; o[dt][2] *= al1; o[dt][3] *= al1;
+  }
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
+      const uint32_t pa[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
+                              E::pack(s[2 * kk][2], s[2 * kk][3]),
+                              E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t r[4];
+        ldsm_x4_t(r, vb + 2 * (16 * kk * RS + off.bt + 16 * np));
+        E::mma(o[2 * np], pa, r[0], r[1]);
+        E::mma(o[2 * np + 1], pa, r[2], r[3]);
+      }
+    }
+  }
+}
+
+/// 12 / W blocks an SM: 3 of 4 warps fit 168 registers a thread (a few
+/// bytes spill); uncapped (180+ registers, 2 blocks) measured no faster.
 template <typename T, int D, int W, int BN>
-__global__ void __launch_bounds__(W * 32) fwd_kernel(const dflash_attention_fwd_args a) {
-  constexpr int RS = D + 8, NT = BN / 8, KS = D / 16, DT = D / 8;
+__global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attention_fwd_args a) {
+  constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
   using E = elem<T>;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* const k_s = smem;                // [2][BN][RS]
@@ -342,66 +423,10 @@ __global__ void __launch_bounds__(W * 32) fwd_kernel(const dflash_attention_fwd_
     if (qt.live && vlo < vhi) {  // warp-uniform
       const uint32_t kb = smem_addr(k_s + (t & 1) * BN * RS);
       const uint32_t vb = smem_addr(v_s + (t & 1) * BN * RS);
-      float s[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
-        if (nt * 8 < vhi && nt * 8 + 8 > vlo) {
-#pragma unroll
-          for (int kp = 0; kp < D / 32; ++kp) {
-            uint32_t r[4];
-            ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-            E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-            E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-          }
-        }
-      }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = nt * 8 + 2 * t4 + e;
-          const bool ok = key >= vlo && key < vhi;
-          s[nt][e] = ok ? s[nt][e] * sl2 : -INFINITY;
-          s[nt][2 + e] = ok ? s[nt][2 + e] * sl2 : -INFINITY;
-          mx0 = fmaxf(mx0, s[nt][e]);
-          mx1 = fmaxf(mx1, s[nt][2 + e]);
-        }
-      const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-      const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      float rs0 = 0, rs1 = 0;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        s[nt][0] = exp2_approx(s[nt][0] - mn0); s[nt][1] = exp2_approx(s[nt][1] - mn0);
-        s[nt][2] = exp2_approx(s[nt][2] - mn1); s[nt][3] = exp2_approx(s[nt][3] - mn1);
-        rs0 += s[nt][0] + s[nt][1];
-        rs1 += s[nt][2] + s[nt][3];
-      }
-      l0 = l0 * al0 + rs0;
-      l1 = l1 * al1 + rs1;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        o[dt][0] *= al0; o[dt][1] *= al0; o[dt][2] *= al1; o[dt][3] *= al1;
-      }
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        if (kk * 16 < vhi && kk * 16 + 16 > vlo) {
-          const uint32_t pa[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                                  E::pack(s[2 * kk][2], s[2 * kk][3]),
-                                  E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-          for (int np = 0; np < D / 16; ++np) {
-            uint32_t r[4];
-            ldsm_x4_t(r, vb + 2 * (16 * kk * RS + off.bt + 16 * np));
-            E::mma(o[2 * np], pa, r[0], r[1]);
-            E::mma(o[2 * np + 1], pa, r[2], r[3]);
-          }
-        }
-      }
+      if (vlo == 0 && vhi == BN)
+        fwd_tile<false, T, D, BN>(qf, kb, vb, off, t4, vlo, vhi, sl2, o, m0, m1, l0, l1);
+      else
+        fwd_tile<true, T, D, BN>(qf, kb, vb, off, t4, vlo, vhi, sl2, o, m0, m1, l0, l1);
     }
     __syncthreads();
   }
@@ -482,12 +507,77 @@ __host__ __device__ constexpr int dq_smem_bytes(int d, int warps, int bn, int gr
          + warps * 2 * 16 * 24 * 2;
 }
 
+/// One context tile of the query-major backward for a warp's 16 rows:
+/// recompute S and dP over the tile's keys [vlo, vhi) (all BN when
+/// !Masked), dS = P ∘ (dP − delta), dQ += dS·K (unscaled).  lse in the
+/// exp2 domain.
+template <bool Masked, typename T, int D, int BN>
+__device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
+                                        const uint32_t (&dof)[D / 16][4], uint32_t kb, uint32_t vb,
+                                        const lane_offsets<D + 8>& off, int t4, int vlo, int vhi,
+                                        float sl2, float lse0, float lse1, float dl0, float dl1,
+                                        float (&dq)[D / 8][4]) {
+  constexpr int RS = D + 8, NT = BN / 8;
+  using E = elem<T>;
+  float s[NT][4], dp[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[nt][e] = dp[nt][e] = 0;
+    if (!Masked || (nt * 8 < vhi && nt * 8 + 8 > vlo)) {
+#pragma unroll
+      for (int kp = 0; kp < D / 32; ++kp) {
+        uint32_t r[4];
+        ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
+        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
+        ldsm_x4(r, vb + 2 * (8 * nt * RS + off.bn + 32 * kp));
+        E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
+        E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
+      }
+    }
+  }
+  // dS = P ∘ (dP − delta), into s.
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float p0 = exp2_approx(fmaf(s[nt][e], sl2, -lse0));
+      float p1 = exp2_approx(fmaf(s[nt][2 + e], sl2, -lse1));
+      if (Masked) {
+        const int key = nt * 8 + 2 * t4 + e;
+        const bool ok = key >= vlo && key < vhi;
+        p0 = ok ? p0 : 0.0f;
+        p1 = ok ? p1 : 0.0f;
+      }
+      s[nt][e] = p0 * (dp[nt][e] - dl0);
+      s[nt][2 + e] = p1 * (dp[nt][2 + e] - dl1);
+    }
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
+      const uint32_t da[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
+                              E::pack(s[2 * kk][2], s[2 * kk][3]),
+                              E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t r[4];
+        ldsm_x4_t(r, kb + 2 * (16 * kk * RS + off.bt + 16 * np));
+        E::mma(dq[2 * np], da, r[0], r[1]);
+        E::mma(dq[2 * np + 1], da, r[2], r[3]);
+      }
+    }
+  }
+}
+
 /// One CTA of query tiles (as in the forward): dQ over every visible key,
 /// and Σ over the GQA group of the own block's dK/dV in a fixed order.
 template <typename T, int D, int W, int BN>
 __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int cta, int kvh, int b,
                                         uint16_t* smem) {
-  constexpr int RS = D + 8, NT = BN / 8, KS = D / 16, DT = D / 8;
+  constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
   constexpr int TP = 24;  // pitch of the 16×16 transposition tiles
   using E = elem<T>;
   const auto& sh = a.shape;
@@ -549,56 +639,13 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
     }
     __syncthreads();
     const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
-    if (qt.live && vlo < vhi) {
+    if (qt.live && vlo < vhi) {  // warp-uniform
       const uint32_t kb = smem_addr(k_s + (t & 1) * BN * RS);
       const uint32_t vb = smem_addr(v_s + (t & 1) * BN * RS);
-      float s[NT][4], dp[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[nt][e] = dp[nt][e] = 0;
-        if (nt * 8 < vhi && nt * 8 + 8 > vlo) {
-#pragma unroll
-          for (int kp = 0; kp < D / 32; ++kp) {
-            uint32_t r[4];
-            ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-            E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-            E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-            ldsm_x4(r, vb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-            E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
-            E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
-          }
-        }
-      }
-      // dS = P ∘ (dP − delta), into s.
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = nt * 8 + 2 * t4 + e;
-          const bool ok = key >= vlo && key < vhi;
-          const float p0 = ok ? exp2_approx(s[nt][e] * sl2 - lse0) : 0.0f;
-          const float p1 = ok ? exp2_approx(s[nt][2 + e] * sl2 - lse1) : 0.0f;
-          s[nt][e] = p0 * (dp[nt][e] - dl0);
-          s[nt][2 + e] = p1 * (dp[nt][2 + e] - dl1);
-        }
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        if (kk * 16 < vhi && kk * 16 + 16 > vlo) {
-          const uint32_t da[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                                  E::pack(s[2 * kk][2], s[2 * kk][3]),
-                                  E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-          for (int np = 0; np < D / 16; ++np) {
-            uint32_t r[4];
-            ldsm_x4_t(r, kb + 2 * (16 * kk * RS + off.bt + 16 * np));
-            E::mma(dq[2 * np], da, r[0], r[1]);
-            E::mma(dq[2 * np + 1], da, r[2], r[3]);
-          }
-        }
-      }
+      if (vlo == 0 && vhi == BN)
+        dq_tile<false, T, D, BN>(qf, dof, kb, vb, off, t4, vlo, vhi, sl2, lse0, lse1, dl0, dl1, dq);
+      else
+        dq_tile<true, T, D, BN>(qf, dof, kb, vb, off, t4, vlo, vhi, sl2, lse0, lse1, dl0, dl1, dq);
     }
     __syncthreads();
   }
@@ -1091,6 +1138,8 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
   const int group = sh.heads / sh.kv_heads;
   if (group != 1 && group != 2 && group != 4 && group != 8)
     return "GQA group is not 1, 2, 4 or 8";
+  if (!(sh.scale > 0.0f) || sh.scale == INFINITY)
+    return "softmax scale is not a positive finite number";
   if (sh.batch < 0 || sh.blocks < 0 || sh.ctx_len < 0 || sh.kv_heads > 65535 || sh.batch > 65535)
     return "shape out of range";
   return nullptr;

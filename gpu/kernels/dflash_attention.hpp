@@ -15,7 +15,9 @@
 ///   head (warp = one (block, q head); at G = 4 one block's 4 heads); own
 ///   block first, then the union of the CTA's context ranges in 64-key
 ///   tiles double-buffered in shared memory (cp.async), online softmax;
-///   writes O (bf16/fp16) and the fp32 LSE.
+///   writes O (bf16/fp16) and the fp32 LSE.  Tiles wholly inside a range
+///   (all but its ends) skip the per-key visibility tests, here and in the
+///   backward's query-major role.
 /// - backward: delta = rowsum(dO∘O) in a small kernel, then one launch of
 ///   two roles (8 warps a CTA): key-major CTAs first (128 context keys,
 ///   warp = 16 keys with K/V and dK/dV in registers; they walk the blocks

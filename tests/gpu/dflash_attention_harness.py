@@ -77,12 +77,14 @@ extern "C" int tandem_attn_bwd(const int64_t* a, float scale, void* stream) {
 
 
 _lib = None
+SOURCE = ROOT / "gpu/kernels/dflash_attention.cu"  # --source: another version, for an A/B
 
 
 def lib():
     global _lib
     if _lib is None:
-        _lib = kernel_lib.load("dflash_attn", SHIM, [ROOT / "gpu/kernels/dflash_attention.cu"])
+        name = "dflash_attn" if SOURCE == ROOT / "gpu/kernels/dflash_attention.cu" else "dflash_attn_alt"
+        _lib = kernel_lib.load(name, SHIM, [SOURCE])
         for f in (_lib.tandem_attn_fwd, _lib.tandem_attn_bwd):
             f.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_void_p]
             f.restype = ctypes.c_int
@@ -336,22 +338,22 @@ def timed(fn, warmup=3, iters=20, reps=5):
     return statistics.median(ms)
 
 
-def bench(flex):
+def bench(flex, docs=4, variants=None):
     dev = "cuda"
     B, S, N, H, Hkv, d = 1, 3072, 512, 32, 8, 128
     Q = N * BS
     gen = torch.Generator().manual_seed(1)
     q, kc, vc, kb, vb = make_inputs(B, H, Hkv, S, N, d, torch.bfloat16, gen, dev)
-    lo, hi, keep = make_ranges(B, S, N, 4, gen, dev, padding=0)
+    lo, hi, keep = make_ranges(B, S, N, docs, gen, dev, padding=0)
     dout = torch.randn(B, Q, H, d, generator=gen).to(dev, torch.bfloat16).transpose(1, 2)
     scale = d ** -0.5
     pairs = ((hi - lo).long().clamp_min(0) * keep.long() + BS * keep.long()).sum().item() * BS
     fwd_flop = 4.0 * d * H * pairs
     bwd_flop = 2.5 * fwd_flop
-    print(f"bench B{B} S{S} N{N} H{H}/{Hkv} d{d}: visible pairs/head {pairs:.3e} "
+    print(f"bench {SOURCE.name} B{B} S{S} N{N} H{H}/{Hkv} d{d}, {docs} documents: visible pairs/head {pairs:.3e} "
           f"(dense {Q * (S + Q):.3e}), fwd {fwd_flop / 1e9:.1f} GFLOP, bwd {bwd_flop / 1e9:.1f} GFLOP")
     rows = []
-    for variant in VARIANTS:
+    for variant in variants if variants is not None else VARIANTS:
         out, lse = kernel_fwd(q, kc, vc, kb, vb, lo, hi, keep, scale, variant)
         t_f = timed(lambda: kernel_fwd(q, kc, vc, kb, vb, lo, hi, keep, scale, variant))
         t_b = timed(lambda: kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout, variant))
@@ -414,14 +416,23 @@ def main():
     ap.add_argument("--build", action="store_true", help="only compile the library")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--flex", action="store_true")
+    ap.add_argument("--docs", type=int, default=4, help="--bench: documents a row (1: one staircase)")
+    ap.add_argument("--variants", help="--bench: comma-separated variant numbers (default: all)")
+    ap.add_argument("--no-checks", action="store_true", help="--bench only, without the parity checks")
+    ap.add_argument("--source", type=pathlib.Path,
+                    help="build this version of dflash_attention.cu instead (an A/B against the tree's)")
     args = ap.parse_args()
+    if args.source:
+        global SOURCE
+        SOURCE = args.source.resolve()
     if args.build:
         lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    ok = run_checks()
+    ok = True if args.no_checks else run_checks()
     if args.bench:
-        bench(args.flex)
+        bench(args.flex, args.docs,
+              [int(v) for v in args.variants.split(",")] if args.variants else None)
     print("ALL PASS" if ok else "SOME FAILED")
     return 0 if ok else 1
 
