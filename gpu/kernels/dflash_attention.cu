@@ -881,17 +881,28 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
         const uint32_t dob = qb + 2 * 16 * RS;
         const float* const lse = ld_s + buf * 128 + hh * 32;
         const float* const del = lse + 16;
-        float st[2][4] = {}, dpt[2][4] = {};  // keys × queries
+        // keys × queries; even and odd k-steps in separate accumulators:
+        // twice the independent mma chains to cover the mma latency.
+        float st[2][4] = {}, dpt[2][4] = {}, st2[2][4] = {}, dpt2[2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
           uint32_t x[4];
+          float (&sa)[2][4] = (ks & 1) ? st2 : st;
+          float (&da)[2][4] = (ks & 1) ? dpt2 : dpt;
           ldsm_x4(x, qb + 2 * (off.bq + 16 * ks));
-          E::mma(st[0], kf[ks], x[0], x[1]);
-          E::mma(st[1], kf[ks], x[2], x[3]);
+          E::mma(sa[0], kf[ks], x[0], x[1]);
+          E::mma(sa[1], kf[ks], x[2], x[3]);
           ldsm_x4(x, dob + 2 * (off.bq + 16 * ks));
-          E::mma(dpt[0], vf[ks], x[0], x[1]);
-          E::mma(dpt[1], vf[ks], x[2], x[3]);
+          E::mma(da[0], vf[ks], x[0], x[1]);
+          E::mma(da[1], vf[ks], x[2], x[3]);
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            st[nt][e] += st2[nt][e];
+            dpt[nt][e] += dpt2[nt][e];
+          }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
