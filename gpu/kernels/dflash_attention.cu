@@ -243,6 +243,55 @@ __device__ __forceinline__ void load_kv_tile(uint16_t* k_dst, uint16_t* v_dst,
   cp_async_commit();
 }
 
+// ---- warp-level tile products ---------------------------------------------
+
+/// c (16 × 8·NT, fp32 C fragments) += A·Mᵀ: A = `a`, a 16 × D operand in
+/// registers; M the [8·NT][D] row-major tile at shared address `m` (pitch
+/// D + 8).  Masked: n-tiles wholly outside keys [vlo, vhi) are skipped.
+template <bool Masked, typename T, int D, int NT>
+__device__ __forceinline__ void mma_a_mt(float (&c)[NT][4], const uint32_t (&a)[D / 16][4],
+                                         uint32_t m, const lane_offsets<D + 8>& off, int vlo,
+                                         int vhi) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (!Masked || (nt * 8 < vhi && nt * 8 + 8 > vlo)) {
+#pragma unroll
+      for (int kp = 0; kp < D / 32; ++kp) {
+        uint32_t r[4];
+        ldsm_x4(r, m + 2 * (8 * nt * (D + 8) + off.bn + 32 * kp));
+        elem<T>::mma(c[nt], a[2 * kp], r[0], r[1]);
+        elem<T>::mma(c[nt], a[2 * kp + 1], r[2], r[3]);
+      }
+    }
+  }
+}
+
+/// acc (16 × D) += C·M: C = `c` (16 × 8·NT fp32 C fragments, rounded to T:
+/// two side by side are one A operand); M the [8·NT][D] row-major tile at
+/// shared address `m`.  Masked: 16-key steps wholly outside [vlo, vhi) are
+/// skipped.
+template <bool Masked, typename T, int D, int NT>
+__device__ __forceinline__ void mma_c_m(float (&acc)[D / 8][4], const float (&c)[NT][4],
+                                        uint32_t m, const lane_offsets<D + 8>& off, int vlo,
+                                        int vhi) {
+  using E = elem<T>;
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
+      const uint32_t ca[4] = {E::pack(c[2 * kk][0], c[2 * kk][1]), E::pack(c[2 * kk][2], c[2 * kk][3]),
+                              E::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]),
+                              E::pack(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t r[4];
+        ldsm_x4_t(r, m + 2 * (16 * kk * (D + 8) + off.bt + 16 * np));
+        E::mma(acc[2 * np], ca, r[0], r[1]);
+        E::mma(acc[2 * np + 1], ca, r[2], r[3]);
+      }
+    }
+  }
+}
+
 // ---- forward -------------------------------------------------------------
 
 /// One context tile of a warp's online softmax: S = Q·Kᵀ over the tile's
@@ -254,22 +303,9 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], uint32
                                          const lane_offsets<D + 8>& off, int t4, int vlo, int vhi,
                                          float sl2, float (&o)[D / 8][4], float& m0, float& m1,
                                          float& l0, float& l1) {
-  constexpr int RS = D + 8, NT = BN / 8, DT = D / 8;
-  using E = elem<T>;
-  float s[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
-    if (!Masked || (nt * 8 < vhi && nt * 8 + 8 > vlo)) {
-#pragma unroll
-      for (int kp = 0; kp < D / 32; ++kp) {
-        uint32_t r[4];
-        ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-      }
-    }
-  }
+  constexpr int NT = BN / 8, DT = D / 8;
+  float s[NT][4] = {};
+  mma_a_mt<Masked, T, D>(s, qf, kb, off, vlo, vhi);
   // The scale is positive, so the max of the raw scores, scaled, is the
   // max of the scaled ones; each exponent is then one fma.
   float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -306,22 +342,7 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], uint32
   for (int dt = 0; dt < DT; ++dt) {
     o[dt][0] *= al0; o[dt][1] *= al0; o[dt][2] *= al1; o[dt][3] *= al1;
   }
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; ++kk) {
-    if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
-      const uint32_t pa[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                              E::pack(s[2 * kk][2], s[2 * kk][3]),
-                              E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t r[4];
-        ldsm_x4_t(r, vb + 2 * (16 * kk * RS + off.bt + 16 * np));
-        E::mma(o[2 * np], pa, r[0], r[1]);
-        E::mma(o[2 * np + 1], pa, r[2], r[3]);
-      }
-    }
-  }
+  mma_c_m<Masked, T, D>(o, s, vb, off, vlo, vhi);
 }
 
 /// 12 / W blocks an SM: 3 of 4 warps fit 168 registers a thread (a few
@@ -359,15 +380,7 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
     for (int ks = 0; ks < KS; ++ks)
       ldsm_x4(qf[ks], sq + 2 * (off.a + 16 * ks));
     float s[2][4] = {};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int kp = 0; kp < D / 32; ++kp) {
-        uint32_t r[4];
-        ldsm_x4(r, sq + 2 * ((16 + 8 * nt) * RS + off.bn + 32 * kp));
-        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-      }
+    mma_a_mt<false, T, D>(s, qf, sq + 2 * 16 * RS, off, 0, 16);
     __syncwarp();
     warp_load_rows<D, RS>(slot, at_row(a.v_blk, b, kvh, row0), a.v_blk.token, 16, lane);
     cp_async_commit();
@@ -389,15 +402,7 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
     }
     cp_async_wait<0>();
     __syncwarp();
-    const uint32_t pa[4] = {E::pack(s[0][0], s[0][1]), E::pack(s[0][2], s[0][3]),
-                            E::pack(s[1][0], s[1][1]), E::pack(s[1][2], s[1][3])};
-#pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t r[4];
-      ldsm_x4_t(r, sq + 2 * (off.bt + 16 * np));
-      E::mma(o[2 * np], pa, r[0], r[1]);
-      E::mma(o[2 * np + 1], pa, r[2], r[3]);
-    }
+    mma_c_m<false, T, D>(o, s, sq, off, 0, 16);
   }
   __syncthreads();  // slots are free: the context pipeline reuses them
 
@@ -517,27 +522,10 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
                                         const lane_offsets<D + 8>& off, int t4, int vlo, int vhi,
                                         float sl2, float lse0, float lse1, float dl0, float dl1,
                                         float (&dq)[D / 8][4]) {
-  constexpr int RS = D + 8, NT = BN / 8;
-  using E = elem<T>;
-  float s[NT][4], dp[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      s[nt][e] = dp[nt][e] = 0;
-    if (!Masked || (nt * 8 < vhi && nt * 8 + 8 > vlo)) {
-#pragma unroll
-      for (int kp = 0; kp < D / 32; ++kp) {
-        uint32_t r[4];
-        ldsm_x4(r, kb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-        ldsm_x4(r, vb + 2 * (8 * nt * RS + off.bn + 32 * kp));
-        E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
-        E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
-      }
-    }
-  }
+  constexpr int NT = BN / 8;
+  float s[NT][4] = {}, dp[NT][4] = {};
+  mma_a_mt<Masked, T, D>(s, qf, kb, off, vlo, vhi);
+  mma_a_mt<Masked, T, D>(dp, dof, vb, off, vlo, vhi);
   // dS = P ∘ (dP − delta), into s.
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -554,22 +542,7 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
       s[nt][e] = p0 * (dp[nt][e] - dl0);
       s[nt][2 + e] = p1 * (dp[nt][2 + e] - dl1);
     }
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; ++kk) {
-    if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
-      const uint32_t da[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                              E::pack(s[2 * kk][2], s[2 * kk][3]),
-                              E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t r[4];
-        ldsm_x4_t(r, kb + 2 * (16 * kk * RS + off.bt + 16 * np));
-        E::mma(dq[2 * np], da, r[0], r[1]);
-        E::mma(dq[2 * np + 1], da, r[2], r[3]);
-      }
-    }
-  }
+  mma_c_m<Masked, T, D>(dq, s, kb, off, vlo, vhi);
 }
 
 /// One CTA of query tiles (as in the forward): dQ over every visible key,
@@ -661,18 +634,8 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
     __syncwarp();
     const uint32_t sk = smem_addr(slot);
     float s[2][4] = {}, dp[2][4] = {};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int kp = 0; kp < D / 32; ++kp) {
-        uint32_t r[4];
-        ldsm_x4(r, sk + 2 * (8 * nt * RS + off.bn + 32 * kp));
-        E::mma(s[nt], qf[2 * kp], r[0], r[1]);
-        E::mma(s[nt], qf[2 * kp + 1], r[2], r[3]);
-        ldsm_x4(r, sk + 2 * ((16 + 8 * nt) * RS + off.bn + 32 * kp));
-        E::mma(dp[nt], dof[2 * kp], r[0], r[1]);
-        E::mma(dp[nt], dof[2 * kp + 1], r[2], r[3]);
-      }
+    mma_a_mt<false, T, D>(s, qf, sk, off, 0, 16);
+    mma_a_mt<false, T, D>(dp, dof, sk + 2 * 16 * RS, off, 0, 16);
     uint16_t* const tp = tr_s + warp * 2 * 16 * TP;  // P, then dS: [16 q][TP]
     uint16_t* const tds = tp + 16 * TP;
 #pragma unroll
@@ -689,15 +652,7 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
       *reinterpret_cast<uint32_t*>(tds + g * TP + col) = E::pack(s[nt][0], s[nt][1]);
       *reinterpret_cast<uint32_t*>(tds + (g + 8) * TP + col) = E::pack(s[nt][2], s[nt][3]);
     }
-    const uint32_t dsa[4] = {E::pack(s[0][0], s[0][1]), E::pack(s[0][2], s[0][3]),
-                             E::pack(s[1][0], s[1][1]), E::pack(s[1][2], s[1][3])};
-#pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t r[4];
-      ldsm_x4_t(r, sk + 2 * (off.bt + 16 * np));
-      E::mma(dq[2 * np], dsa, r[0], r[1]);
-      E::mma(dq[2 * np + 1], dsa, r[2], r[3]);
-    }
+    mma_c_m<false, T, D>(dq, s, sk, off, 0, 16);
     __syncwarp();
     // Transposed reads: matrix i = (q rows 8·(i >> 1), key cols 8·(i & 1)).
     const int tr_off = ((lane & 7) + (lane >> 4) * 8) * TP + ((lane >> 3) & 1) * 8;
