@@ -6,11 +6,15 @@ Versions: torch 2.11 (+cu130), nvcc 13.0, sm_90a (H100/H200).
   build:  python tests/gpu/dflash_attention_harness.py --build
           compiles the kernel plus a tiny C shim (below) into build-harness/dflash_attn/libdflash_attn.so
           (static cudart, so it runs wherever a CUDA 13 driver is).
-  run:    python tests/gpu/dflash_attention_harness.py [--bench] [--flex]
+  run:    python tests/gpu/dflash_attention_harness.py [--bench] [--flex] [--docs N]
           loads the library through ctypes (building it if missing), checks forward output,
           log-sum-exp and all five gradients against a float32 dense PyTorch reference on
           several shapes, then (--bench) times forward and backward at the Qwen3-8B shape
-          against dense-mask SDPA (and FlexAttention with --flex).
+          (N documents a row, default 4) against dense-mask SDPA (and FlexAttention with
+          --flex).
+  A/B:    --source OLD.cu builds another version of the kernel file (for example
+          `git show REV:gpu/kernels/dflash_attention.cu > /tmp/old.cu`) into its own library;
+          run --bench --no-checks once with it and once without, in one session.
 
 Tolerances (relative Frobenius error ||ours - ref|| / ||ref||, bf16/fp16 inputs, fp32
 reference on the same rounded inputs): output 1e-2, LSE 1e-3, gradients 2e-2.  bf16 has an
