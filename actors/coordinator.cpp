@@ -1,6 +1,8 @@
 // The coordinator: routes batches prefetch -> target -> drafter against
 // credits, keeps the sample ledger, decides checkpoints, ends epochs and the
-// run.  Cooperative: its handlers only move descriptors and counters.
+// run; detects drafter failures and rolls the ledger back for them (their
+// restarts are the supervisor's, actors/supervisor.cpp).  Cooperative: its
+// handlers only move descriptors and counters.
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -48,7 +50,7 @@ struct coordinator_state {
   bool stop_requested = false;          ///< a stop that came before the run request
   run_summary summary;
   bool have_first_loss = false;
-  // Supervision.
+  // Failures.
   std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
   std::set<int64_t> abandoned;                   ///< rolled back while at a target
   std::vector<caf::actor_addr> drafter_addr;     ///< the live incarnation of each drafter
@@ -56,7 +58,6 @@ struct coordinator_state {
   // watchdog tick and the restart backoff: steady_clock in production, the
   // deterministic clock in protocol tests.
   std::vector<caf::actor_clock::time_point> dispatched;  ///< when its step started
-  std::vector<std::vector<std::pair<caf::actor_clock::time_point, std::string>>> failures;
   std::vector<bool> down;                        ///< waiting for its restart
   std::vector<caf::actor_clock::time_point> last_heartbeat;  ///< last asked (idle drafters)
   std::vector<bool> heartbeat_pending;           ///< asked, no answer yet
@@ -469,15 +470,8 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
   if (s.down[di] || !s.running)
     return;
   s.down[di] = true;
-  const auto now = self->clock().now();
-  auto& f = s.failures[di];
-  f.emplace_back(now, reason);
-  while (!f.empty() && std::chrono::duration<double>(now - f.front().first).count() > s.opts.window_s)
-    f.erase(f.begin());
-  // Forget the failed incarnation: its late messages and its down message
-  // no longer match, and it is killed (a hung one dies when it unblocks).
-  if (s.peers.drafters[di])
-    self->send_exit(s.peers.drafters[di], caf::exit_reason::kill);
+  // Forget the failed incarnation: its late messages no longer match (the
+  // supervisor kills it if it is still alive).
   s.drafter_addr[di] = caf::actor_addr{};
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
@@ -496,17 +490,6 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
       s.group.clean[di] = false;  // restarted from an older checkpoint
     else
       s.group.clean.assign(s.peers.drafters.size(), false);  // all roll back below
-  }
-  const auto restarts = static_cast<int64_t>(f.size());
-  if (restarts > s.opts.restart_budget) {
-    std::string report = "drafter " + std::to_string(d) + " failed " + std::to_string(restarts)
-                         + " times within " + std::to_string(static_cast<int64_t>(s.opts.window_s))
-                         + " s (restart budget " + std::to_string(s.opts.restart_budget) + "):";
-    for (auto& [t, why] : f)
-      report += "\n  - " + why;
-    event(self, {{"event", "budget_exhausted"}, {"drafter", d}, {"failures", restarts}});
-    fail(self, make_error(errc::device_failure, report));
-    return;
   }
   // Roll back: everything after the restore point goes back to pending —
   // the newest checkpoint, or (survivors holding the state) the current step,
@@ -543,17 +526,28 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     if (credit[p] > 0 && !s.stopping)
       self->send(s.peers.prefetch[p], credit_atom::value, credit[p]);
   }
-  const auto& b = s.opts.backoff_s;
-  const double wait = b.empty() ? 0.0 : b[std::min(b.size(), static_cast<size_t>(restarts)) - 1];
-  event(self, {{"event", "drafter_failed"}, {"drafter", d}, {"reason", reason},
-               {"restart", restarts}, {"budget", s.opts.restart_budget},
-               {"restore_step", s.step}, {"steps_lost", lost_steps},
-               {"restore_from", keep_state ? "peers" : "checkpoint"},
-               {"samples_reissued", static_cast<int64_t>(back.size())},
-               {"checkpoint", s.summary.checkpoint}, {"backoff_s", wait}});
-  self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::duration<double>(wait)),
-                     respawn_atom::value, d);
+  // The supervisor counts the failure against the restart budget and
+  // restarts the drafter from the restore point after its backoff (the new
+  // incarnation arrives as drafter_up), or refuses: then the run fails.
+  nlohmann::json j{{"event", "drafter_failed"}, {"drafter", d}, {"reason", reason},
+                   {"restore_step", s.step}, {"steps_lost", lost_steps},
+                   {"restore_from", keep_state ? "peers" : "checkpoint"},
+                   {"samples_reissued", static_cast<int64_t>(back.size())},
+                   {"checkpoint", s.summary.checkpoint}};
+  self->request(s.opts.supervisor, std::chrono::minutes(1), restart_atom::value, d, reason,
+                s.summary.checkpoint)
+    .then(
+      [self, j](const restart_plan& plan) mutable {
+        j["restart"] = plan.restart;
+        j["budget"] = plan.budget;
+        j["backoff_s"] = plan.backoff_s;
+        event(self, std::move(j));
+      },
+      [self, d](const caf::error& err) {
+        event(self, {{"event", "budget_exhausted"}, {"drafter", d},
+                     {"report", self->system().render(err)}});
+        fail(self, err);
+      });
 }
 
 /// Asks idle drafter `d` for a heartbeat when heartbeat_s has passed since
@@ -588,13 +582,15 @@ void ask_heartbeat(self_ptr self, int32_t d, caf::actor_clock::time_point now) {
       });
 }
 
-void respawn(self_ptr self, int32_t d) {
+/// The supervisor's new incarnation of drafter `d`, restored from the
+/// checkpoint named in the restart request.
+void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   auto& s = self->state;
+  if (d < 0 || static_cast<size_t>(d) >= s.down.size())
+    return;
   const auto di = static_cast<size_t>(d);
   if (!s.running || !s.down[di])
-    return;
-  auto fresh = s.opts.respawn_drafter(d, s.summary.checkpoint);
-  self->monitor(fresh);
+    return;  // the run ended meanwhile: the supervisor shuts it down with the rest
   s.peers.drafters[di] = fresh;
   s.drafter_addr[di] = fresh.address();
   s.down[di] = false;
@@ -732,14 +728,6 @@ void on_group_report(self_ptr self, const step_report& r) {
   after_step(self);
 }
 
-int32_t drafter_index(self_ptr self, const caf::actor_addr& a) {
-  auto& s = self->state;
-  for (size_t i = 0; i < s.drafter_addr.size(); ++i)
-    if (s.drafter_addr[i] && s.drafter_addr[i] == a)
-      return static_cast<int32_t>(i);
-  return -1;
-}
-
 } // namespace
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options opts) {
@@ -767,6 +755,8 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
                               + std::to_string(peers.prefetch.size()) + " target(s) is less than the "
                               + std::to_string(peers.drafters.size())
                               + " data-parallel drafters: each group step needs one batch per drafter");
+        if (!s.opts.supervisor)
+          return make_error(errc::bad_input, "coordinator: no supervisor to restart drafters");
         // Everything that can fail is checked before the response promise
         // exists: once it does, CAF 0.17 drops an error returned here (the
         // request counts as answered) and the requester would wait forever.
@@ -809,21 +799,15 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         s.dispatched.resize(n);
         s.last_heartbeat.assign(n, self->clock().now());
         s.heartbeat_pending.assign(n, false);
-        s.failures.resize(n);
         s.down.assign(n, false);
         for (size_t d = 0; d < n; ++d) {
           s.idle.push_back(static_cast<int32_t>(d));
           s.drafter_addr[d] = s.peers.drafters[d].address();
-          self->monitor(s.peers.drafters[d]);
         }
-        self->set_down_handler([self](caf::down_msg& m) {
-          auto d = drafter_index(self, m.source);
-          if (d >= 0)  // between group steps the survivors hold the ledger's state
-            on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step "
-                                          + std::to_string(self->state.step + 1) + ": "
-                                          + self->system().render(m.reason),
-                               group_at_rest(self));
-        });
+        // The supervisor watches every worker from here on (first message
+        // from this actor to it: every restart request comes after).
+        self->send(s.opts.supervisor, supervise_atom::value,
+                   caf::actor_cast<coordinator_actor>(self), s.peers);
         s.group.clean.assign(n, true);  // all start from the same restore point
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
         maybe_form_group(self);
@@ -920,7 +904,21 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         self->send(s.peers.metrics, r);
         after_step(self);
       },
-      [self](respawn_atom, int32_t d) { respawn(self, d); },
+      [self](drafter_down_atom, int32_t d, const std::string& why) {
+        auto& s = self->state;
+        if (!s.running || d < 0 || static_cast<size_t>(d) >= s.down.size())
+          return;
+        // Between group steps the survivors hold the ledger's state.
+        on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step "
+                                      + std::to_string(s.step + 1) + ": " + why,
+                           group_at_rest(self));
+      },
+      [self](drafter_up_atom, int32_t d, drafter_actor& fresh) {
+        on_drafter_up(self, d, std::move(fresh));
+      },
+      [self](escalate_atom, const std::string& why) {
+        fail(self, make_error(errc::device_failure, why));
+      },
       [self](tick_atom) {
         auto& s = self->state;
         if (!s.running)
@@ -944,13 +942,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
             ask_heartbeat(self, d, now);
         self->delayed_send(self, std::chrono::milliseconds(250), tick_atom::value);
       },
-      [self](shutdown_atom) {
-        // The drafters' current incarnations are known only here.
-        for (auto& d : self->state.peers.drafters)
-          if (d)
-            self->send(d, shutdown_atom::value);
-        self->quit();
-      },
+      [self](shutdown_atom) { self->quit(); },  // the supervisor shuts the drafters down
     };
   };
   return sys.spawn(behavior, std::move(opts));

@@ -2,7 +2,8 @@
 /// Spawning the training actors (DESIGN.md §3).  GPU-owning actors are
 /// spawned detached (one private thread each; all their device work on it)
 /// and build their engines inside the behaviour, never in a constructor.
-/// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator}.hpp.
+/// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator,
+/// supervisor}.hpp.
 ///
 /// The spawn functions of the detached actors take their spawn options as a
 /// template argument: `caf::detached` (the default) in production, and
@@ -29,6 +30,7 @@
 #include "messages/drafter.hpp"
 #include "messages/metrics.hpp"
 #include "messages/prefetch.hpp"
+#include "messages/supervisor.hpp"
 #include "messages/target.hpp"
 
 namespace tandem {
@@ -83,19 +85,28 @@ struct coordinator_options {
   std::string resume_ledger;         ///< a saved ledger (resume), or ""
   int64_t resume_step = 0;           ///< the drafters' step when resuming
   std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
-  // Supervision (config [supervision], [runtime]).
-  int64_t restart_budget = 3;        ///< restarts per drafter within window_s
-  std::vector<double> backoff_s{1, 2, 4};
-  double window_s = 600;
+  // Failure detection (config [runtime]); restarts are the supervisor's.
   double step_timeout_s = 120;       ///< a step longer than this is a hang
   double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer
                                      ///< within it (runtime.heartbeat_s); 0 = not asked
   /// Data-parallel drafters (more than one): the deadline of forming their
   /// NCCL group and of every collective in a step (runtime.group_timeout_s).
   double group_timeout_s = 30;
+  supervisor_actor supervisor;       ///< restarts failed drafters (spawn_supervisor)
+};
+
+struct supervisor_options {
+  // Config [supervision].
+  int64_t restart_budget = 3;        ///< restarts per drafter within window_s
+  std::vector<double> backoff_s{1, 2, 4};  ///< before the n-th restart (the last repeats)
+  double window_s = 600;
   /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
   std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
 };
+
+/// Spawns the supervisor (messages/supervisor.hpp); it learns what to watch
+/// from the coordinator's supervise message when the run starts.
+supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opts);
 
 /// Spawns the coordinator.  It learns its peers from the run request
 /// (messages/coordinator.hpp), since they need its handle to be spawned.

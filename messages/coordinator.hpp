@@ -25,14 +25,17 @@
 /// stop_atom:   SIGINT/SIGTERM: stop issuing work, let the drafter finish
 ///              its step, write a checkpoint, answer the run request.
 /// status_atom: a JSON text of the ledger, step and queues (shell, tests).
-/// respawn_atom, tick_atom: the coordinator's own timers (a drafter's
-///              restart after its backoff; the step-timeout watchdog).
-/// Supervision: a drafter that dies (exception, CUDA error), reports a
-/// non-finite loss, or overruns step_timeout_s is replaced on its device
-/// from the newest checkpoint; training after that checkpoint is rolled back
-/// in the ledger and its samples re-issued; targets keep running.  Past the
-/// restart budget the run request is answered with an error naming the
-/// drafter and its failures.
+/// tick_atom:   the coordinator's own timer (the step-timeout watchdog and
+///              heartbeats).
+/// Supervision (with the supervisor, messages/supervisor.hpp): a drafter
+/// that dies (exception, CUDA error; the supervisor's drafter_down), reports
+/// a non-finite loss, overruns step_timeout_s or misses a heartbeat is
+/// rolled back here — training after the restore point goes back to
+/// pending in the ledger and its samples are re-issued; targets keep
+/// running — and the supervisor is asked to restart it from that point;
+/// its new incarnation arrives as drafter_up.  When the supervisor refuses
+/// (the restart budget is spent), or escalates the death of a worker it does
+/// not restart, the run request is answered with that error.
 /// The other messages come from the actors named above, asynchronously.
 
 #include <cstdint>
@@ -54,8 +57,10 @@ namespace tandem {
 using run_atom = caf::atom_constant<caf::atom("run")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
-using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using drafter_down_atom = caf::atom_constant<caf::atom("down")>;
+using drafter_up_atom = caf::atom_constant<caf::atom("up")>;
+using escalate_atom = caf::atom_constant<caf::atom("escalate")>;
 
 /// How a run ended.
 struct run_summary {
@@ -97,8 +102,11 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<exhausted_atom, int32_t, int64_t>,  ///< prefetch index, epoch
   caf::reacts_to<work_item>,
   caf::reacts_to<step_report>,
-  caf::reacts_to<respawn_atom, int32_t>,
   caf::reacts_to<tick_atom>,
+  caf::reacts_to<drafter_down_atom, int32_t, std::string>,  ///< supervisor: drafter j died (why)
+  caf::reacts_to<drafter_up_atom, int32_t, drafter_actor>,  ///< supervisor: j's new incarnation
+  caf::reacts_to<escalate_atom, std::string>,               ///< supervisor: a worker it does not
+                                                            ///< restart ended (why)
   caf::reacts_to<shutdown_atom>>;
 
 } // namespace tandem

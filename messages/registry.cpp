@@ -6,6 +6,7 @@
 #include "messages/descriptors.hpp"
 #include "messages/errors.hpp"
 #include "messages/probe.hpp"
+#include "messages/supervisor.hpp"
 
 namespace tandem {
 
@@ -31,6 +32,9 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<coordinator_peers>("tandem.coordinator_peers");
   cfg.add_message_type<group_spec>("tandem.group_spec");
   cfg.add_message_type<std::vector<uint8_t>>("tandem.bytes");
+  cfg.add_message_type<restart_plan>("tandem.restart_plan");
+  cfg.add_message_type<drafter_actor>("tandem.drafter_handle");
+  cfg.add_message_type<coordinator_actor>("tandem.coordinator_handle");
 }
 
 } // namespace tandem

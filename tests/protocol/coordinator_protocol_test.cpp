@@ -1,6 +1,7 @@
 // Coordinator protocol (messages/coordinator.hpp) on CAF's deterministic
 // scheduler, against the fake peers of fake_peers.hpp: credits, routing,
-// the drafter's data wait, supervision (death, non-finite loss, step
+// the drafter's data wait, failures and their rollback with the real
+// supervisor restarting the fake drafters (death, non-finite loss, step
 // timeout on the deterministic clock, restart budget), stop, max_steps,
 // checkpoints, and errors reaching the run request.  The run request comes
 // from an event-based launcher actor with an error callback, as in
@@ -34,19 +35,21 @@ struct setup {
   int64_t batch_samples = 2;
   int32_t drafters = 1;
   coordinator_options opts;
+  supervisor_options sup;  ///< the real supervisor restarts the fake drafters
   setup() {
     opts.credits = 2;
     opts.epochs = 1;
     opts.checkpoint_every = 0;
-    opts.backoff_s = {0.5};
     opts.step_timeout_s = 5;
-    opts.restart_budget = 3;
+    sup.backoff_s = {0.5};
+    sup.restart_budget = 3;
   }
 };
 
 struct fixture : test_coordinator_fixture<config> {
   world_ptr w = std::make_shared<peer_world>();
   coordinator_actor coordinator;
+  supervisor_actor supervisor;
   coordinator_peers peers;
   std::vector<fake_target_actor> targets;
   fake_checkpointer_actor checkpointer;
@@ -85,7 +88,7 @@ struct fixture : test_coordinator_fixture<config> {
     w->batch_samples = s.batch_samples;
     s.opts.num_samples = s.samples;
     auto coord_handle = std::make_shared<coordinator_actor>();
-    s.opts.respawn_drafter = [this, coord_handle](int32_t index, const std::string& ckpt) {
+    s.sup.respawn_drafter = [this, coord_handle](int32_t index, const std::string& ckpt) {
       w->respawns.emplace_back(index, ckpt);
       int64_t step = 0;
       std::vector<int64_t> weights;
@@ -95,6 +98,9 @@ struct fixture : test_coordinator_fixture<config> {
       }
       return drafter_actor{spawn_drafter_incarnation(index, step, std::move(weights))};
     };
+    supervisor = spawn_supervisor(sys, s.sup);
+    everyone.push_back(caf::actor_cast<caf::actor>(supervisor));
+    s.opts.supervisor = supervisor;
     coordinator = spawn_coordinator(sys, s.opts);
     *coord_handle = coordinator;
     everyone.push_back(caf::actor_cast<caf::actor>(coordinator));
@@ -116,6 +122,13 @@ struct fixture : test_coordinator_fixture<config> {
     peers.metrics = sys.spawn(fake_metrics, w);
     everyone.push_back(caf::actor_cast<caf::actor>(checkpointer));
     everyone.push_back(caf::actor_cast<caf::actor>(peers.metrics));
+  }
+
+  /// `o` with a supervisor of its own (coordinators outside the fixture's run).
+  coordinator_options supervised(coordinator_options o) {
+    o.supervisor = spawn_supervisor(sys, supervisor_options{});
+    everyone.push_back(caf::actor_cast<caf::actor>(o.supervisor));
+    return o;
   }
 
   /// The launcher: asks for the run and records its answer.
@@ -473,7 +486,7 @@ CAF_TEST(a step that overruns step_timeout_s on the deterministic clock is a fai
 
 CAF_TEST(past the restart budget the run request gets an error naming the drafter) {
   setup s;
-  s.opts.restart_budget = 1;
+  s.sup.restart_budget = 1;
   w->script = {act::die, act::die};
   start(s);
   sched.run();
@@ -497,8 +510,8 @@ CAF_TEST(past the restart budget the run request gets an error naming the drafte
 
 CAF_TEST(failures older than window_s do not count against the budget) {
   setup s;
-  s.opts.restart_budget = 1;
-  s.opts.window_s = 60;
+  s.sup.restart_budget = 1;
+  s.sup.window_s = 60;
   s.opts.step_timeout_s = 100;
   w->script = {act::die, act::ok, act::hang};
   start(s);
@@ -639,11 +652,11 @@ CAF_TEST(run requests are checked and answered with errors) {
   CAF_REQUIRE(b->error.has_value());
   CAF_CHECK(contains(sys.render(*b->error), "one prefetch per target"));
   // A coordinator that is running refuses a second run.
-  auto c3 = spawn_coordinator(sys, [] {
+  auto c3 = spawn_coordinator(sys, supervised([] {
     coordinator_options o;
     o.num_samples = 4;
     return o;
-  }());
+  }()));
   everyone.push_back(caf::actor_cast<caf::actor>(c3));
   coordinator_peers idle;  // peers that never answer: the run stays in progress
   auto dummy = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
@@ -660,6 +673,18 @@ CAF_TEST(run requests are checked and answered with errors) {
   CAF_CHECK(!first->answered());
   CAF_REQUIRE(second->error.has_value());
   CAF_CHECK(contains(sys.render(*second->error), "already in progress"));
+  // Without a supervisor nothing could restart a drafter: refused.
+  auto c4 = spawn_coordinator(sys, [] {
+    coordinator_options o;
+    o.num_samples = 12;
+    return o;
+  }());
+  everyone.push_back(caf::actor_cast<caf::actor>(c4));
+  auto unsupervised = ask<run_summary>(sys, c4, run_atom::value, peers);
+  sched.run();
+  CAF_REQUIRE(unsupervised->error.has_value());
+  CAF_CHECK(is(*unsupervised->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*unsupervised->error), "no supervisor"));
 }
 
 CAF_TEST(a resume ledger that does not fit is an error for the run request) {
@@ -677,12 +702,12 @@ CAF_TEST(a resume ledger that does not fit is an error for the run request) {
   CAF_CHECK_EQUAL(w->work_received, 0);
   CAF_CHECK_EQUAL(w->prefetch[0].credits_received, 0);
   // Malformed text too (the ledger's parser throws).
-  auto c2 = spawn_coordinator(sys, [] {
+  auto c2 = spawn_coordinator(sys, supervised([] {
     coordinator_options o;
     o.num_samples = 12;
     o.resume_ledger = "{not json";
     return o;
-  }());
+  }()));
   everyone.push_back(caf::actor_cast<caf::actor>(c2));
   auto a = ask<run_summary>(sys, c2, run_atom::value, peers);
   sched.run();
@@ -938,18 +963,24 @@ CAF_TEST(stop before the run starts ends the run at once) {
   check_handles_released();
 }
 
-CAF_TEST(shutdown ends the coordinator and the drafters it knows) {
+CAF_TEST(shutting the supervisor down ends the current drafter incarnations and shutting the coordinator down ends only it) {
   setup s;
-  w->script = {act::hang};
+  w->script = {act::die, act::hang};
   start(s);
   sched.run();
+  advance_time(500ms);  // the backoff: the second incarnation takes the item and hangs
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
   auto exit_c = watch(sys, coordinator);
   auto exit_d = watch(sys, drafter());
   sched.run();
+  self->send(supervisor, shutdown_atom::value);
+  sched.run();
+  CAF_CHECK_EQUAL(exit_d->reasons.size(), 1u);
+  CAF_CHECK_EQUAL(exit_c->reasons.size(), 0u);
   self->send(coordinator, shutdown_atom::value);
   sched.run();
   CAF_CHECK_EQUAL(exit_c->reasons.size(), 1u);
-  CAF_CHECK_EQUAL(exit_d->reasons.size(), 1u);
 }
 
 CAF_TEST_FIXTURE_SCOPE_END()

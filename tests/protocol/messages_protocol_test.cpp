@@ -13,6 +13,7 @@
 #include "support.hpp"
 
 #include "messages/probe.hpp"
+#include "messages/supervisor.hpp"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -26,6 +27,7 @@ const std::set<std::string> tested_types{
   "tandem.features_desc", "tandem.work_item",  "tandem.step_report",
   "tandem.snapshot_desc", "tandem.run_summary", "tandem.int64_list",
   "tandem.coordinator_peers", "tandem.group_spec", "tandem.bytes",
+  "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -134,6 +136,15 @@ CAF_TEST(group_spec and the NCCL id bytes round trip) {
   CAF_CHECK_EQUAL(tested_types.count("tandem.bytes"), 1u);
 }
 
+CAF_TEST(restart_plan and the actor handles of the supervision messages round trip) {
+  check_value(restart_plan{2, 3, 0.5}, "tandem.restart_plan", {"2", "3", "0.5"});
+  // Handles travel inside messages (null here: no node to resolve them on).
+  CAF_CHECK(!through_message(drafter_actor{}));
+  CAF_CHECK(!through_message(coordinator_actor{}));
+  CAF_CHECK_EQUAL(tested_types.count("tandem.drafter_handle"), 1u);
+  CAF_CHECK_EQUAL(tested_types.count("tandem.coordinator_handle"), 1u);
+}
+
 CAF_TEST(run_summary and probe_report round trip) {
   run_summary s;
   s.steps = 400;
@@ -219,13 +230,20 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(run_atom::value, coordinator_peers{}));
   check(caf::make_message(stop_atom::value));
   check(caf::make_message(status_atom::value));
-  check(caf::make_message(respawn_atom::value, int32_t{0}));
   check(caf::make_message(tick_atom::value));
+  check(caf::make_message(drafter_down_atom::value, int32_t{1}, std::string("died")));
+  check(caf::make_message(drafter_up_atom::value, int32_t{1}, drafter_actor{}));
+  check(caf::make_message(escalate_atom::value, std::string("target 0 ended")));
+  // supervisor
+  check(caf::make_message(supervise_atom::value, coordinator_actor{}, coordinator_peers{}));
+  check(caf::make_message(restart_atom::value, int32_t{0}, std::string("nan"), std::string("ckpt/step-4")));
+  check(caf::make_message(respawn_atom::value, int32_t{0}, std::string("ckpt/step-4")));
   // checkpointer, metrics
   check(caf::make_message(snapshot_desc{0, 5, 9}, std::string("{\"ledger\":{}}")));
   check(caf::make_message(event_atom::value, std::string("{\"event\":\"x\"}")));
   // replies
   check(caf::make_message(run_summary{}));
+  check(caf::make_message(restart_plan{2, 3, 0.5}));
   check(caf::make_message(probe_atom::value, int32_t{0}));
 }
 

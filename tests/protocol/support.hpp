@@ -27,6 +27,7 @@
 #include "messages/coordinator.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
+#include "messages/supervisor.hpp"
 
 /// CAF_CHECK with an explanation printed when it fails.
 #define TANDEM_CHECK_MSG(cond, msg)                                                               \
@@ -84,6 +85,10 @@ inline bool operator==(const run_summary& a, const run_summary& b) {
          && a.samples_committed == b.samples_committed && a.last_loss == b.last_loss
          && a.first_loss == b.first_loss && a.stop_reason == b.stop_reason
          && a.checkpoint == b.checkpoint;
+}
+
+inline bool operator==(const restart_plan& a, const restart_plan& b) {
+  return a.restart == b.restart && a.budget == b.budget && a.backoff_s == b.backoff_s;
 }
 
 inline bool operator==(const coordinator_peers& a, const coordinator_peers& b) {
@@ -184,13 +189,16 @@ inline void write_dataset(const fs::path& dir, int64_t n, int64_t vocab = 512) {
 
 // -- recorders -------------------------------------------------------------
 
-/// What a worker sent its coordinator, in order of arrival.
+/// What a worker (or the supervisor) sent its coordinator, in order of arrival.
 struct coordinator_log {
   std::vector<batch_desc> batches;
   std::vector<std::pair<int32_t, int64_t>> exhausted;  ///< (prefetch, epoch)
   std::vector<work_item> work;
   std::vector<step_report> reports;
-  std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report"
+  std::vector<std::pair<int32_t, std::string>> down;   ///< supervisor: (drafter, why)
+  std::vector<std::pair<int32_t, drafter_actor>> up;   ///< supervisor: (drafter, new incarnation)
+  std::vector<std::string> escalated;                  ///< supervisor: why
+  std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate"
 };
 
 /// A coordinator that only records (the worker suites' peer).  It answers
@@ -220,8 +228,19 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       log->reports.push_back(r);
       log->order.push_back("report");
     },
-    [](respawn_atom, int32_t) {},
     [](tick_atom) {},
+    [log](drafter_down_atom, int32_t d, const std::string& why) {
+      log->down.emplace_back(d, why);
+      log->order.push_back("down");
+    },
+    [log](drafter_up_atom, int32_t d, drafter_actor& h) {
+      log->up.emplace_back(d, std::move(h));
+      log->order.push_back("up");
+    },
+    [log](escalate_atom, const std::string& why) {
+      log->escalated.push_back(why);
+      log->order.push_back("escalate");
+    },
     [self](shutdown_atom) { self->quit(); },
   };
 }

@@ -3,8 +3,8 @@
 // running the parity fixtures' tiny Qwen3 on the CPU.  A batch staged by a
 // real prefetch engine becomes a work item whose features descriptor names
 // the taps behind its handle; `release` frees them; failures end the actor
-// with an error naming the batch (its watcher, the launcher in
-// tools/tandem/run.cpp, reports it).
+// with an error naming the batch (its watcher, the supervisor of
+// actors/supervisor.cpp, escalates it).
 #define CAF_SUITE target_protocol
 
 #include "workers.hpp"  // before dsl.hpp (its `inject` macro)

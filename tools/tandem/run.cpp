@@ -89,9 +89,10 @@ int run_training(const run_options& ro) {
   co.max_steps = cfg.train.max_steps;
   co.epochs = cfg.data.epochs;
   co.checkpoint_every = cfg.checkpoint.every_steps;
-  co.restart_budget = cfg.supervision.restart_budget;
-  co.backoff_s = cfg.supervision.backoff_s;
-  co.window_s = cfg.supervision.window_s;
+  supervisor_options so;
+  so.restart_budget = cfg.supervision.restart_budget;
+  so.backoff_s = cfg.supervision.backoff_s;
+  so.window_s = cfg.supervision.window_s;
   co.step_timeout_s = cfg.runtime.step_timeout_s;
   co.heartbeat_s = cfg.runtime.heartbeat_s;
   co.group_timeout_s = cfg.runtime.group_timeout_s;
@@ -142,11 +143,13 @@ int run_training(const run_options& ro) {
   // Drafter options per index, for the first spawn and every restart.
   auto drafter_opts = std::make_shared<std::vector<gpu::drafter_engine_options>>();
   auto coordinator_handle = std::make_shared<coordinator_actor>();
-  co.respawn_drafter = [&sys, drafter_opts, coordinator_handle, faults](int32_t index,
+  so.respawn_drafter = [&sys, drafter_opts, coordinator_handle, faults](int32_t index,
                                                                          const std::string& from) {
     return spawn_drafter(sys, index, (*drafter_opts)[static_cast<size_t>(index)], from,
                          *coordinator_handle, faults);
   };
+  auto supervisor = spawn_supervisor(sys, so);
+  co.supervisor = supervisor;
   auto coordinator = spawn_coordinator(sys, co);
   *coordinator_handle = coordinator;
   const auto world = static_cast<int32_t>(plan.targets.size());
@@ -198,24 +201,22 @@ int run_training(const run_options& ro) {
   std::signal(SIGTERM, on_signal);
   caf::scoped_actor self{sys};
   auto all = peers;  // handles kept for the shutdown below
-  // The launcher asks the coordinator to run and watches the targets and
-  // prefetchers: one that dies ends the run with its reason (the coordinator
-  // supervises the drafters).  It reports to this thread by plain messages,
-  // so this thread can keep polling for signals.
+  // The launcher asks the coordinator to run and watches it and the
+  // supervisor (which watches the workers, restarts drafters and escalates
+  // the rest through the coordinator).  It reports to this thread by plain
+  // messages, so this thread can keep polling for signals.
   auto reply_to = caf::actor_cast<caf::actor>(self);
-  sys.spawn([reply_to, coordinator, p = std::move(peers)](caf::event_based_actor* me) mutable
+  sys.spawn([reply_to, coordinator, supervisor, p = std::move(peers)](caf::event_based_actor* me) mutable
               -> caf::behavior {
-    auto watch = [me](const auto& h) { me->monitor(h); };
-    for (auto& t : p.targets) watch(t);
-    for (auto& x : p.prefetch) watch(x);
-    watch(coordinator);  // no broken-promise error in CAF 0.17: a dead coordinator never answers
+    // No broken-promise error in CAF 0.17: a dead coordinator never answers.
+    me->monitor(coordinator);
+    me->monitor(supervisor);
     const auto coordinator_addr = caf::actor_cast<caf::actor_addr>(coordinator);
     me->set_down_handler([me, reply_to, coordinator_addr](caf::down_msg& m) {
       const bool coord = m.source == coordinator_addr;
       me->send(reply_to, make_error(errc::device_failure,
-                                    (coord ? "the coordinator" : "actor " + caf::to_string(m.source))
-                                      + " ended: " + me->system().render(m.reason)
-                                      + (coord ? "" : " (only drafters are restarted)")));
+                                    std::string(coord ? "the coordinator" : "the supervisor")
+                                      + " ended: " + me->system().render(m.reason)));
       me->quit();
     });
     me->request(coordinator, caf::infinite, run_atom::value, std::move(p))
@@ -251,7 +252,10 @@ int run_training(const run_options& ro) {
         }
       });
   }
-  // Shutdown order: producers first, then consumers, then bookkeeping.
+  // Shutdown order: the supervisor first (no restarts or escalations from
+  // here on; it shuts the drafters' current incarnations down), producers,
+  // then consumers, then bookkeeping.
+  self->send(supervisor, shutdown_atom::value);
   for (auto& p : all.prefetch)
     self->send(p, shutdown_atom::value);
   for (auto& t : all.targets)

@@ -1,0 +1,67 @@
+#pragma once
+/// Supervisor protocol (DESIGN.md §3).  The supervisor owns the drafters'
+/// incarnations and their restart budgets: it monitors every worker,
+/// restarts a failed drafter on its device from the restore point the
+/// coordinator names, and escalates what it does not restart.  Cooperative
+/// (cheap handlers: spawning a drafter only starts its thread).
+///
+///   coordinator                          supervisor                    workers
+///     | -- supervise(coordinator, peers) --> |  monitors every one  --> |
+///     |  a drafter died:                     |                          |
+///     | <------------- drafter_down(j, why) -|                          |
+///     |  a failure (death, non-finite loss, hang, missed heartbeat),    |
+///     |  after the coordinator's rollback:   |                          |
+///     | -- restart(j, why, from) ----------> |  kills j's incarnation   |
+///     | <------ restart_plan (n, backoff_s)  |  (if alive)              |
+///     |         or an error: budget spent    |                          |
+///     |                     after backoff_s: |  spawns j from `from` -> |
+///     | <------------- drafter_up(j, handle) |                          |
+///     |  a target, prefetch, checkpointer or metrics actor ended:       |
+///     | <-------------------- escalate(why) -|                          |
+///
+/// supervise_atom: once, from the coordinator when its run starts (so every
+///   later restart request comes after it: one sender, in order).
+/// restart_atom:   drafter j failed (`why`); restart it restored from
+///   checkpoint `from` ("" = fresh weights).  The answer counts the failure
+///   in j's window (supervision.window_s): the restart's number, the budget
+///   and the backoff before the new incarnation; past the budget, an error
+///   (errc::device_failure) naming j and every failure in the window, and no
+///   restart.  A death the supervisor reported is restarted only when the
+///   coordinator asks, so every failure is counted once.
+/// respawn_atom:   the supervisor's own backoff timer.
+/// shutdown_atom:  shuts the drafters' current incarnations down, then quits.
+
+#include <cstdint>
+#include <string>
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/coordinator.hpp"
+
+namespace tandem {
+
+using supervise_atom = caf::atom_constant<caf::atom("supervise")>;
+using restart_atom = caf::atom_constant<caf::atom("restart")>;
+using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
+
+/// The supervisor's answer to a restart request.
+struct restart_plan {
+  int64_t restart = 0;   ///< failures of this drafter within the window, this one included
+  int64_t budget = 0;    ///< supervision.restart_budget
+  double backoff_s = 0;  ///< delay before the new incarnation
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, restart_plan& x) {
+  return f(caf::meta::type_name("tandem.restart_plan"), x.restart, x.budget, x.backoff_s);
+}
+
+using supervisor_actor = caf::typed_actor<
+  caf::reacts_to<supervise_atom, coordinator_actor, coordinator_peers>,
+  caf::replies_to<restart_atom, int32_t, std::string, std::string>::with<restart_plan>,
+  caf::reacts_to<respawn_atom, int32_t, std::string>,
+  caf::reacts_to<shutdown_atom>>;
+
+} // namespace tandem

@@ -1,0 +1,247 @@
+// Supervisor protocol (messages/supervisor.hpp): the real supervisor of
+// actors/supervisor.cpp on CAF's deterministic scheduler, with a recording
+// coordinator (support.hpp) and idle drafter and worker stand-ins.  A drafter's death is
+// reported, not restarted; a restart request kills a live incarnation (whose
+// death is then not reported), waits its backoff on the deterministic
+// clock, spawns from the named checkpoint and announces the new incarnation;
+// the budget counts failures within window_s and refuses past it with a
+// report; the other workers' deaths are escalated; after shutdown nothing
+// happens.  (The coordinator's side, with this supervisor in the loop, is
+// coordinator_protocol_test.cpp.)
+#define CAF_SUITE supervisor_protocol
+
+#include <utility>
+
+#include "actors/runtime.hpp"
+#include "support.hpp"
+
+#include "dsl.hpp"
+
+using namespace tandem;
+using namespace tandem::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A drafter that only exists: the supervisor watches, kills and replaces it.
+drafter_actor::behavior_type idle_drafter(drafter_actor::pointer self) {
+  return {
+    [](work_item&) {},
+    [](group_id_atom) { return std::vector<uint8_t>{}; },
+    [](group_spec&) { return int64_t{0}; },
+    [](snapshot_atom) -> caf::result<snapshot_desc> {
+      return make_error(errc::unexpected_message, "idle drafter: no snapshots");
+    },
+    [](heartbeat_atom) { return int64_t{0}; },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+/// Ends `h` with `why` as its exit reason (what an exception in a real
+/// worker's handler does); caf::anon_send_exit takes only exit_reason codes.
+template <class Handle>
+void end_with(const Handle& h, caf::error why) {
+  auto ptr = caf::actor_cast<caf::strong_actor_ptr>(h);
+  ptr->enqueue(nullptr, caf::make_message_id(),
+               caf::make_message(caf::exit_msg{ptr->address(), std::move(why)}), nullptr);
+}
+
+struct fixture : test_coordinator_fixture<config> {
+  std::shared_ptr<coordinator_log> log = std::make_shared<coordinator_log>();
+  coordinator_actor coord = sys.spawn(recording_coordinator, log);
+  std::vector<std::pair<int32_t, std::string>> respawns;  ///< (index, checkpoint) asked of the spawner
+  supervisor_actor sup;
+  coordinator_peers peers;
+  std::vector<caf::actor> everyone;
+
+  fixture() {
+    sys.await_actors_before_shutdown(false);
+  }
+
+  ~fixture() override {
+    for (auto& a : everyone)
+      caf::anon_send_exit(a, caf::exit_reason::kill);
+    for (auto& [d, h] : log->up)
+      caf::anon_send_exit(h, caf::exit_reason::kill);
+    sched.run();
+  }
+
+  supervisor_options options(int64_t budget = 3, std::vector<double> backoff = {0.5},
+                             double window_s = 600) {
+    supervisor_options o;
+    o.restart_budget = budget;
+    o.backoff_s = std::move(backoff);
+    o.window_s = window_s;
+    o.respawn_drafter = [this](int32_t index, const std::string& from) {
+      respawns.emplace_back(index, from);
+      return drafter_actor{sys.spawn(idle_drafter)};
+    };
+    return o;
+  }
+
+  /// A supervisor watching `drafters` idle drafters and one idle stand-in
+  /// for every other worker.
+  void start(supervisor_options o, int drafters = 2) {
+    sup = spawn_supervisor(sys, std::move(o));
+    everyone.push_back(caf::actor_cast<caf::actor>(sup));
+    for (int d = 0; d < drafters; ++d) {
+      peers.drafters.push_back(sys.spawn(idle_drafter));
+      everyone.push_back(caf::actor_cast<caf::actor>(peers.drafters.back()));
+    }
+    auto sink = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
+    auto stand_in = [&]() {
+      auto a = sys.spawn(sink);
+      everyone.push_back(a);
+      return a;
+    };
+    peers.targets.push_back(caf::actor_cast<target_actor>(stand_in()));
+    peers.prefetch.push_back(caf::actor_cast<prefetch_actor>(stand_in()));
+    peers.checkpointer = caf::actor_cast<checkpointer_actor>(stand_in());
+    peers.metrics = caf::actor_cast<metrics_actor>(stand_in());
+    caf::anon_send(sup, supervise_atom::value, coord, peers);
+    sched.run();
+  }
+
+  std::shared_ptr<answer<restart_plan>> restart(int32_t d, std::string why, std::string from) {
+    auto a = ask<restart_plan>(sys, sup, restart_atom::value, d, std::move(why), std::move(from));
+    sched.run();
+    return a;
+  }
+};
+
+} // namespace
+
+CAF_TEST_FIXTURE_SCOPE(supervisor_protocol_tests, fixture)
+
+CAF_TEST(a drafter that dies is reported and restarted only when the coordinator asks) {
+  start(options());
+  auto gone = watch(sys, peers.drafters[1]);
+  end_with(peers.drafters[1], make_error(errc::device_failure, "CUDA error: boom"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(gone->reasons.size(), 1u);
+  CAF_REQUIRE_EQUAL(log->down.size(), 1u);
+  CAF_CHECK_EQUAL(log->down[0].first, 1);
+  CAF_CHECK(contains(log->down[0].second, "CUDA error: boom"));
+  advance_time(10s);
+  sched.run();
+  CAF_CHECK(respawns.empty());  // no restart without the coordinator's request
+  // The request: counted, answered with the plan, respawned after the backoff.
+  auto plan = restart(1, "drafter 1 died", "ckpt/step-4");
+  CAF_REQUIRE(plan->value.has_value());
+  CAF_CHECK_EQUAL(plan->value->restart, 1);
+  CAF_CHECK_EQUAL(plan->value->budget, 3);
+  CAF_CHECK_EQUAL(plan->value->backoff_s, 0.5);
+  advance_time(499ms);
+  sched.run();
+  CAF_CHECK(respawns.empty());
+  advance_time(1ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(respawns.size(), 1u);
+  CAF_CHECK_EQUAL(respawns[0].first, 1);
+  CAF_CHECK_EQUAL(respawns[0].second, "ckpt/step-4");
+  CAF_REQUIRE_EQUAL(log->up.size(), 1u);
+  CAF_CHECK_EQUAL(log->up[0].first, 1);
+  CAF_CHECK(log->up[0].second != peers.drafters[1]);
+  // The new incarnation is watched like the first.
+  end_with(log->up[0].second, make_error(errc::device_failure, "again"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->down.size(), 2u);
+  CAF_CHECK_EQUAL(log->down[1].first, 1);
+  CAF_CHECK(contains(log->down[1].second, "again"));
+  CAF_CHECK(log->escalated.empty());
+}
+
+CAF_TEST(a restart kills a live incarnation without reporting its death) {
+  start(options());
+  auto gone = watch(sys, peers.drafters[0]);
+  auto plan = restart(0, "drafter 0: non-finite loss at step 3", "");
+  CAF_REQUIRE(plan->value.has_value());
+  CAF_REQUIRE_EQUAL(gone->reasons.size(), 1u);
+  CAF_CHECK(gone->reasons[0] == caf::exit_reason::kill);
+  CAF_CHECK(log->down.empty());
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(respawns.size(), 1u);
+  CAF_CHECK_EQUAL(respawns[0].second, "");  // fresh weights
+  CAF_CHECK_EQUAL(log->up.size(), 1u);
+}
+
+CAF_TEST(past the budget a restart is refused with a report naming the drafter and its failures) {
+  start(options(1, {0.5}, 60));
+  auto first = restart(0, "drafter 0 hung: step 2", "ckpt/step-1");
+  CAF_REQUIRE(first->value.has_value());
+  auto second = restart(0, "drafter 0 died at step 2: boom", "ckpt/step-1");
+  CAF_REQUIRE(second->error.has_value());
+  CAF_CHECK(is(*second->error, errc::device_failure));
+  const auto text = sys.render(*second->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "drafter 0 failed 2 times within 60 s (restart budget 1)"));
+  CAF_CHECK(contains(text, "hung: step 2"));
+  CAF_CHECK(contains(text, "boom"));
+  advance_time(10s);
+  sched.run();
+  CAF_CHECK(respawns.empty());  // the first restart, still in its backoff, is cancelled
+  // Given up for good: a later request is refused too, and drafter 1 is unaffected.
+  auto third = restart(0, "again", "");
+  CAF_REQUIRE(third->error.has_value());
+  CAF_CHECK(contains(sys.render(*third->error), "past its restart budget"));
+  auto other = restart(1, "drafter 1 died", "");
+  CAF_CHECK(other->value.has_value());
+}
+
+CAF_TEST(failures older than window_s leave the budget) {
+  start(options(1, {0.5}, 60));
+  CAF_REQUIRE(restart(0, "first", "")->value.has_value());
+  advance_time(61s);
+  sched.run();
+  auto later = restart(0, "second", "");
+  CAF_REQUIRE(later->value.has_value());
+  CAF_CHECK_EQUAL(later->value->restart, 1);
+}
+
+CAF_TEST(backoff grows per restart and its last value repeats) {
+  start(options(5, {1, 2}), 1);
+  std::vector<double> waits;
+  for (int i = 0; i < 3; ++i) {
+    auto p = restart(0, "failure " + std::to_string(i), "");
+    CAF_REQUIRE(p->value.has_value());
+    waits.push_back(p->value->backoff_s);
+    advance_time(3s);
+    sched.run();
+  }
+  CAF_CHECK_EQUAL(waits, (std::vector<double>{1, 2, 2}));
+  CAF_CHECK_EQUAL(respawns.size(), 3u);
+}
+
+CAF_TEST(the death of a worker that is not restarted is escalated) {
+  start(options());
+  end_with(peers.targets[0], make_error(errc::device_failure, "out of memory"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->escalated.size(), 1u);
+  CAF_CHECK(contains(log->escalated[0], "target 0 ended"));
+  CAF_CHECK(contains(log->escalated[0], "out of memory"));
+  CAF_CHECK(contains(log->escalated[0], "only drafters are restarted"));
+  end_with(peers.checkpointer, make_error(errc::bad_input, "disk full"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->escalated.size(), 2u);
+  CAF_CHECK(contains(log->escalated[1], "the checkpointer ended"));
+  CAF_CHECK(log->down.empty());
+}
+
+CAF_TEST(after shutdown the drafters are shut down and nothing is restarted or reported) {
+  start(options());
+  auto kept = watch(sys, peers.drafters[1]);
+  CAF_REQUIRE(restart(0, "nan", "")->value.has_value());
+  caf::anon_send(sup, shutdown_atom::value);
+  sched.run();
+  CAF_REQUIRE_EQUAL(kept->reasons.size(), 1u);
+  CAF_CHECK(kept->reasons[0] == caf::exit_reason::normal);  // asked to shut down
+  advance_time(10s);
+  sched.run();
+  CAF_CHECK(respawns.empty());
+  CAF_CHECK(log->up.empty());
+  CAF_CHECK(log->down.empty());
+  CAF_CHECK(log->escalated.empty());
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()
