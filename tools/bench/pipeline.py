@@ -7,7 +7,7 @@ data-wait share (overall and per drafter).
     python tools/bench/pipeline.py --tandem build/bin/tandem [--work DIR] [--steps 60]
                                    [--target-device cuda:0[,cuda:1...]]
                                    [--drafter-device cuda:1[,cuda:2...]]
-                                   [--size 8b|tiny] [--keep]
+                                   [--size 8b|tiny] [--keep] [--timeout S]
 
 Several drafter devices make data-parallel drafters (one NCCL group, lockstep steps); the
 seed topology is --target-device cuda:0,cuda:1,cuda:2,cuda:3,cuda:4
@@ -22,11 +22,18 @@ It writes (into --work, default a temp folder, deleted unless --keep):
 then runs `tandem run run.toml` and reads its metrics.jsonl.  The data-wait share is
 Σ wait_ms / Σ (wait_ms + compute_ms) over the steps after the first `--skip` (default 5,
 the graph warm-up and capture).  Needs torch, numpy and safetensors.
+
+Progress goes to stderr while it runs (setup phases, every 10th step, failures, restarts,
+group formations, checkpoints).  `--timeout S` bounds the run; when it expires, or when
+this script gets SIGTERM/SIGINT (a `timeout` wrapper), `tandem run` is stopped and the
+JSON line still comes, from the steps so far, with "complete": false and "stopped" saying
+why (a partial line, not an error).
 """
 import argparse
 import hashlib
 import json
 import os
+import signal
 import shutil
 import statistics
 import subprocess
@@ -143,6 +150,90 @@ def make_data(out, vocab, samples, lo, hi):
         json.dump(manifest, f)
 
 
+def read_rows(path):
+    """metrics.jsonl so far (a line being written is skipped)."""
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    return rows
+
+
+def summarize(rows, a, targets, drafters, prep_s, run_s):
+    """The JSON line from metrics rows (complete or not)."""
+    all_steps = [x for x in rows if x.get("event") == "step"]
+    # Skip the first --skip optimizer steps (every drafter's report of them).
+    numbers = sorted({x["step"] for x in all_steps})
+    kept = set(numbers[a.skip:])
+    steps = [x for x in all_steps if x["step"] in kept]
+    if not steps:
+        return {"case": "pipeline", "error": "no steps after --skip", "rows": len(rows)}
+    wait = sum(x["wait_ms"] for x in steps)
+    compute = sum(x["compute_ms"] for x in steps)
+    span_s = steps[-1]["time_s"] - steps[0]["time_s"]
+    n = len(kept) - 1  # optimizer steps in the span (one report per drafter each)
+    first = min(kept)
+    batches = [x.get("batch") for x in steps]
+    tokens = sum(x.get("tokens", 0) for x in steps if x["step"] != first)
+    per_drafter = {}
+    for d in sorted({x.get("drafter", 0) for x in steps}):
+        mine = [x for x in steps if x.get("drafter", 0) == d]
+        w, c = sum(x["wait_ms"] for x in mine), sum(x["compute_ms"] for x in mine)
+        per_drafter[str(d)] = {"compute_ms_median": statistics.median(x["compute_ms"] for x in mine),
+                               "data_wait_share": w / (w + c) if w + c > 0 else None}
+    out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
+           "drafter_device": a.drafter_device, "targets": len(targets), "drafters": len(drafters),
+           "steps_measured": n, "per_drafter": per_drafter,
+           "failures": sum(1 for x in rows if x.get("event") == "drafter_failed"),
+           "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
+           "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
+           "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
+           "data_wait_share": wait / (wait + compute),
+           "steps_per_s": n / span_s if span_s > 0 else None,
+           "tokens_per_s": tokens / span_s if span_s > 0 else None,
+           "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
+           "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}
+    # Each failure: when it was detected, when training resumed (the first step
+    # report after it), steps lost and how the state was restored.
+    recoveries = []
+    for i, x in enumerate(rows):
+        if x.get("event") != "drafter_failed":
+            continue
+        after = [y for y in rows[i + 1:] if y.get("event") == "step"]
+        formed = [y for y in rows[i + 1:] if y.get("event") == "group_formed"]
+        recoveries.append({
+            "drafter": x.get("drafter"), "at_s": x.get("time_s"), "reason": x.get("reason", "")[:120],
+            "steps_lost": x.get("steps_lost"), "restore_from": x.get("restore_from", "checkpoint"),
+            "group_formed_after_s": formed[0]["time_s"] - x["time_s"] if formed else None,
+            "training_again_after_s": after[0]["time_s"] - x["time_s"] if after else None})
+    out["recoveries"] = recoveries
+    end = [x for x in rows if x.get("event") == "checkpoint"]
+    if end and span_s > 0:
+        # committed samples over the measured span (one row per step packs ~S/avg samples)
+        out["samples_per_s"] = end[-1].get("committed", 0) / (steps[-1]["time_s"] - rows[0].get("time_s", 0) + 1e-9)
+    return out
+
+
+def progress(rows, seen, total):
+    """One stderr line per new event worth seeing; returns the new count seen."""
+    for x in rows[seen:]:
+        ev = x.get("event")
+        if ev == "step" and (x.get("step", 0) % 10 == 0 or x.get("step") == total) and x.get("drafter", 0) == 0:
+            print(f"pipeline: step {x['step']}/{total} loss {x.get('loss', 0):.3f} "
+                  f"compute {x.get('compute_ms', 0):.1f} ms wait {x.get('wait_ms', 0):.2f} ms",
+                  file=sys.stderr, flush=True)
+        elif ev in ("drafter_failed", "drafter_restarted", "group_formed", "checkpoint",
+                    "budget_exhausted", "end"):
+            keep = {k: x[k] for k in ("drafter", "step", "reason", "restore_from", "steps_lost", "dir")
+                    if k in x}
+            print(f"pipeline: {ev} {json.dumps(keep)[:300]}", file=sys.stderr, flush=True)
+    return len(rows)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tandem", required=True)
@@ -157,14 +248,24 @@ def main():
                    help="passed to tandem run (drafter=N,kind=throw|nan|hang,at_step=K); the line "
                         "then reports each recovery")
     p.add_argument("--set", action="append", default=[], help="passed to tandem run (KEY=VALUE)")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds for `tandem run` (0: none); past it the line is partial")
     a = p.parse_args()
+    stop = {"why": None}
+
+    def on_signal(sig, _frame):
+        stop["why"] = f"signal {sig}"
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     s = SIZES[a.size]
     work = a.work or tempfile.mkdtemp(prefix="tandem_pipeline_")
     t0 = time.time()
     try:
         if not os.path.exists(os.path.join(work, "target", "config.json")):
             shutil.rmtree(os.path.join(work, "target"), ignore_errors=True)
-            gen_device = a.target_device if torch.cuda.is_available() else "cpu"
+            gen_device = a.target_device.split(",")[0] if torch.cuda.is_available() else "cpu"
+            print(f"pipeline: writing a random {a.size} target into {work}/target", file=sys.stderr, flush=True)
             make_target(os.path.join(work, "target"), s, gen_device)
         if not os.path.exists(os.path.join(work, "data", "manifest.json")):
             shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
@@ -208,64 +309,41 @@ output_dir = "out"
             cmd += ["--fault", f]
         for kv in a.set:
             cmd += ["--set", kv]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        if stop["why"]:
+            print(json.dumps({"case": "pipeline", "error": f"stopped during setup ({stop['why']})"}))
+            return 1
+        metrics = os.path.join(work, "out", "metrics.jsonl")
+        print(f"pipeline: setup {time.time() - t0:.0f} s; {' '.join(cmd)}", file=sys.stderr, flush=True)
+        stopped = None
+        seen = 0
+        with open(os.path.join(work, "tandem.stderr"), "w+") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            while proc.poll() is None:
+                time.sleep(1)
+                seen = progress(read_rows(metrics), seen, a.steps)
+                if a.timeout and time.time() - t1 > a.timeout:
+                    stop["why"] = f"--timeout {a.timeout:g} s"
+                if stop["why"]:
+                    stopped = stop["why"]
+                    print(f"pipeline: stopping tandem run ({stopped})", file=sys.stderr, flush=True)
+                    proc.kill()  # a SIGTERM would write a checkpoint first (minutes at 8b)
+                    proc.wait()
+                    break
+            progress(read_rows(metrics), seen, a.steps)
+            err.seek(0)
+            stderr_tail = err.read()[-2000:]
         run_s = time.time() - t1
-        if r.returncode != 0:
-            print(json.dumps({"case": "pipeline", "error": f"tandem run exited {r.returncode}",
-                              "stderr_tail": r.stderr[-2000:]}))
+        if proc.returncode != 0 and not stopped:
+            print(json.dumps({"case": "pipeline", "error": f"tandem run exited {proc.returncode}",
+                              "stderr_tail": stderr_tail}))
             return 1
-        rows = [json.loads(l) for l in open(os.path.join(work, "out", "metrics.jsonl"))]
-        all_steps = [x for x in rows if x.get("event") == "step"]
-        # Skip the first --skip optimizer steps (every drafter's report of them).
-        numbers = sorted({x["step"] for x in all_steps})
-        kept = set(numbers[a.skip:])
-        steps = [x for x in all_steps if x["step"] in kept]
-        if not steps:
-            print(json.dumps({"case": "pipeline", "error": "no steps after --skip"}))
+        rows = read_rows(metrics)
+        out = summarize(rows, a, targets, drafters, prep_s, run_s)
+        if stopped:
+            out.update(complete=False, stopped=stopped)
+        if "error" in out:
+            print(json.dumps(out))
             return 1
-        wait = sum(x["wait_ms"] for x in steps)
-        compute = sum(x["compute_ms"] for x in steps)
-        span_s = steps[-1]["time_s"] - steps[0]["time_s"]
-        n = len(kept) - 1  # optimizer steps in the span (one report per drafter each)
-        first = min(kept)
-        batches = [x.get("batch") for x in steps]
-        tokens = sum(x.get("tokens", 0) for x in steps if x["step"] != first)
-        per_drafter = {}
-        for d in sorted({x.get("drafter", 0) for x in steps}):
-            mine = [x for x in steps if x.get("drafter", 0) == d]
-            w, c = sum(x["wait_ms"] for x in mine), sum(x["compute_ms"] for x in mine)
-            per_drafter[str(d)] = {"compute_ms_median": statistics.median(x["compute_ms"] for x in mine),
-                                   "data_wait_share": w / (w + c) if w + c > 0 else None}
-        out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
-               "drafter_device": a.drafter_device, "targets": len(targets), "drafters": len(drafters),
-               "steps_measured": n, "per_drafter": per_drafter,
-               "failures": sum(1 for x in rows if x.get("event") == "drafter_failed"),
-               "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
-               "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
-               "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
-               "data_wait_share": wait / (wait + compute),
-               "steps_per_s": n / span_s if span_s > 0 else None,
-               "tokens_per_s": tokens / span_s if span_s > 0 else None,
-               "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
-               "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}
-        # Each failure: when it was detected, when training resumed (the first step
-        # report after it), steps lost and how the state was restored.
-        recoveries = []
-        for i, x in enumerate(rows):
-            if x.get("event") != "drafter_failed":
-                continue
-            after = [y for y in rows[i + 1:] if y.get("event") == "step"]
-            formed = [y for y in rows[i + 1:] if y.get("event") == "group_formed"]
-            recoveries.append({
-                "drafter": x.get("drafter"), "at_s": x.get("time_s"), "reason": x.get("reason", "")[:120],
-                "steps_lost": x.get("steps_lost"), "restore_from": x.get("restore_from", "checkpoint"),
-                "group_formed_after_s": formed[0]["time_s"] - x["time_s"] if formed else None,
-                "training_again_after_s": after[0]["time_s"] - x["time_s"] if after else None})
-        out["recoveries"] = recoveries
-        end = [x for x in rows if x.get("event") == "checkpoint"]
-        if end and span_s > 0:
-            # committed samples over the measured span (one row per step packs ~S/avg samples)
-            out["samples_per_s"] = end[-1].get("committed", 0) / (steps[-1]["time_s"] - rows[0].get("time_s", 0) + 1e-9)
         print(json.dumps(out))
         return 0
     finally:

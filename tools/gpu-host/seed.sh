@@ -16,7 +16,10 @@ case $gpus in
   *) echo "seed.sh: needs at least 2 GPUs, this host has $gpus"; exit 0 ;;
 esac
 steps=${SEED_STEPS:-80}
+# The run stops after SEED_TIMEOUT s (default 480) with a partial line rather than
+# none: at 8b the setup, the checkpoints (12.6 GB each) and the restart take minutes.
 timeout 560 $TANDEM_PYTHON tools/bench/pipeline.py --tandem build/bin/tandem --size 8b \
+  --timeout ${SEED_TIMEOUT:-480} \
   --target-device $t --drafter-device $d --steps $steps --work /tmp/seed \
   --fault drafter=1,kind=throw,at_step=$((steps / 2)) --set checkpoint.every_steps=20 \
   --set runtime.group_timeout_s=20 2>>$OUT/seed.err | tee -a $OUT/seed.jsonl
