@@ -218,6 +218,9 @@ void checkpoint(self_ptr self, std::function<void()> then) {
               s.after_checkpoint.clear();
               for (auto& f : todo)
                 f();
+              // A stop that came while this checkpoint was written waited
+              // for it (an epoch end's continuation does not look again).
+              try_complete(self);
             },
             [self](const caf::error& err) { fail(self, err); });
       },

@@ -560,6 +560,33 @@ CAF_TEST(stop waits for the step in progress then checkpoints and answers) {
   check_handles_released();
 }
 
+CAF_TEST(a stop that arrives while an epoch-end checkpoint is being written ends the run) {
+  // The epoch's last step is trained and its checkpoint is being written
+  // when SIGTERM comes: the stop waits for that checkpoint, which already
+  // holds every step, then answers (it hung before: nothing looked again
+  // once the checkpoint was done).
+  setup s;
+  s.opts.epochs = 3;
+  w->hold_writes = true;
+  start(s);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->steps.size(), 6u);  // epoch 0 trained, its checkpoint held
+  CAF_CHECK(w->events_named("checkpoint").empty());
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  CAF_CHECK(!w->summary);
+  self->send(checkpointer, go_atom::value);  // the write completes now
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-6");
+  CAF_CHECK_EQUAL(w->written.size(), 1u);  // nothing new to write after it
+  CAF_CHECK_EQUAL(w->steps.size(), 6u);
+  check_handles_released();
+}
+
 CAF_TEST(batches still at a target when a run stops are released when they come back) {
   setup s;
   start(s);
