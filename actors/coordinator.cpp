@@ -49,6 +49,7 @@ struct coordinator_state {
   bool stopping = false;
   bool stop_requested = false;          ///< a stop that came before the run request
   run_summary summary;
+  std::string escalated;                ///< a worker that is not restarted ended: why ("" = none)
   bool have_first_loss = false;
   // Failures.
   std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
@@ -241,6 +242,16 @@ void deliver(self_ptr self) {
   s.summary.samples_committed = s.ledger->state_counts().committed;
   event(self, {{"event", "end"}, {"reason", s.summary.stop_reason}, {"steps", s.step},
                {"checkpoint", s.summary.checkpoint}});
+  if (!s.escalated.empty()) {
+    // The run stopped for a worker it cannot replace; its training is safe.
+    s.promise.deliver(make_error(
+      errc::device_failure,
+      s.escalated + "; the run stopped after step " + std::to_string(s.step)
+        + (s.summary.checkpoint.empty() ? std::string(" with no checkpoint")
+                                        : ", checkpoint " + s.summary.checkpoint
+                                            + " holds it (tandem run --resume continues)")));
+    return;
+  }
   s.promise.deliver(s.summary);
 }
 
@@ -920,7 +931,17 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         on_drafter_up(self, d, std::move(fresh));
       },
       [self](escalate_atom, const std::string& why) {
-        fail(self, make_error(errc::device_failure, why));
+        // Stop as for a signal (the steps in progress finish: their features
+        // stay valid until released), write a checkpoint, then answer the
+        // run request with the error: nothing trained is lost.
+        auto& s = self->state;
+        if (!s.running)
+          return;
+        event(self, {{"event", "escalated"}, {"reason", why}, {"step", s.step}});
+        if (s.stopping)
+          return;  // already ending (a signal, the last epoch): it ends as it would
+        s.escalated = why;
+        finish(self, "escalated");
       },
       [self](tick_atom) {
         auto& s = self->state;

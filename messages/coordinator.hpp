@@ -34,8 +34,11 @@
 /// pending in the ledger and its samples are re-issued; targets keep
 /// running — and the supervisor is asked to restart it from that point;
 /// its new incarnation arrives as drafter_up.  When the supervisor refuses
-/// (the restart budget is spent), or escalates the death of a worker it does
-/// not restart, the run request is answered with that error.
+/// (the restart budget is spent) the run request is answered with that error.
+/// When it escalates the death of a worker it does not restart (a target,
+/// prefetch, checkpointer or metrics actor), the run stops as for a signal —
+/// steps in progress finish, a checkpoint is written — and then the run
+/// request is answered with an error naming the worker and the checkpoint.
 /// The other messages come from the actors named above, asynchronously.
 
 #include <cstdint>

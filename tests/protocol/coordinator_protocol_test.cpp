@@ -587,6 +587,38 @@ CAF_TEST(a stop that arrives while an epoch-end checkpoint is being written ends
   check_handles_released();
 }
 
+CAF_TEST(a target that dies stops the run with a checkpoint and then an error naming it) {
+  // The supervisor escalates (targets are not restarted); the step in
+  // progress finishes, its weights are written, and only then does the run
+  // request get the error: nothing trained is lost.
+  setup s;
+  w->script = {act::ok, act::ok, act::hang};
+  start(s);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->steps.size(), 2u);  // the third item hangs at the drafter
+  caf::anon_send_exit(targets[0], caf::exit_reason::kill);
+  sched.run();
+  CAF_CHECK_EQUAL(w->events_named("escalated").size(), 1u);
+  CAF_CHECK(!w->error);  // waiting for the step in progress
+  self->send(drafter(), go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(!w->summary);
+  CAF_CHECK(is(*w->error, errc::device_failure));
+  const auto text = sys.render(*w->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "target 0 ended"));
+  CAF_CHECK(contains(text, "only drafters are restarted"));
+  CAF_CHECK(contains(text, "stopped after step 3, checkpoint ckpt/step-3"));
+  CAF_CHECK(contains(text, "--resume"));
+  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
+  CAF_CHECK_EQUAL(w->written[0].step, 3);
+  auto end = w->events_named("end");
+  CAF_REQUIRE_EQUAL(end.size(), 1u);
+  CAF_CHECK_EQUAL(end[0]["reason"], "escalated");
+  CAF_CHECK_EQUAL(w->respawns.size(), 0u);
+}
+
 CAF_TEST(batches still at a target when a run stops are released when they come back) {
   setup s;
   start(s);
