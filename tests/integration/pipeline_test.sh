@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# tools/bench/pipeline.py (the end-to-end benchmark that reports the seed
+# topology, issue 7) at --size tiny on the CPU: a complete run gives a full
+# JSON line; --timeout gives a partial one ("complete": false) with the steps
+# so far; an injected throw appears in "recoveries".  Prints "N passed, M failed".
+set -uo pipefail
+tandem="$1"
+python="${2:-python3}"
+src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+check() {  # check NAME PYTHON-EXPRESSION-ON-j
+  if "$python" -c "import json,sys; j=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(0 if ($2) else 1)" "$3"; then
+    passed=$((passed+1)); echo "ok: $1"
+  else
+    failed=$((failed+1)); echo "FAIL: $1"; cat "$3"; tail -n 20 "$3.err"
+  fi
+}
+pipe() {  # pipe OUT ARGS...
+  local out="$1"; shift
+  "$python" "$src/tools/bench/pipeline.py" --tandem "$tandem" --size tiny --target-device cpu \
+    --drafter-device cpu --work "$work/w" "$@" > "$out" 2> "$out.err"
+}
+
+pipe "$work/full.json" --steps 14
+check "a complete run: 14 steps, 8 measured after the 5 skipped, data wait reported" \
+  'j.get("steps_measured") == 8 and 0 <= j["data_wait_share"] < 1 and "complete" not in j and j["failures"] == 0' "$work/full.json"
+grep -q "pipeline: step 10/14" "$work/full.json.err" && { passed=$((passed+1)); echo "ok: progress on stderr"; } \
+  || { failed=$((failed+1)); echo "FAIL: no progress line"; cat "$work/full.json.err"; }
+
+pipe "$work/cut.json" --steps 100000 --timeout 4
+check "--timeout: a partial line from the steps so far" \
+  'j.get("complete") is False and "timeout" in j.get("stopped", "") and j["steps_measured"] >= 1' "$work/cut.json"
+
+pipe "$work/fault.json" --steps 16 --fault drafter=0,kind=throw,at_step=8
+check "an injected throw: one failure, restarted, training again" \
+  'j["failures"] == 1 and len(j["recoveries"]) == 1 and j["recoveries"][0]["training_again_after_s"] is not None' "$work/fault.json"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
