@@ -41,18 +41,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int cuda_devices() {
-  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-}
-
-#define TANDEM_REQUIRE_TWO_GPUS_AND_NCCL()                                                    \
-  do {                                                                                        \
-    if (cuda_devices() < 2)                                                                   \
-      GTEST_SKIP() << "SKIPPED: needs 2 CUDA devices, this host has " << cuda_devices();      \
-    if (!nccl::available())                                                                   \
-      GTEST_SKIP() << "SKIPPED: built without NCCL";                                          \
-  } while (0)
-
 drafter_engine_options options(int device, bool graphs, uint64_t seed) {
   drafter_engine_options o;
   o.target_dir = tiny_target_dir();
@@ -168,13 +156,15 @@ void expect_replicas(const std::vector<rank_record>& rec, int steps) {
 } // namespace
 
 TEST(data_parallel, captured_steps_keep_two_drafters_bit_identical) {
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const int steps = 20;
   expect_replicas(train_two_ranks(/*graphs=*/true, steps), steps);
 }
 
 TEST(data_parallel, eager_steps_keep_two_drafters_bit_identical) {
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const int steps = 20;
   expect_replicas(train_two_ranks(/*graphs=*/false, steps), steps);
 }

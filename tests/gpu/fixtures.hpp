@@ -22,6 +22,7 @@
 
 #include "gpu/engine/batch.hpp"
 #include "gpu/error.hpp"
+#include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
 #include "messages/errors.hpp"
 #include "tests/unit/expect_error.hpp"
@@ -51,6 +52,11 @@ inline data::packed_batch phrase_batch(int64_t rows, int64_t seq, uint64_t seed)
 
 inline bool have_cuda() {
   return torch::cuda::is_available();
+}
+
+/// CUDA devices this process sees (0 without a GPU).
+inline int cuda_devices() {
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 }
 
 /// A private CPU generator (never the process-wide one: DESIGN.md §4).
@@ -123,3 +129,18 @@ inline void on_ranks(const char* who, int world, const std::function<void(int)>&
 }
 
 } // namespace tandem::gpu::test
+
+/// In a TEST body: SKIPPED (never passed) on a host with fewer than n GPUs.
+#define TANDEM_REQUIRE_GPUS(n)                                                               \
+  do {                                                                                       \
+    if (tandem::gpu::test::cuda_devices() < (n))                                             \
+      GTEST_SKIP() << "SKIPPED: needs " << (n) << " CUDA device(s), this host has "          \
+                   << tandem::gpu::test::cuda_devices();                                     \
+  } while (0)
+
+/// In a TEST body: SKIPPED in a build without NCCL.
+#define TANDEM_REQUIRE_NCCL()                                                                \
+  do {                                                                                       \
+    if (!tandem::gpu::nccl::available())                                                     \
+      GTEST_SKIP() << "SKIPPED: built without NCCL";                                         \
+  } while (0)

@@ -289,23 +289,6 @@ TEST(peer_cpu, copies_reject_cpu_tensors_clearly) {
 
 namespace {
 
-int cuda_devices() {
-  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-}
-
-#define TANDEM_REQUIRE_GPUS(n)                                                               \
-  do {                                                                                       \
-    if (cuda_devices() < (n))                                                                \
-      GTEST_SKIP() << "SKIPPED: needs " << (n) << " CUDA device(s), this host has "          \
-                   << cuda_devices();                                                        \
-  } while (0)
-
-#define TANDEM_REQUIRE_NCCL()                                                                \
-  do {                                                                                       \
-    if (!nccl::available())                                                                  \
-      GTEST_SKIP() << "SKIPPED: built without NCCL";                                         \
-  } while (0)
-
 at::Device cuda(int i) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i));
 }

@@ -163,18 +163,6 @@ TEST(transport_nccl_cpu, checks_name_what_differs) {
 
 namespace {
 
-int cuda_devices() {
-  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-}
-
-#define TANDEM_REQUIRE_TWO_GPUS_AND_NCCL()                                                    \
-  do {                                                                                        \
-    if (cuda_devices() < 2)                                                                   \
-      GTEST_SKIP() << "SKIPPED: needs 2 CUDA devices, this host has " << cuda_devices();      \
-    if (!nccl::available())                                                                   \
-      GTEST_SKIP() << "SKIPPED: built without NCCL";                                          \
-  } while (0)
-
 at::Device cuda(int i) {
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i));
 }
@@ -235,7 +223,8 @@ void send_once(nccl::communicator& comm, const std::vector<at::Tensor>& vals,
 } // namespace
 
 TEST(transport_nccl, payload_moves_bitwise_and_producer_reuses_buffers_after_send_event) {
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const payload_shape p;  // taps 4 × 512 × 3072 bf16: 12 MiB, more than NCCL buffers in flight
   const auto specs = specs_for(p);
   constexpr int rounds = 5;
@@ -329,7 +318,8 @@ TEST(transport_nccl, payload_moves_bitwise_and_producer_reuses_buffers_after_sen
 }
 
 TEST(transport_nccl, mismatches_fail_with_bad_input_before_any_nccl_call) {
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const payload_shape p{2, 64, 32};
   const auto specs = specs_for(p);
   const auto id = nccl::new_unique_id();
@@ -433,7 +423,8 @@ TEST(transport_nccl, peer_that_stops_sending_times_out_and_both_ranks_abort) {
   // One good transfer first (the pair is connected, as mid-run), then the
   // producer goes silent: the consumer's receive is enqueued and never
   // completes, and the deadline ends it.
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const payload_shape p{2, 64, 32};
   const auto specs = specs_for(p);
   const auto id = nccl::new_unique_id();
@@ -483,7 +474,8 @@ TEST(transport_nccl, peer_that_stops_sending_times_out_and_both_ranks_abort) {
 TEST(transport_nccl, consumer_that_never_pulls_times_the_send_out) {
   // The consumer never takes part at all (NCCL never connects the pair):
   // the send cannot even be enqueued, and the deadline ends it.
-  TANDEM_REQUIRE_TWO_GPUS_AND_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
   const payload_shape p;  // 12 MiB of taps: the send cannot finish without a recv
   const auto specs = specs_for(p);
   const auto id = nccl::new_unique_id();
