@@ -150,17 +150,24 @@ def make_data(out, vocab, samples, lo, hi):
         json.dump(manifest, f)
 
 
-def read_rows(path):
-    """metrics.jsonl so far (a line being written is skipped)."""
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-    return rows
+class metrics_reader:
+    """metrics.jsonl as it grows: each read() appends the lines completed since the last one
+    to .rows (a line still being written waits for the next read)."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.rows = path, 0, []
+
+    def read(self):
+        if not os.path.exists(self.path):
+            return self.rows
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        done = chunk.rfind(b"\n") + 1
+        for line in chunk[:done].splitlines():
+            self.rows.append(json.loads(line))
+        self.offset += done
+        return self.rows
 
 
 def summarize(rows, a, targets, drafters, prep_s, run_s):
@@ -312,7 +319,7 @@ output_dir = "out"
         if stop["why"]:
             print(json.dumps({"case": "pipeline", "error": f"stopped during setup ({stop['why']})"}))
             return 1
-        metrics = os.path.join(work, "out", "metrics.jsonl")
+        metrics = metrics_reader(os.path.join(work, "out", "metrics.jsonl"))
         print(f"pipeline: setup {time.time() - t0:.0f} s; {' '.join(cmd)}", file=sys.stderr, flush=True)
         stopped = None
         seen = 0
@@ -320,7 +327,7 @@ output_dir = "out"
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
             while proc.poll() is None:
                 time.sleep(1)
-                seen = progress(read_rows(metrics), seen, a.steps)
+                seen = progress(metrics.read(), seen, a.steps)
                 if a.timeout and time.time() - t1 > a.timeout:
                     stop["why"] = f"--timeout {a.timeout:g} s"
                 if stop["why"]:
@@ -329,7 +336,7 @@ output_dir = "out"
                     proc.kill()  # a SIGTERM would write a checkpoint first (minutes at 8b)
                     proc.wait()
                     break
-            progress(read_rows(metrics), seen, a.steps)
+            progress(metrics.read(), seen, a.steps)
             err.seek(0)
             stderr_tail = err.read()[-2000:]
         run_s = time.time() - t1
@@ -337,7 +344,7 @@ output_dir = "out"
             print(json.dumps({"case": "pipeline", "error": f"tandem run exited {proc.returncode}",
                               "stderr_tail": stderr_tail}))
             return 1
-        rows = read_rows(metrics)
+        rows = metrics.read()
         out = summarize(rows, a, targets, drafters, prep_s, run_s)
         if stopped:
             out.update(complete=False, stopped=stopped)
