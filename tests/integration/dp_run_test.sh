@@ -20,24 +20,13 @@ if [[ "${gpus:-0}" -lt 2 ]]; then
   echo "SKIPPED: data-parallel drafters need 2 GPUs, this host has ${gpus:-0}"
   exit 0
 fi
-work=$(mktemp -d); [[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$work"' EXIT; echo "work: $work"
-fail() { echo "FAIL: $*"; exit 1; }
-passed=0; failed=0
-check() { if "$@"; then passed=$((passed+1)); else failed=$((failed+1)); echo "FAILED: $*"; fi; }
-
-"$python" "$here/make_run_dataset.py" "$work/data"
-sed "s|@TARGET@|$fixtures/qwen3_tiny|" "$here/run_test.toml" > "$work/run.toml"
+source "$here/run_lib.sh"
 run() {
   local out=$1; shift
   "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" --set placement.targets=cuda:0 \
     --set placement.drafters=cuda:0,cuda:1 --set checkpoint.every_steps=5 "$@"
 }
-summary() { "$python" "$here/run_summary.py" "$1"; }
-field() { "$python" -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 count() { grep -c "\"event\":\"$2\"" "$1" || true; }
-both_epochs_exact() {
-  "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64}, s" "$1"
-}
 
 # 1. Two epochs, two drafters.
 run plain > "$work/plain.log" 2>&1 || { tail -n 40 "$work/plain.log"; fail "plain run"; }

@@ -12,23 +12,12 @@
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work=$(mktemp -d); [[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$work"' EXIT; echo "work: $work"
-fail() { echo "FAIL: $*"; exit 1; }
-passed=0; failed=0
-check() { if "$@"; then passed=$((passed+1)); else failed=$((failed+1)); echo "FAILED: $*"; fi; }
-
-"$python" "$here/make_run_dataset.py" "$work/data"
-sed "s|@TARGET@|$fixtures/qwen3_tiny|" "$here/run_test.toml" > "$work/run.toml"
+source "$here/run_lib.sh"
 
 # TANDEM_RUN_EXTRA: more arguments for every run, e.g. a GPU placement
 # ("--set placement.targets=cuda:0 --set placement.drafters=cuda:0").
 read -r -a extra <<< "${TANDEM_RUN_EXTRA:-}"
 run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" "${extra[@]}" "$@"; }
-summary() { "$python" "$here/run_summary.py" "$1"; }
-field() { "$python" -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
-both_epochs_exact() {
-  "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64}, s" "$1"
-}
 
 # 1. Two epochs.
 run plain > "$work/plain.log" 2>&1 || { cat "$work/plain.log"; fail "plain run"; }
