@@ -56,7 +56,7 @@ struct coordinator_state {
   std::set<int64_t> abandoned;                   ///< rolled back while at a target
   std::vector<caf::actor_addr> drafter_addr;     ///< the live incarnation of each drafter
   // Times are the actor clock's (self->clock().now()), the clock that also fires the
-  // watchdog tick and the restart backoff: steady_clock in production, the
+  // watchdog tick and the heartbeats: steady_clock in production, the
   // deterministic clock in protocol tests.
   std::vector<caf::actor_clock::time_point> dispatched;  ///< when its step started
   std::vector<bool> down;                        ///< waiting for its restart
