@@ -17,6 +17,7 @@
 // k = 16, which chains QKᵀ into PV without a round trip through memory.
 
 #include "gpu/kernels/dflash_attention.hpp"
+#include "gpu/kernels/wgmma.cuh"
 
 #include <algorithm>
 #include <climits>
@@ -345,9 +346,118 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], uint32
   mma_c_m<Masked, T, D>(o, s, vb, off, vlo, vhi);
 }
 
+/// The context part of the forward with wgmma (sm_90a, d = 128, G a multiple
+/// of 4): each warpgroup is 4 heads of one block (warp w = head rows 16w..,
+/// so the warp's Q fragments are the A operand as loaded), over 64-key tiles
+/// of the CTA's union (double-buffered): S = Q·Kᵀ, the online softmax as in
+/// fwd_tile, O += P·V.  The warp's o fragments are the accumulator's.
+template <typename T, int W>
+__device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, const query_tile& qt,
+                                           int b, int kvh, uint16_t* smem_raw,
+                                           const uint32_t (&qf)[8][4], float sl2,
+                                           float (&o)[16][4], float& m0, float& m1, float& l0,
+                                           float& l1) {
+#if defined(TANDEM_HAS_WGMMA)
+  constexpr int D = 128, BN = 64, TILE = BN * D * 2;
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  using E = elem<T>;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
+  const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
+  const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
+  const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+  const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+  auto load = [&](int start, int buf) {
+    for (int i = tid; i < BN * (D / 8); i += W * 32) {
+      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const bool ok = start + r < qt.u_hi;
+      const int64_t row = ok ? start + r : 0;
+      const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
+      cp_async16(dst, kc + row * a.k_ctx.token + c, ok);
+      cp_async16(dst + TILE, vc + row * a.v_ctx.token + c, ok);
+    }
+    cp_async_commit();
+  };
+  float (&acc)[64] = reinterpret_cast<float (&)[64]>(o);
+  if (tiles > 0)
+    load(qt.u_lo, 0);
+  for (int t = 0; t < tiles; ++t) {
+    const int start = qt.u_lo + t * BN;
+    if (t + 1 < tiles) {
+      load(start + BN, (t + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    wg::fence_proxy_async();
+    __syncthreads();
+    const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+    if (qt.live && vlo < vhi) {  // warpgroup-uniform: one block
+      const uint32_t kb = base + (t & 1) * 2 * TILE, vb = kb + TILE;
+      float s[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wg::mma_rs_n64<bf>(s, qf[ks], wg::desc_k(kb, BN, ks), ks);
+      wg::commit();
+      wg::wait<0>();
+      const bool full = vlo == 0 && vhi == BN;
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (!full) {
+            const int key = 8 * i + 2 * t4 + e;
+            const bool ok = key >= vlo && key < vhi;
+            s[4 * i + e] = ok ? s[4 * i + e] : -INFINITY;
+            s[4 * i + 2 + e] = ok ? s[4 * i + 2 + e] : -INFINITY;
+          }
+          mx0 = fmaxf(mx0, s[4 * i + e]);
+          mx1 = fmaxf(mx1, s[4 * i + 2 + e]);
+        }
+      const float mn0 = fmaxf(m0, quad_max(mx0) * sl2), mn1 = fmaxf(m1, quad_max(mx1) * sl2);
+      const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
+      m0 = mn0;
+      m1 = mn1;
+      float rs0 = 0, rs1 = 0;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) {
+        s[4 * i + 0] = exp2_approx(fmaf(s[4 * i + 0], sl2, -mn0));
+        s[4 * i + 1] = exp2_approx(fmaf(s[4 * i + 1], sl2, -mn0));
+        s[4 * i + 2] = exp2_approx(fmaf(s[4 * i + 2], sl2, -mn1));
+        s[4 * i + 3] = exp2_approx(fmaf(s[4 * i + 3], sl2, -mn1));
+        rs0 += s[4 * i + 0] + s[4 * i + 1];
+        rs1 += s[4 * i + 2] + s[4 * i + 3];
+      }
+      l0 = l0 * al0 + rs0;
+      l1 = l1 * al1 + rs1;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        acc[4 * i + 0] *= al0; acc[4 * i + 1] *= al0;
+        acc[4 * i + 2] *= al1; acc[4 * i + 3] *= al1;
+      }
+      uint32_t pa[BN / 16][4];
+#pragma unroll
+      for (int kq = 0; kq < BN / 16; ++kq)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          pa[kq][x] = E::pack(s[8 * kq + 2 * x], s[8 * kq + 2 * x + 1]);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < BN / 16; ++kq)
+        wg::mma_rs_n128_tb<bf>(acc, pa[kq], wg::desc_n(vb, BN, kq), 1);
+      wg::commit();
+      wg::wait<0>();
+    }
+    __syncthreads();
+  }
+#endif  // fwd_kernel keeps the mma.sync loop where wgmma is not compiled
+}
+
 /// 12 / W blocks an SM: 3 of 4 warps fit 168 registers a thread (a few
 /// bytes spill); uncapped (180+ registers, 2 blocks) measured no faster.
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int BN, bool Wg>
 __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attention_fwd_args a) {
   constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
   using E = elem<T>;
@@ -407,6 +517,9 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
   __syncthreads();  // slots are free: the context pipeline reuses them
 
   // Context: the union of the CTA's ranges, BN keys a tile, double-buffered.
+  if constexpr (Wg && D == 128 && wg::compiled) {
+    fwd_ctx_wg<T, W>(a, qt, b, kvh, smem, qf, sl2, o, m0, m1, l0, l1);
+  } else {
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
@@ -434,6 +547,7 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
         fwd_tile<true, T, D, BN>(qf, kb, vb, off, t4, vlo, vhi, sl2, o, m0, m1, l0, l1);
     }
     __syncthreads();
+  }
   }
 
   if (qt.j >= sh.blocks)
@@ -504,7 +618,9 @@ __host__ __device__ constexpr int dq_region_bytes(int d, int warps, int bn, int 
   const int rows = 4 * bn > 32 * warps ? 4 * bn : 32 * warps;
   const int tiles = 2 * (d + 8) * rows;
   const int sums = (warps / group) * 2 * 16 * d * 4;
-  return tiles > sums ? tiles : sums;
+  const int wg_tiles = d == 128 ? 1024 + 4 * 64 * 128 * 2 : 0;  // dq_ctx_wg's pipeline
+  const int most = tiles > sums ? tiles : sums;
+  return most > wg_tiles ? most : wg_tiles;
 }
 
 __host__ __device__ constexpr int dq_smem_bytes(int d, int warps, int bn, int group) {
@@ -545,9 +661,106 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
   mma_c_m<Masked, T, D>(dq, s, kb, off, vlo, vhi);
 }
 
+/// wgmma in the backward roles, bits: 1 key-major, 2 query-major context
+/// (d = 128, W = 8, G a multiple of 4, sm_90a).
+enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3 };
+
+/// The context part of the query-major backward with wgmma (sm_90a, d = 128,
+/// G a multiple of 4, 8 warps): each warpgroup is 4 heads of one block (64
+/// query rows, warp w = head rows 16w.., so its Q and dO fragments are the
+/// A operands as loaded), over 64-key tiles of the CTA's union in shared
+/// memory (double-buffered): S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − delta),
+/// dQ += dS·K (unscaled).  The warp's dq fragments are the accumulator's.
+template <typename T, int W>
+__device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, const query_tile& qt,
+                                          int b, int kvh, uint16_t* smem_raw,
+                                          const uint32_t (&qf)[8][4], const uint32_t (&dof)[8][4],
+                                          float lse0, float lse1, float dl0, float dl1, float sl2,
+                                          float (&dq)[16][4]) {
+#if defined(TANDEM_HAS_WGMMA)
+  constexpr int D = 128, BN = 64, TILE = BN * D * 2;
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  using E = elem<T>;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
+  const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
+  const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
+  const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+  const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+  auto load = [&](int start, int buf) {
+    for (int i = tid; i < BN * (D / 8); i += W * 32) {
+      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const bool ok = start + r < qt.u_hi;
+      const int64_t row = ok ? start + r : 0;
+      const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
+      cp_async16(dst, kc + row * a.k_ctx.token + c, ok);
+      cp_async16(dst + TILE, vc + row * a.v_ctx.token + c, ok);
+    }
+    cp_async_commit();
+  };
+  float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
+  if (tiles > 0)
+    load(qt.u_lo, 0);
+  for (int t = 0; t < tiles; ++t) {
+    const int start = qt.u_lo + t * BN;
+    if (t + 1 < tiles) {
+      load(start + BN, (t + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    wg::fence_proxy_async();
+    __syncthreads();
+    const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+    if (qt.live && vlo < vhi) {  // warpgroup-uniform: one block
+      const uint32_t kb = base + (t & 1) * 2 * TILE, vb = kb + TILE;
+      float s[32], dp[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wg::mma_rs_n64<bf>(s, qf[ks], wg::desc_k(kb, BN, ks), ks);
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wg::mma_rs_n64<bf>(dp, dof[ks], wg::desc_k(vb, BN, ks), ks);
+      wg::commit();
+      wg::wait<0>();
+      const bool full = vlo == 0 && vhi == BN;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float p0 = exp2_approx(fmaf(s[4 * i + e], sl2, -lse0));
+          float p1 = exp2_approx(fmaf(s[4 * i + 2 + e], sl2, -lse1));
+          if (!full) {
+            const int key = 8 * i + 2 * t4 + e;
+            const bool ok = key >= vlo && key < vhi;
+            p0 = ok ? p0 : 0.0f;
+            p1 = ok ? p1 : 0.0f;
+          }
+          s[4 * i + e] = p0 * (dp[4 * i + e] - dl0);
+          s[4 * i + 2 + e] = p1 * (dp[4 * i + 2 + e] - dl1);
+        }
+      uint32_t da[BN / 16][4];
+#pragma unroll
+      for (int kq = 0; kq < BN / 16; ++kq)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          da[kq][x] = E::pack(s[8 * kq + 2 * x], s[8 * kq + 2 * x + 1]);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < BN / 16; ++kq)
+        wg::mma_rs_n128_tb<bf>(acc, da[kq], wg::desc_n(kb, BN, kq), 1);
+      wg::commit();
+      wg::wait<0>();
+    }
+    __syncthreads();
+  }
+#endif  // dq_body keeps the mma.sync loop where wgmma is not compiled
+}
+
 /// One CTA of query tiles (as in the forward): dQ over every visible key,
 /// and Σ over the GQA group of the own block's dK/dV in a fixed order.
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int BN, int Wg>
 __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int cta, int kvh, int b,
                                         uint16_t* smem) {
   constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
@@ -594,6 +807,9 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
   }
 
   float dq[DT][4] = {};
+  if constexpr ((Wg & wg_dq) && D == 128 && W % 4 == 0 && wg::compiled) {
+    dq_ctx_wg<T, W>(a, qt, b, kvh, smem, qf, dof, lse0, lse1, dl0, dl1, sl2, dq);
+  } else {
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
@@ -621,6 +837,7 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
         dq_tile<true, T, D, BN>(qf, dof, kb, vb, off, t4, vlo, vhi, sl2, lse0, lse1, dl0, dl1, dq);
     }
     __syncthreads();
+  }
   }
 
   // Own block: 16 keys, all visible.  Slot of 32 rows per warp: K then V.
@@ -731,6 +948,28 @@ __host__ __device__ constexpr int dkv_smem_bytes(int d, int blocks) {
   return 2 * 4 * 2 * 16 * (d + 8) * 2 + 2 * 4 * 2 * 16 * 4 + 4 * blocks;
 }
 
+/// Blocks of row rb whose range meets keys [c0, c1), in order, into list
+/// (their count into count); one warp.
+__device__ __forceinline__ void list_blocks(const dflash_attention_bwd_args& a, int64_t rb, int c0,
+                                            int c1, int lane, int* list, int& count_out) {
+  const auto& sh = a.shape;
+  int count = 0;
+  for (int base = 0; base < sh.blocks; base += 32) {
+    const int jj = base + lane;
+    bool hit = false;
+    if (jj < sh.blocks) {
+      const auto r = range_of(a.ranges, rb, jj, sh.ctx_len);
+      hit = r.lo < r.hi && r.lo < c1 && r.hi > c0;
+    }
+    const unsigned m = __ballot_sync(full_mask, hit);
+    if (hit)
+      list[count + __popc(m & ((1u << lane) - 1))] = jj;
+    count += __popc(m);
+  }
+  if (lane == 0)
+    count_out = count;
+}
+
 /// One CTA of 16·W context keys (warp = 16 keys, dK/dV in registers): for
 /// each block whose range meets them, in order, for each head of the group,
 /// recompute Pᵀ and dSᵀ and accumulate dV += Pᵀ dO, dK += dSᵀ Q.
@@ -755,24 +994,8 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
   const float sl2 = sh.scale * log2e;
   const lane_offsets<RS> off(lane);
 
-  // Blocks whose range meets [c0, c1), in order (warp 0).
-  if (warp == 0) {
-    int count = 0;
-    for (int base = 0; base < sh.blocks; base += 32) {
-      const int jj = base + lane;
-      bool hit = false;
-      if (jj < sh.blocks) {
-        const auto r = range_of(a.ranges, rb, jj, sh.ctx_len);
-        hit = r.lo < r.hi && r.lo < c1 && r.hi > c0;
-      }
-      const unsigned m = __ballot_sync(full_mask, hit);
-      if (hit)
-        list_s[count + __popc(m & ((1u << lane) - 1))] = jj;
-      count += __popc(m);
-    }
-    if (lane == 0)
-      count_s = count;
-  }
+  if (warp == 0)
+    list_blocks(a, rb, c0, c1, lane, list_s, count_s);
 
   // This warp's 16 keys as A operands, straight from global (zero past S).
   const int key0 = c0 + warp * 16;
@@ -907,43 +1130,252 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
   }
 }
 
+// ---- backward, key-major with wgmma (sm_90a, d = 128, G a multiple of 4) ---
+
+/// Shared memory of the wgmma key-major role: 1024 bytes of alignment
+/// slack, K and V of each warpgroup, two stages of Q and dO (4 heads × 16
+/// rows each), lse and delta, the block list.
+constexpr int dkv_wg_stages = 3;
+
+__host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
+  return 1024 + (warps / 4) * 2 * 16384 + dkv_wg_stages * 2 * 16384
+         + dkv_wg_stages * 4 * 2 * 16 * 4 + 4 * blocks;
+}
+
+/// One CTA of 128 context keys, two warpgroups of 64 (dK/dV in registers):
+/// for each block whose range meets them, in order, and each group of 4
+/// heads of the GQA group (one pipeline stage), the warpgroup computes
+/// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × 64 queries, both operands in shared
+/// memory), Pᵀ and dSᵀ in registers, then dV += Pᵀ·dO and dK += dSᵀ·Q (A from
+/// registers, B N-major from the same stage).  Three stages, the next two
+/// items in flight; inside an item, Pᵀ is computed while dPᵀ is still in the
+/// tensor cores, and dSᵀ while dV is.  The same blocks, order and roundings
+/// as dkv_body, so the same gradients up to the fp32 summation order inside
+/// the tensor cores.  Off sm_90a it runs dkv_body.
+template <typename T, int W>
+__device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, int tile, int kvh,
+                                            int b, uint16_t* smem_raw) {
+#if defined(TANDEM_HAS_WGMMA)
+  static_assert(W % 4 == 0, "whole warpgroups");
+  constexpr int D = 128, HC = 4, KEYS = 64, TILE = 16384;  // bytes of a [64][128] tile
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  using E = elem<T>;
+  const uint32_t raw = smem_addr(smem_raw);
+  unsigned char* const base =
+    reinterpret_cast<unsigned char*>(smem_raw) + ((1024u - (raw & 1023u)) & 1023u);
+  unsigned char* const kv_s = base;                  // [2 warpgroups][K, V][TILE]
+  constexpr int NS = dkv_wg_stages;
+  unsigned char* const st_s = base + (W / 4) * 2 * TILE;  // [NS][Q, dO][TILE]
+  float* const ld_s = reinterpret_cast<float*>(st_s + NS * 2 * TILE);  // [NS][4][lse, delta][16]
+  int* const list_s = reinterpret_cast<int*>(ld_s + NS * 4 * 2 * 16);
+  __shared__ int count_s;
+
+  const auto& sh = a.shape;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wgi = warp >> 2, wi = warp & 3, wtid = tid & 127;
+  const int group = sh.heads / sh.kv_heads;
+  const int parts = group / HC;
+  const int c0 = tile * W * 16, c1 = min(c0 + W * 16, sh.ctx_len);
+  const int64_t rb = int64_t{b} * sh.blocks;
+  const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+  const float sl2 = sh.scale * log2e;
+
+  if (warp == 0)
+    list_blocks(a, rb, c0, c1, lane, list_s, count_s);
+
+  // This warpgroup's 64 keys of K and V (zero past S), once.
+  const int wkey0 = c0 + wgi * KEYS;
+  unsigned char* const k_s = kv_s + wgi * 2 * TILE;
+  unsigned char* const v_s = k_s + TILE;
+  {
+    const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
+    const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
+    for (int i = wtid; i < KEYS * (D / 8); i += 128) {
+      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const bool ok = wkey0 + r < sh.ctx_len;
+      const int64_t row = ok ? wkey0 + r : 0;
+      const uint32_t off = wg::sw128(KEYS, r, c);
+      cp_async16(smem_addr(k_s + off), kc + row * a.k_ctx.token + c, ok);
+      cp_async16(smem_addr(v_s + off), vc + row * a.v_ctx.token + c, ok);
+    }
+    cp_async_commit();
+  }
+  __syncthreads();
+  const int items = count_s * parts;
+
+  auto load_item = [&](int it, int buf) {
+    if (it >= items) {
+      cp_async_commit();  // an empty group keeps the count per item
+      return;
+    }
+    const int jj = list_s[it / parts], head0 = kvh * group + (it % parts) * HC;
+    const int64_t row0 = int64_t{jj} * rows_per_block;
+    unsigned char* const q_dst = st_s + buf * 2 * TILE;
+    for (int i = tid; i < 2 * HC * 16 * (D / 8); i += W * 32) {
+      const int c = (i % (D / 8)) * 8, r = (i / (D / 8)) % (HC * 16), which = i / (HC * 16 * (D / 8));
+      const int hh = r / 16, qr = r % 16;
+      const uint16_t* src = which == 0 ? at_row(a.q, b, head0 + hh, row0 + qr)
+                                       : at_row(a.dout, b, head0 + hh, row0 + qr);
+      cp_async16(smem_addr(q_dst + which * TILE + wg::sw128(HC * 16, r, c)), src + c, true);
+    }
+    if (tid < HC * 8) {  // per head: 4 chunks of lse, 4 of delta
+      const int hh = tid / 8, which = (tid / 4) % 2, c = tid % 4;
+      const int64_t at = (int64_t{b} * sh.heads + head0 + hh) * q_len + row0 + 4 * c;
+      const float* src = which == 0 ? a.lse + at : a.delta + at;
+      cp_async16(smem_addr(ld_s + buf * 128 + (hh * 2 + which) * 16 + 4 * c), src, true);
+    }
+    cp_async_commit();
+  };
+
+  const int krow0 = wkey0 + wi * 16 + g;  // this thread's key rows: krow0, krow0 + 8
+  const uint32_t kb = smem_addr(k_s), vb = smem_addr(v_s);
+  float dk[64] = {}, dv[64] = {};
+  // cp.async groups: K/V, then one per item (empty past the end), so item
+  // `it` has landed once at most one newer group is pending.
+  load_item(0, 0);
+  load_item(1, 1);
+  for (int it = 0; it < items; ++it) {
+    cp_async_wait<1>();
+    wg::fence_proxy_async();
+    __syncthreads();  // item it landed everywhere; item it - 1's stage is free
+    load_item(it + 2, (it + 2) % NS);
+    const auto r = range_of(a.ranges, rb, list_s[it / parts], sh.ctx_len);
+    if (wkey0 < r.hi && wkey0 + KEYS > r.lo) {  // warpgroup-uniform
+      const int buf = it % NS;
+      const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
+      const float* const lse = ld_s + buf * 128;
+      float st[32], dpt[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wg::mma_ss_n64<bf>(st, wg::desc_k(kb, KEYS, ks), wg::desc_k(qb, HC * 16, ks), ks);
+      wg::commit();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        wg::mma_ss_n64<bf>(dpt, wg::desc_k(vb, KEYS, ks), wg::desc_k(dob, HC * 16, ks), ks);
+      wg::commit();
+      const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
+      const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
+      // Column n = 8i + 2t4 + e is query row n % 16 of head n / 16.
+      wg::wait<1>();  // Sᵀ
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = 8 * i + 2 * t4 + e;
+          const float l2 = lse[(n >> 4) * 32 + (n & 15)] * log2e;
+          st[4 * i + e] = ok0 ? exp2_approx(st[4 * i + e] * sl2 - l2) : 0.0f;
+          st[4 * i + 2 + e] = ok1 ? exp2_approx(st[4 * i + 2 + e] * sl2 - l2) : 0.0f;
+        }
+      uint32_t pa[4][4], da[4][4];
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          pa[kq][x] = E::pack(st[8 * kq + 2 * x], st[8 * kq + 2 * x + 1]);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq)
+        wg::mma_rs_n128_tb<bf>(dv, pa[kq], wg::desc_n(dob, HC * 16, kq), 1);
+      wg::commit();
+      wg::wait<1>();  // dPᵀ (dV may still run)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = 8 * i + 2 * t4 + e;
+          const float dl = lse[(n >> 4) * 32 + 16 + (n & 15)];
+          dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
+          dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
+        }
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          da[kq][x] = E::pack(dpt[8 * kq + 2 * x], dpt[8 * kq + 2 * x + 1]);
+      wg::fence();
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq)
+        wg::mma_rs_n128_tb<bf>(dk, da[kq], wg::desc_n(qb, HC * 16, kq), 1);
+      wg::commit();
+      wg::wait<0>();  // the stage and pa/da are free again
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = krow0 + 8 * hf;
+    if (row >= sh.ctx_len)
+      continue;
+    uint16_t* const dkr = at_row(a.dk_ctx, b, kvh, row);
+    uint16_t* const dvr = at_row(a.dv_ctx, b, kvh, row);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = i * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(dkr + col) =
+        E::pack(dk[4 * i + 2 * hf] * sh.scale, dk[4 * i + 2 * hf + 1] * sh.scale);
+      *reinterpret_cast<uint32_t*>(dvr + col) = E::pack(dv[4 * i + 2 * hf], dv[4 * i + 2 * hf + 1]);
+    }
+  }
+#else
+  dkv_body<T, 128, W>(a, tile, kvh, b, smem_raw,
+                      dkv_heads_per_item(a.shape.heads / a.shape.kv_heads, false));
+#endif
+}
+
 /// Grid sizes of the two backward roles, per (row, kv head).
 struct bwd_grid {
   int dkv_tiles = 0;  ///< ceil(S / 16W)
   int dq_ctas = 0;    ///< ceil(N / (W / G))
+  int hc = 0;         ///< heads a key-major pipeline stage (mma.sync role)
 };
 
+/// The key-major role: with wgmma (Wg & wg_dkv) or mma.sync.
+template <typename T, int D, int W, int Wg>
+__device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, int tile, int kvh,
+                                         int b, uint16_t* smem, const bwd_grid& grid) {
+  if constexpr ((Wg & wg_dkv) && D == 128 && W % 4 == 0)
+    dkv_wg_body<T, W>(a, tile, kvh, b, smem);
+  else
+    dkv_body<T, D, W>(a, tile, kvh, b, smem, grid.hc);
+}
+
 /// Both roles in one launch: first every key-major CTA (the long ones), then
-/// the query-major CTAs, which fill the machine behind them.
-template <typename T, int D, int W, int BN>
+/// the query-major CTAs, which fill the machine behind them.  (Splitting
+/// the wgmma key-major tiles' block lists over two CTAs of a cluster, summed
+/// through distributed shared memory, measured no faster: 3.12 against
+/// 3.10 ms at S 3072, N 512, one document.)
+
+template <typename T, int D, int W, int BN, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W)
-  bwd_fused_kernel(const dflash_attention_bwd_args a, const bwd_grid grid, int hc) {
+  bwd_fused_kernel(const dflash_attention_bwd_args a, const bwd_grid grid) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int kv = a.shape.kv_heads;
   int id = blockIdx.x;
   const int dkv_ctas = grid.dkv_tiles * kv * a.shape.batch;
   if (id < dkv_ctas) {
-    dkv_body<T, D, W>(a, id % grid.dkv_tiles, (id / grid.dkv_tiles) % kv,
-                      id / grid.dkv_tiles / kv, smem, hc);
+    dkv_role<T, D, W, Wg>(a, id % grid.dkv_tiles, (id / grid.dkv_tiles) % kv,
+                          id / grid.dkv_tiles / kv, smem, grid);
   } else {
     id -= dkv_ctas;
-    dq_body<T, D, W, BN>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv, id / grid.dq_ctas / kv,
-                         smem);
+    dq_body<T, D, W, BN, Wg>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv,
+                             id / grid.dq_ctas / kv, smem);
   }
 }
 
 /// The roles as separate launches (benchmark variant).
-template <typename T, int D, int W, int BN>
+template <typename T, int D, int W, int BN, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W) bwd_dq_kernel(const dflash_attention_bwd_args a) {
   extern __shared__ __align__(16) uint16_t smem[];
-  dq_body<T, D, W, BN>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem);
+  dq_body<T, D, W, BN, Wg>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem);
 }
 
-template <typename T, int D, int W>
+template <typename T, int D, int W, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W)
-  bwd_dkv_kernel(const dflash_attention_bwd_args a, int hc) {
+  bwd_dkv_kernel(const dflash_attention_bwd_args a, const bwd_grid grid) {
   extern __shared__ __align__(16) uint16_t smem[];
-  dkv_body<T, D, W>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem, hc);
+  dkv_role<T, D, W, Wg>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem, grid);
 }
 
 // ---- host side -----------------------------------------------------------
@@ -984,8 +1416,13 @@ constexpr int fwd_bn = 64;
 ///   8  64-key tiles in the query-major backward             bf16, d = 128 only
 ///   16, 32 (with 2): skip the key-major / query-major launch (timing only:
 ///      the gradients are then incomplete)
+///   64  mma.sync everywhere where wgmma is the default (d = 128 and G a
+///       multiple of 4; off sm_90a the wgmma paths fall back to mma.sync)
+///   128 the query-major role with mma.sync, the key-major one with wgmma
+/// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
-/// Warps per CTA, a multiple of the group size (whole blocks per CTA).
+/// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
+/// per CTA).
 /// Measured on an H200 at Qwen3-8B shapes (G = 4; docs/bench.md): the
 /// forward is fastest with 4 (0.62 ms against 0.78 with 8), the backward
 /// with 8 (1.94 ms against 2.05 with 4: the key-major CTAs then cover 128
@@ -1009,7 +1446,13 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
   const int per_cta = W / (sh.heads / sh.kv_heads);
   const dim3 grid((sh.blocks + per_cta - 1) / per_cta, sh.kv_heads, sh.batch);
   const size_t smem = size_t{2} * (D + 8) * std::max(4 * fwd_bn, 32 * W);
-  return launch(fwd_kernel<T, D, W, fwd_bn>, grid, W * 32, smem, stream, a);
+  // wgmma for the context (d = 128, G a multiple of 4; variant bit 6: mma.sync)
+  const bool wg = (sh.heads / sh.kv_heads) % 4 == 0 && !(a.variant & 64);
+  static_assert(2 * (D + 8) * 4 * fwd_bn >= 1024 + 4 * 64 * 128 * 2 || D != 128);
+  if constexpr (D == 128)
+    if (wg)
+      return launch(fwd_kernel<T, D, W, fwd_bn, true>, grid, W * 32, smem, stream, a);
+  return launch(fwd_kernel<T, D, W, fwd_bn, false>, grid, W * 32, smem, stream, a);
 }
 
 template <typename T, int D>
@@ -1021,16 +1464,18 @@ cudaError_t forward_typed(const dflash_attention_fwd_args& a, cudaStream_t strea
 
 /// delta, then both roles in one launch (variant bit 1: separate launches;
 /// bits 4 / 5 then skip the key-major / query-major role, for timing).
-template <typename T, int D, int W, int BN>
+/// Wg: which roles use wgmma (wg_dkv, wg_dq bits).
+template <typename T, int D, int W, int BN, int Wg>
 cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t stream) {
   const auto& sh = a.shape;
   const int group = sh.heads / sh.kv_heads;
-  const int hc = dkv_heads_per_item(group, (a.variant & 4) != 0);
   bwd_grid grid;
   grid.dkv_tiles = (sh.ctx_len + 16 * W - 1) / (16 * W);
   grid.dq_ctas = (sh.blocks + W / group - 1) / (W / group);
+  grid.hc = dkv_heads_per_item(group, (a.variant & 4) != 0);
   const size_t dq_smem = dq_smem_bytes(D, W, BN, group);
-  const size_t dkv_smem = dkv_smem_bytes(D, sh.blocks);
+  const size_t dkv_smem =
+    (Wg & wg_dkv) ? dkv_wg_smem_bytes(W, sh.blocks) : dkv_smem_bytes(D, sh.blocks);
   const int64_t rows = int64_t{sh.batch} * sh.heads * sh.blocks * rows_per_block;
   if (auto e = launch(delta_kernel<T, D>, dim3(static_cast<unsigned>((rows + 31) / 32)), 256, 0,
                       stream, a);
@@ -1038,18 +1483,18 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
     return e;
   if (!(a.variant & 2)) {
     const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
-    return launch(bwd_fused_kernel<T, D, W, BN>, dim3(static_cast<unsigned>(ctas)), W * 32,
-                  std::max(dq_smem, dkv_smem), stream, a, grid, hc);
+    return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
+                  std::max(dq_smem, dkv_smem), stream, a, grid);
   }
   if (!(a.variant & 32)) {
     const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
-    if (auto e = launch(bwd_dq_kernel<T, D, W, BN>, g, W * 32, dq_smem, stream, a);
+    if (auto e = launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
         e != cudaSuccess)
       return e;
   }
   if (!(a.variant & 16)) {
     const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
-    return launch(bwd_dkv_kernel<T, D, W>, g, W * 32, dkv_smem, stream, a, hc);
+    return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
   }
   return cudaSuccess;
 }
@@ -1057,16 +1502,30 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
 template <typename T, int D>
 cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stream) {
   const int group = a.shape.heads / a.shape.kv_heads;
+  if constexpr (D == 128) {
+    // wgmma: two warpgroups a CTA (one with variant bit 0 and G = 4: two
+    // CTAs an SM, measured slower: 3.60 against 3.19 ms at S 3072, N 512,
+    // one document); variant bit 7 keeps the query-major role on mma.sync.
+    if (group % 4 == 0 && !(a.variant & 64)) {
+      const bool two = group > 4 || !(a.variant & 1);
+      if constexpr (has_variants<T, D>)
+        if (a.variant & 128)
+          return two ? backward_config<T, D, 8, 32, wg_dkv>(a, stream)
+                     : backward_config<T, D, 4, 32, wg_dkv>(a, stream);
+      return two ? backward_config<T, D, 8, 32, wg_both>(a, stream)
+                 : backward_config<T, D, 4, 32, wg_both>(a, stream);
+    }
+  }
   if constexpr (has_variants<T, D>) {
     const bool wide = backward_warps(group, a.variant) == 8, long_tiles = (a.variant & 8) != 0;
     if (wide)
-      return long_tiles ? backward_config<T, D, 8, 64>(a, stream)
-                        : backward_config<T, D, 8, 32>(a, stream);
-    return long_tiles ? backward_config<T, D, 4, 64>(a, stream)
-                      : backward_config<T, D, 4, 32>(a, stream);
+      return long_tiles ? backward_config<T, D, 8, 64, wg_none>(a, stream)
+                        : backward_config<T, D, 8, 32, wg_none>(a, stream);
+    return long_tiles ? backward_config<T, D, 4, 64, wg_none>(a, stream)
+                      : backward_config<T, D, 4, 32, wg_none>(a, stream);
   } else {
-    return backward_warps(group, 0) == 8 ? backward_config<T, D, 8, 32>(a, stream)
-                                      : backward_config<T, D, 4, 32>(a, stream);
+    return backward_warps(group, 0) == 8 ? backward_config<T, D, 8, 32, wg_none>(a, stream)
+                                      : backward_config<T, D, 4, 32, wg_none>(a, stream);
   }
 }
 

@@ -10,7 +10,11 @@
 /// i / 16 == j.  A block with keep = false sees nothing: its output rows are
 /// 0, its log-sum-exp −inf, and it sends no gradient anywhere.
 ///
-/// Design (FA2-style, mma.sync m16n8k16 + ldmatrix, fp32 accumulation):
+/// Design (FA2-style, fp32 accumulation; on sm_90a at d = 128 with G a
+/// multiple of 4 the context tiles go through Hopper's wgmma, see
+/// wgmma.cuh: a warpgroup = 4 heads of one block = 64 query rows, or 64
+/// context keys in the key-major role, K/V and Q/dO tiles in 128-byte-
+/// swizzled shared memory; elsewhere mma.sync m16n8k16 + ldmatrix):
 /// - forward: a CTA of 4 warps takes 16-row query tiles that share a kv
 ///   head (warp = one (block, q head); at G = 4 one block's 4 heads); own
 ///   block first, then the union of the CTA's context ranges in 64-key

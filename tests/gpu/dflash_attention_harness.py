@@ -231,8 +231,9 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 
 # Kernel variants (dflash_attention.cu, bf16 d=128 only): bit 0 eight-warp CTAs, bit 1
 # separate backward launches, bit 2 one head per key-major item, bit 3 64-key dq tiles,
-# bits 4 / 5 (with 1) skip the key-major / query-major role (timing only).
-VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 2 | 4 | 32]
+# bits 4 / 5 (with 1) skip the key-major / query-major role (timing only), bit 6 mma.sync
+# everywhere instead of wgmma (d 128, G a multiple of 4), bit 7 the query-major role with mma.sync.
+VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
@@ -318,6 +319,7 @@ def run_checks():
     ok &= check("mid fp16", 2, 8, 2, 1000, 64, 128, 3, 5, dtype=torch.float16)
     ok &= check("G1 d32 S300 N20", 2, 4, 4, 300, 20, 32, 2, 3)
     ok &= check("G8 d128 S513 N33", 1, 16, 2, 513, 33, 128, 4, 2)
+    ok &= check("G8 d128 S513 N33 variant 64", 1, 16, 2, 513, 33, 128, 4, 2, variant=64)
     ok &= check("G2 d64 unsorted anchors", 2, 4, 2, 700, 40, 64, 3, 4, sorted_anchors=False)
     ok &= check("no context S=16 N3", 1, 4, 1, 16, 3, 64, 1, 0)
     return ok
