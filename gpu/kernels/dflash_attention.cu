@@ -1135,11 +1135,11 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
 /// Shared memory of the wgmma key-major role: 1024 bytes of alignment
 /// slack, K and V of each warpgroup, two stages of Q and dO (4 heads × 16
 /// rows each), lse and delta, the block list.
-constexpr int dkv_wg_stages = 3;
+constexpr int dkv_wg_stages = 4;
 
 __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
   return 1024 + (warps / 4) * 2 * 16384 + dkv_wg_stages * 2 * 16384
-         + dkv_wg_stages * 4 * 2 * 16 * 4 + 4 * blocks;
+         + dkv_wg_stages * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
 }
 
 /// One CTA of 128 context keys, two warpgroups of 64 (dK/dV in registers):
@@ -1147,8 +1147,9 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
 /// heads of the GQA group (one pipeline stage), the warpgroup computes
 /// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × 64 queries, both operands in shared
 /// memory), Pᵀ and dSᵀ in registers, then dV += Pᵀ·dO and dK += dSᵀ·Q (A from
-/// registers, B N-major from the same stage).  Three stages, the next two
-/// items in flight; inside an item, Pᵀ is computed while dPᵀ is still in the
+/// registers, B N-major from the same stage).  Four stages, the next three
+/// items in flight (per-warpgroup stages and barriers, and two stages, were
+/// measured slower); inside an item, Pᵀ is computed while dPᵀ is still in the
 /// tensor cores, and dSᵀ while dV is.  The same blocks, order and roundings
 /// as dkv_body, so the same gradients up to the fp32 summation order inside
 /// the tensor cores.  Off sm_90a it runs dkv_body.
@@ -1167,7 +1168,9 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   constexpr int NS = dkv_wg_stages;
   unsigned char* const st_s = base + (W / 4) * 2 * TILE;  // [NS][Q, dO][TILE]
   float* const ld_s = reinterpret_cast<float*>(st_s + NS * 2 * TILE);  // [NS][4][lse, delta][16]
-  int* const list_s = reinterpret_cast<int*>(ld_s + NS * 4 * 2 * 16);
+  int* const list_s = reinterpret_cast<int*>(ld_s + NS * 4 * 2 * 16);  // [N] blocks,
+  int* const lo_s = list_s + a.shape.blocks;  // their context ranges
+  int* const hi_s = lo_s + a.shape.blocks;
   __shared__ int count_s;
 
   const auto& sh = a.shape;
@@ -1180,8 +1183,15 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
   const float sl2 = sh.scale * log2e;
 
-  if (warp == 0)
+  if (warp == 0) {
     list_blocks(a, rb, c0, c1, lane, list_s, count_s);
+    __syncwarp();
+    for (int i = lane; i < count_s; i += 32) {
+      const auto r = range_of(a.ranges, rb, list_s[i], sh.ctx_len);
+      lo_s[i] = r.lo;
+      hi_s[i] = r.hi;
+    }
+  }
 
   // This warpgroup's 64 keys of K and V (zero past S), once.
   const int wkey0 = c0 + wgi * KEYS;
@@ -1231,15 +1241,15 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   const uint32_t kb = smem_addr(k_s), vb = smem_addr(v_s);
   float dk[64] = {}, dv[64] = {};
   // cp.async groups: K/V, then one per item (empty past the end), so item
-  // `it` has landed once at most one newer group is pending.
-  load_item(0, 0);
-  load_item(1, 1);
+  // `it` has landed once at most NS - 2 newer groups are pending.
+  for (int i = 0; i < NS - 1; ++i)
+    load_item(i, i);
   for (int it = 0; it < items; ++it) {
-    cp_async_wait<1>();
+    cp_async_wait<NS - 2>();
     wg::fence_proxy_async();
     __syncthreads();  // item it landed everywhere; item it - 1's stage is free
-    load_item(it + 2, (it + 2) % NS);
-    const auto r = range_of(a.ranges, rb, list_s[it / parts], sh.ctx_len);
+    load_item(it + NS - 1, (it + NS - 1) % NS);
+    const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
     if (wkey0 < r.hi && wkey0 + KEYS > r.lo) {  // warpgroup-uniform
       const int buf = it % NS;
       const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
@@ -1506,7 +1516,9 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
     // wgmma: two warpgroups a CTA (one with variant bit 0 and G = 4: two
     // CTAs an SM, measured slower: 3.60 against 3.19 ms at S 3072, N 512,
     // one document); variant bit 7 keeps the query-major role on mma.sync.
-    if (group % 4 == 0 && !(a.variant & 64)) {
+    // (The key-major role keeps a block list in shared memory: past ~2700
+    // blocks a row it no longer fits, and mma.sync takes over.)
+    if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024) {
       const bool two = group > 4 || !(a.variant & 1);
       if constexpr (has_variants<T, D>)
         if (a.variant & 128)
