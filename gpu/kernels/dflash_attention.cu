@@ -367,9 +367,9 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
-  auto load = [&](int start, int buf) {
-    for (int i = tid; i < BN * (D / 8); i += W * 32) {
-      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+  auto load = [&](int start, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
+    const int c = (tid & 15) * 8;
+    for (int r = tid >> 4; r < BN; r += W * 2) {
       const bool ok = start + r < qt.u_hi;
       const int64_t row = ok ? start + r : 0;
       const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
@@ -687,9 +687,9 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
-  auto load = [&](int start, int buf) {
-    for (int i = tid; i < BN * (D / 8); i += W * 32) {
-      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+  auto load = [&](int start, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
+    const int c = (tid & 15) * 8;
+    for (int r = tid >> 4; r < BN; r += W * 2) {
       const bool ok = start + r < qt.u_hi;
       const int64_t row = ok ? start + r : 0;
       const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
@@ -699,6 +699,8 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
     cp_async_commit();
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
+  // (Issuing the next copy after the tile's first wgmmas, as the key-major
+  // role does, measured slower here and in the forward: 1.31 -> 1.36 ms.)
   if (tiles > 0)
     load(qt.u_lo, 0);
   for (int t = 0; t < tiles; ++t) {
@@ -1220,13 +1222,19 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     }
     const int jj = list_s[it / parts], head0 = kvh * group + (it % parts) * HC;
     const int64_t row0 = int64_t{jj} * rows_per_block;
-    unsigned char* const q_dst = st_s + buf * 2 * TILE;
-    for (int i = tid; i < 2 * HC * 16 * (D / 8); i += W * 32) {
-      const int c = (i % (D / 8)) * 8, r = (i / (D / 8)) % (HC * 16), which = i / (HC * 16 * (D / 8));
-      const int hh = r / 16, qr = r % 16;
-      const uint16_t* src = which == 0 ? at_row(a.q, b, head0 + hh, row0 + qr)
-                                       : at_row(a.dout, b, head0 + hh, row0 + qr);
-      cp_async16(smem_addr(q_dst + which * TILE + wg::sw128(HC * 16, r, c)), src + c, true);
+    // Thread: 16-byte chunk c of rows qr, qr + W·2, … of each head; head hh
+    // sits 16 rows (2048 bytes) after head hh − 1 in the swizzled tile.
+    const int c = (tid & 15) * 8;
+    const uint32_t q_dst = smem_addr(st_s + buf * 2 * TILE);
+    for (int qr = tid >> 4; qr < 16; qr += W * 2) {
+      const uint16_t* const q0 = at_row(a.q, b, head0, row0 + qr) + c;
+      const uint16_t* const d0 = at_row(a.dout, b, head0, row0 + qr) + c;
+      const uint32_t dst = q_dst + wg::sw128(HC * 16, qr, c);
+#pragma unroll
+      for (int hh = 0; hh < HC; ++hh) {
+        cp_async16(dst + hh * 2048, q0 + hh * a.q.head, true);
+        cp_async16(dst + TILE + hh * 2048, d0 + hh * a.dout.head, true);
+      }
     }
     if (tid < HC * 8) {  // per head: 4 chunks of lse, 4 of delta
       const int hh = tid / 8, which = (tid / 4) % 2, c = tid % 4;
@@ -1248,13 +1256,12 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     cp_async_wait<NS - 2>();
     wg::fence_proxy_async();
     __syncthreads();  // item it landed everywhere; item it - 1's stage is free
-    load_item(it + NS - 1, (it + NS - 1) % NS);
     const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
-    if (wkey0 < r.hi && wkey0 + KEYS > r.lo) {  // warpgroup-uniform
-      const int buf = it % NS;
-      const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
-      const float* const lse = ld_s + buf * 128;
-      float st[32], dpt[32];
+    const bool meets = wkey0 < r.hi && wkey0 + KEYS > r.lo;  // warpgroup-uniform
+    const int buf = it % NS;
+    const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
+    float st[32], dpt[32];
+    if (meets) {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
@@ -1264,6 +1271,13 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       for (int ks = 0; ks < D / 16; ++ks)
         wg::mma_ss_n64<bf>(dpt, wg::desc_k(vb, KEYS, ks), wg::desc_k(dob, HC * 16, ks), ks);
       wg::commit();
+    }
+    // The next copy goes out while the tensor cores work (its stage is the
+    // one item it - 1 used: free since the barrier).  Issued before them, it
+    // delayed every item: 2.72 -> 2.13 ms for the key-major role alone.
+    load_item(it + NS - 1, (it + NS - 1) % NS);
+    if (meets) {
+      const float* const lse = ld_s + buf * 128;
       const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
       const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
       // Column n = 8i + 2t4 + e is query row n % 16 of head n / 16.
