@@ -34,6 +34,7 @@
 #include "gpu/models/common.hpp"
 #include "gpu/safetensors.hpp"
 #include "tests/unit/expect_error.hpp"
+#include "tests/unit/files.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -41,43 +42,12 @@ using namespace tandem;
 using namespace tandem::gpu;
 using namespace tandem::gpu::data;
 
+using tandem::test::remove_tree;
+using tandem::test::read_bytes;
+using tandem::test::write_bytes;
+using tandem::test::run_python;
+
 namespace {
-
-/// Deletes `p` and everything below it (not fs::remove_all: see
-/// safetensors_test.cpp on libtorch's copy of it).
-void remove_tree(const fs::path& p) {
-  ::nftw(
-    p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); },
-    16, FTW_DEPTH | FTW_PHYS);
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << p;
-}
-
-/// Runs TANDEM_PYTHON with `args`; returns exit status and stdout+stderr.
-std::pair<int, std::string> run_python(const std::string& args) {
-  const std::string cmd = std::string("'") + TANDEM_PYTHON + "' " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
-    out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 using tandem::test::expect_bad_input;
 

@@ -17,39 +17,19 @@
 #include "gpu/error.hpp"
 #include "gpu/hf_config.hpp"
 #include "tests/unit/expect_error.hpp"
+#include "tests/unit/files.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace tandem;
 using namespace tandem::gpu;
 
+using tandem::test::remove_tree;
+using tandem::test::run_python;
+
 namespace {
 
-/// Deletes `p` and everything below it. Not std::filesystem::remove_all:
-/// libtorch.so exports its own copy of it, built against a newer libstdc++,
-/// which calls recursive_directory_iterator::__erase, absent from Debian 12's
-/// libstdc++, and jumps to address 0.
-void remove_tree(const fs::path& p) {
-  ::nftw(
-    p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); },
-    16, FTW_DEPTH | FTW_PHYS);
-}
-
 using tandem::test::expect_bad_input;
-
-std::pair<int, std::string> run_python(const std::string& args) {
-  const std::string cmd = std::string("'") + TANDEM_PYTHON + "' " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
-    out.append(buf, n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 /// Qwen3-8B's config.json as transformers 4 writes it (the fields that matter).
 json qwen3_8b() {

@@ -20,10 +20,16 @@
 #include "gpu/error.hpp"
 #include "gpu/safetensors.hpp"
 #include "tests/unit/expect_error.hpp"
+#include "tests/unit/files.hpp"
 
 namespace fs = std::filesystem;
 using namespace tandem;
 using namespace tandem::gpu;
+
+using tandem::test::remove_tree;
+using tandem::test::read_bytes;
+using tandem::test::write_bytes;
+using tandem::test::run_python;
 
 namespace {
 
@@ -61,34 +67,11 @@ at::Tensor sample(at::ScalarType type) {
   return ::testing::AssertionSuccess();
 }
 
-/// Deletes `p` and everything below it. Not std::filesystem::remove_all:
-/// libtorch.so exports its own copy of it, built against a newer libstdc++,
-/// which calls recursive_directory_iterator::__erase, absent from Debian 12's
-/// libstdc++, and jumps to address 0.
-void remove_tree(const fs::path& p) {
-  ::nftw(
-    p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); },
-    16, FTW_DEPTH | FTW_PHYS);
-}
-
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
   for (int i = 0; i < 8; ++i)
     s[i] = static_cast<char>(v >> (8 * i));
   return s;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << p;
 }
 
 /// The JSON header of a safetensors file.
@@ -110,21 +93,6 @@ using tandem::test::expect_bad_input;
 bool mapped_in_this_process(const fs::path& p) {
   auto maps = read_bytes("/proc/self/maps");
   return maps.find(fs::canonical(p).string()) != std::string::npos;
-}
-
-/// Runs TANDEM_PYTHON on `args`; returns exit status and combined output.
-std::pair<int, std::string> run_python(const std::string& args) {
-  const std::string cmd = std::string("'") + TANDEM_PYTHON + "' " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
-    out.append(buf, n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 class safetensors_test : public ::testing::Test {
