@@ -267,6 +267,18 @@ __device__ __forceinline__ void mma_a_mt(float (&c)[NT][4], const uint32_t (&a)[
   }
 }
 
+/// A operand kq (16 × 16, rounded to T) of C fragments: tiles 2kq and
+/// 2kq + 1 side by side.  A wgmma m64nN accumulator is, per warp, the same
+/// fragments (float[N / 8][4]).
+template <typename T, int NT>
+__device__ __forceinline__ void a_of(const float (&c)[NT][4], int kq, uint32_t (&a)[4]) {
+  using E = elem<T>;
+  a[0] = E::pack(c[2 * kq][0], c[2 * kq][1]);
+  a[1] = E::pack(c[2 * kq][2], c[2 * kq][3]);
+  a[2] = E::pack(c[2 * kq + 1][0], c[2 * kq + 1][1]);
+  a[3] = E::pack(c[2 * kq + 1][2], c[2 * kq + 1][3]);
+}
+
 /// acc (16 × D) += C·M: C = `c` (16 × 8·NT fp32 C fragments, rounded to T:
 /// two side by side are one A operand); M the [8·NT][D] row-major tile at
 /// shared address `m`.  Masked: 16-key steps wholly outside [vlo, vhi) are
@@ -279,9 +291,8 @@ __device__ __forceinline__ void mma_c_m(float (&acc)[D / 8][4], const float (&c)
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     if (!Masked || (kk * 16 < vhi && kk * 16 + 16 > vlo)) {
-      const uint32_t ca[4] = {E::pack(c[2 * kk][0], c[2 * kk][1]), E::pack(c[2 * kk][2], c[2 * kk][3]),
-                              E::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]),
-                              E::pack(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+      uint32_t ca[4];
+      a_of<T>(c, kk, ca);
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t r[4];
@@ -360,7 +371,6 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
 #if defined(TANDEM_HAS_WGMMA)
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
-  using E = elem<T>;
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
@@ -440,9 +450,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
       uint32_t pa[BN / 16][4];
 #pragma unroll
       for (int kq = 0; kq < BN / 16; ++kq)
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          pa[kq][x] = E::pack(s[8 * kq + 2 * x], s[8 * kq + 2 * x + 1]);
+        a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, pa[kq]);
       wg::fence();
 #pragma unroll
       for (int kq = 0; kq < BN / 16; ++kq)
@@ -680,7 +688,6 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
 #if defined(TANDEM_HAS_WGMMA)
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
-  using E = elem<T>;
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
@@ -745,9 +752,7 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
       uint32_t da[BN / 16][4];
 #pragma unroll
       for (int kq = 0; kq < BN / 16; ++kq)
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          da[kq][x] = E::pack(s[8 * kq + 2 * x], s[8 * kq + 2 * x + 1]);
+        a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, da[kq]);
       wg::fence();
 #pragma unroll
       for (int kq = 0; kq < BN / 16; ++kq)
@@ -1294,9 +1299,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       uint32_t pa[4][4], da[4][4];
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq)
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          pa[kq][x] = E::pack(st[8 * kq + 2 * x], st[8 * kq + 2 * x + 1]);
+        a_of<T>(reinterpret_cast<const float (&)[8][4]>(st), kq, pa[kq]);
       wg::fence();
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq)
@@ -1314,9 +1317,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
         }
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq)
-#pragma unroll
-        for (int x = 0; x < 4; ++x)
-          da[kq][x] = E::pack(dpt[8 * kq + 2 * x], dpt[8 * kq + 2 * x + 1]);
+        a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), kq, da[kq]);
       wg::fence();
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq)
