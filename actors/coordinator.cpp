@@ -68,6 +68,7 @@ struct coordinator_state {
     int64_t generation = 0;        ///< groups formed so far
     bool formed = false;           ///< a group is up and no rank has failed since
     bool forming = false;
+    std::vector<uint8_t> nccl_id;  ///< of the group formed or being formed (abort_group)
     int32_t ready = 0;             ///< drafters that answered before the group being formed
     int32_t joined = 0;            ///< join replies of the group being formed
     std::vector<bool> clean;       ///< holds the state the ledger's step says (restored or never diverged)
@@ -427,6 +428,7 @@ void join_group(self_ptr self, int64_t gen, int32_t root, JoinFailed join_failed
         auto& s = self->state;
         if (s.group.generation != gen || !s.group.forming)
           return;
+        s.group.nccl_id = id;
         const auto world = static_cast<int32_t>(s.peers.drafters.size());
         std::vector<int32_t> order{root};
         for (int32_t d = 0; d < world; ++d)
@@ -495,6 +497,11 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     if (peers_hold_state)
       for (size_t j = 0; j < s.peers.drafters.size(); ++j)
         keep_state |= j != di && !s.down[j] && s.group.clean[j];
+    // Survivors blocked in the group's collective (or init) with the failed
+    // rank would wait for group_timeout_s: abort it for them now.
+    if (!s.group.nccl_id.empty() && s.opts.abort_group)
+      s.opts.abort_group(s.group.nccl_id, reason);
+    s.group.nccl_id.clear();
     s.group.formed = false;
     s.group.forming = false;
     s.group.reports_due = 0;

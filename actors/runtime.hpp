@@ -92,6 +92,12 @@ struct coordinator_options {
   /// Data-parallel drafters (more than one): the deadline of forming their
   /// NCCL group and of every collective in a step (runtime.group_timeout_s).
   double group_timeout_s = 30;
+  /// Aborts the communicators of a broken data-parallel group (its NCCL
+  /// unique id) that live in this process, so that survivors blocked in its
+  /// init or collective stop at once instead of after group_timeout_s
+  /// (DESIGN.md §3).  tandem run sets gpu::nccl::abort_group; unset, the
+  /// survivors wait for their deadline.
+  std::function<void(const std::vector<uint8_t>& group_id, const std::string& why)> abort_group;
   supervisor_actor supervisor;       ///< restarts failed drafters (spawn_supervisor)
 };
 

@@ -448,7 +448,10 @@ struct drafter_engine::impl {
       sg.doc_lengths.copy_(batch[2], true);
       sg.taps.copy_(taps, true);
     }
-    sg.graph->replay();
+    if (comm)  // never a replay on a communicator aborted meanwhile (abort_group)
+      comm->enqueue([this] { sg.graph->replay(); }, "drafter step " + std::to_string(applied + 1) + " (graph replay)");
+    else
+      sg.graph->replay();
     return sg.out;
   }
 #endif

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -180,7 +181,30 @@ struct abort_job {
 
 } // namespace
 
-struct communicator::impl {
+namespace {
+
+/// What abort_group reaches: the communicators of this process, by group.
+struct group_member {
+  /// False when there was nothing left to abort (closed, or aborted before).
+  virtual bool abort_for_group(const std::string& why) = 0;
+
+protected:
+  ~group_member() = default;
+};
+
+struct group_registry {
+  std::mutex mutex;
+  std::multimap<unique_id_bytes, group_member*> members;  ///< by unique id
+};
+
+group_registry& registry() {
+  static group_registry r;
+  return r;
+}
+
+} // namespace
+
+struct communicator::impl final : group_member {
   enum class phase { initialising, ready, failed, closed };
 
   int rank;
@@ -203,10 +227,45 @@ struct communicator::impl {
   /// thread only): what close() waits for.
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> tails;
 
+  /// The group this rank is registered under (abort_group); empty until init starts.
+  unique_id_bytes group;
+
   impl(int r, int w, int d, communicator_options o)
       : rank(r), world(w), device(d), options(std::move(o)) {}
 
+  void join_registry(const unique_id_bytes& id) {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    group = id;
+    reg.members.emplace(id, this);
+  }
+
+  void leave_registry() {
+    if (group.empty())
+      return;
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    auto [first, last] = reg.members.equal_range(group);
+    for (auto it = first; it != last; ++it)
+      if (it->second == this) {
+        reg.members.erase(it);
+        break;
+      }
+    group.clear();
+  }
+
+  bool abort_for_group(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (state == phase::closed || job)
+        return false;
+    }
+    start_abort(describe() + ": aborted for its group: " + why);
+    return true;
+  }
+
   ~impl() {
+    leave_registry();  // abort_group must not reach a communicator being destroyed
     bool live;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -471,6 +530,16 @@ unique_id_bytes new_unique_id() {
                          reinterpret_cast<const uint8_t*>(id.internal) + unique_id_size);
 }
 
+size_t abort_group(const unique_id_bytes& id, const std::string& why) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto [first, last] = reg.members.equal_range(id);
+  size_t n = 0;
+  for (auto it = first; it != last; ++it)
+    n += it->second->abort_for_group(why) ? 1 : 0;
+  return n;
+}
+
 communicator::communicator(const unique_id_bytes& id, int rank, int world, int device,
                            std::chrono::milliseconds timeout)
     : communicator(id, rank, world, device, with_timeout(timeout)) {}
@@ -515,6 +584,7 @@ communicator::communicator(const unique_id_bytes& id, int rank, int world, int d
     std::lock_guard<std::mutex> lock(m.mutex);
     m.comm = c;
   }
+  m.join_registry(id);  // from here abort_group reaches this rank, init included
   if (r != ncclSuccess && r != ncclInProgress)
     m.fail(errc::device_failure, who + ": ncclCommInitRankConfig failed: " + m.nccl_text(r));
   r = m.settle(deadline, "init");
@@ -603,6 +673,15 @@ void communicator::recv(void* data, size_t count, element_type type, int peer, c
   impl_->run(what, stream, o, [&](ncclComm_t c) {
     return ncclRecv(data, count, to_nccl(type), peer, c, stream);
   });
+}
+
+void communicator::enqueue(const std::function<void()>& launch, const std::string& what) {
+  auto& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mutex);  // start_abort clears `comm` under it
+  if (m.state != impl::phase::ready || !m.comm)
+    throw error(errc::device_failure, m.describe() + ": " + what + ": the communicator is not usable ("
+                                        + (m.failure_text.empty() ? "closed" : m.failure_text) + ")");
+  launch();
 }
 
 void communicator::wait(cuda_stream stream, std::chrono::milliseconds timeout,
@@ -724,6 +803,10 @@ communicator::communicator(const unique_id_bytes& id, int rank, int world, int d
                            std::chrono::milliseconds timeout)
     : communicator(id, rank, world, device, with_timeout(timeout)) {}
 
+size_t abort_group(const unique_id_bytes&, const std::string&) {
+  return 0;  // no communicator can exist without NCCL
+}
+
 communicator::communicator(const unique_id_bytes&, int rank, int world, int device,
                            communicator_options) {
   throw_unavailable("communicator for rank " + std::to_string(rank) + " of "
@@ -761,6 +844,9 @@ void communicator::send(const void*, size_t, element_type, int, cuda_stream,
 }
 void communicator::recv(void*, size_t, element_type, int, cuda_stream, const collective_options&) {
   throw_unavailable("recv");
+}
+void communicator::enqueue(const std::function<void()>&, const std::string&) {
+  throw_unavailable("enqueue");
 }
 void communicator::wait(cuda_stream, std::chrono::milliseconds, const std::string&) {
   throw_unavailable("wait");

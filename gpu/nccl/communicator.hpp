@@ -48,8 +48,10 @@
 /// on every rank of the node, so a rank that sees a peer fail aborts too.
 ///
 /// Threading: every method except `abort()` belongs to the owner's thread.
-/// `abort()` may also come from another thread (a watchdog); a `wait()` or a
-/// collective blocked on the owner's thread then ends with an error.
+/// `abort()` (and `abort_group`) may also come from another thread (a
+/// watchdog, the coordinator); a `wait()` or a collective blocked on the
+/// owner's thread then ends with an error, and graph replays go through
+/// `enqueue` so that none starts on an aborted communicator.
 ///
 /// Torch-free and CUDA-free header (streams are `cudaStream_t` under their
 /// own name).  Built without NCCL, `available()` is false and everything that
@@ -58,6 +60,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +88,16 @@ std::string version();
 /// process hosts NCCL's bootstrap root for that id, so it must stay alive
 /// until all ranks have initialised.
 unique_id_bytes new_unique_id();
+
+/// Aborts every communicator of group `id` in this process (ncclCommAbort on
+/// each one's abort thread), from any thread, without waiting for the aborts
+/// to finish.  The supervisor's fast path when a rank is known to have
+/// failed: a survivor blocked in that group's init, collective or `wait`
+/// ends at once with errc::device_failure naming `why`, instead of at its
+/// deadline.  Ranks in other processes are not reached: their deadlines
+/// still bound them.  Returns how many communicators it aborted (0 for an
+/// unknown id, or without NCCL).
+size_t abort_group(const unique_id_bytes& id, const std::string& why);
 
 enum class element_type : uint8_t { i8, u8, i32, u32, i64, u64, f16, bf16, f32, f64 };
 enum class reduce_op : uint8_t { sum, prod, max, min, avg };
@@ -163,6 +176,14 @@ public:
             const collective_options& options = {});
   void recv(void* data, size_t count, element_type type, int peer, cuda_stream stream,
             const collective_options& options = {});
+
+  /// Runs `launch` (the replay of a graph that captured this communicator's
+  /// collectives) with abort() held off: an abort from another thread
+  /// (abort_group) comes either before it, and then this throws
+  /// errc::device_failure and launches nothing, or after the launch, whose
+  /// collectives then end with the abort.  Replay such graphs through here:
+  /// a graph of an aborted communicator would touch freed NCCL resources.
+  void enqueue(const std::function<void()>& launch, const std::string& what);
 
   /// Blocks until all work enqueued on `stream` so far has completed (e.g. a
   /// graph replay containing collectives), polling NCCL's error state and the

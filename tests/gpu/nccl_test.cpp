@@ -629,6 +629,74 @@ TEST(nccl, collective_times_out_when_peer_never_calls_then_abort_works) {
   });
 }
 
+TEST(nccl, abort_group_ends_a_blocked_init_at_once) {
+  TANDEM_REQUIRE_NCCL();
+  TANDEM_REQUIRE_GPUS(1);
+  const auto id = nccl::new_unique_id();
+  EXPECT_EQ(nccl::abort_group(id, "nobody yet"), 0u) << "no communicator of this id exists";
+  on_ranks(1, [&](int) {
+    rank_scope scope(0);
+    // Rank 1 never comes; instead its failure is known after 1 s.
+    std::atomic<bool> done{false};
+    size_t aborted = 0;
+    std::thread supervisor([&] {
+      std::this_thread::sleep_for(1s);
+      while (!done && (aborted = nccl::abort_group(id, "drafter 1 failed")) == 0)
+        std::this_thread::sleep_for(10ms);
+    });
+    const auto t0 = steady::now();
+    auto m = expect_error(errc::device_failure, [&] { nccl::communicator c(id, 0, 2, 0, 60s); });
+    done = true;
+    supervisor.join();
+    const double s = seconds_since(t0);
+    std::printf("rank 0 alone, world 2, group aborted after 1 s: %.2f s: %s\n", s, m.c_str());
+    EXPECT_EQ(aborted, 1u);
+    EXPECT_LT(s, 1.0 + nccl::communicator_options{}.abort_timeout.count() / 1000.0)
+      << "the abort, not the 60 s deadline, must end the init";
+    EXPECT_TRUE(contains(m, "aborted for its group: drafter 1 failed")) << m;
+  });
+  EXPECT_EQ(nccl::abort_group(id, "again"), 0u) << "a destroyed communicator leaves the registry";
+}
+
+TEST(nccl, abort_group_ends_a_blocked_collective_on_the_survivor) {
+  TANDEM_REQUIRE_NCCL();
+  TANDEM_REQUIRE_GPUS(2);
+  const auto id = nccl::new_unique_id();
+  std::promise<void> entering;
+  auto rank0_entering = entering.get_future().share();
+  on_ranks(2, [&](int r) {
+    rank_scope scope(r);
+    nccl::communicator comm(id, r, 2, r, 60s);
+    if (r == 1) {
+      // Rank 1 "fails" without calling the collective; its failure is
+      // reported once rank 0 is inside it, and the group is aborted.
+      rank0_entering.wait();
+      std::this_thread::sleep_for(1s);
+      EXPECT_EQ(nccl::abort_group(id, "drafter 1 threw in step 7"), 2u) << "both ranks are in this process";
+      EXPECT_EQ(nccl::abort_group(id, "twice"), 0u) << "already aborted";
+      EXPECT_FALSE(comm.usable());
+      EXPECT_FALSE(comm.close(1s));
+      return;
+    }
+    auto x = at::ones({4096}, f32_on(0));
+    entering.set_value();
+    const auto t0 = steady::now();
+    auto m = expect_error(errc::device_failure, [&] {
+      nccl::all_reduce(comm, x, nccl::reduce_op::sum, waited(60s));
+    });
+    const double s = seconds_since(t0);
+    std::printf("rank 0 in all_reduce, group aborted after 1 s: %.2f s: %s\n", s, m.c_str());
+    EXPECT_LT(s, 1.0 + nccl::communicator_options{}.abort_timeout.count() / 1000.0)
+      << "the abort, not the 60 s deadline, must end the wait";
+    EXPECT_TRUE(contains(m, "NCCL rank 0 of 2 on cuda:0")) << m;
+    EXPECT_TRUE(contains(m, "aborted for its group: drafter 1 threw in step 7")) << m;
+    EXPECT_FALSE(comm.usable());
+    EXPECT_FALSE(comm.close(1s)) << "an aborted communicator does not close cleanly";
+    // The device itself is fine.
+    EXPECT_EQ(at::ones({8}, f32_on(0)).sum().item<float>(), 8.f);
+  });
+}
+
 TEST(peer, copy_is_byte_exact_and_ordered_by_events) {
   TANDEM_REQUIRE_GPUS(2);
   const int64_t n = int64_t{64} << 20;  // 64 MiB

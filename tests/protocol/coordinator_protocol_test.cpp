@@ -876,12 +876,20 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   s.opts.credits = 4;
   s.opts.checkpoint_every = 2;
   w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die};  // dies in group step 4
+  // The broken group's communicators are aborted for the survivors at once.
+  std::vector<std::pair<std::vector<uint8_t>, std::string>> aborted;
+  s.opts.abort_group = [&aborted](const std::vector<uint8_t>& id, const std::string& why) {
+    aborted.emplace_back(id, why);
+  };
   start(s);
   sched.run();
   CAF_CHECK(!w->summary && !w->error);
   auto failed = w->events_named("drafter_failed");
   CAF_REQUIRE_EQUAL(failed.size(), 1u);
   CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_REQUIRE_EQUAL(aborted.size(), 1u);
+  CAF_CHECK(aborted[0].first == std::vector<uint8_t>(8, 1));  // the first group's id (fake_peers)
+  TANDEM_CHECK_MSG(aborted[0].second.find("drafter 1") != std::string::npos, aborted[0].second);
   CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
   CAF_CHECK_EQUAL(failed[0]["steps_lost"], 1);
   advance_time(500ms);
@@ -905,6 +913,7 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   CAF_CHECK(std::any_of(w->steps.begin(), w->steps.end(),
                         [](auto& st) { return st.generation == 1 && st.step == 4; }));
+  CAF_CHECK_EQUAL(aborted.size(), 1u);  // the second group ended cleanly
   check_handles_released();
 }
 

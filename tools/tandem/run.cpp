@@ -10,12 +10,14 @@
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/run_config.hpp"
 #include "actors/runtime.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
+#include "gpu/nccl/communicator.hpp"
 #include "gpu/runtime.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
@@ -96,6 +98,10 @@ int run_training(const run_options& ro) {
   co.step_timeout_s = cfg.runtime.step_timeout_s;
   co.heartbeat_s = cfg.runtime.heartbeat_s;
   co.group_timeout_s = cfg.runtime.group_timeout_s;
+  co.abort_group = [](const std::vector<uint8_t>& id, const std::string& why) {
+    if (const auto n = gpu::nccl::abort_group(id, why))
+      spdlog::warn("aborted {} communicator(s) of the broken data-parallel group: {}", n, why);
+  };
   std::string restore_from;
   if (ro.resume) {
     auto last = newest_checkpoint(ckpt_dir);
