@@ -62,13 +62,17 @@ struct coordinator_state {
   std::vector<bool> down;                        ///< waiting for its restart
   std::vector<caf::actor_clock::time_point> last_heartbeat;  ///< last asked (idle drafters)
   std::vector<bool> heartbeat_pending;           ///< asked, no answer yet
-  int64_t lineage = 0;                           ///< rollbacks so far (a snapshot older than one is stale)
+  int64_t lineage = 0;                           ///< rollbacks to a checkpoint so far (a snapshot older than one is stale)
   // Data-parallel drafters (more than one): one NCCL group, lockstep steps.
   struct group_state {
     int64_t generation = 0;        ///< groups formed so far
     bool formed = false;           ///< a group is up and no rank has failed since
     bool forming = false;
     std::vector<uint8_t> nccl_id;  ///< of the group formed or being formed (abort_group)
+    /// Ranks that failed inside the group step in flight, with why: the
+    /// survivors' reports, still due, decide where training continues
+    /// (resolve_group_failure).
+    std::vector<std::pair<int32_t, std::string>> failed;
     int32_t ready = 0;             ///< drafters that answered before the group being formed
     int32_t joined = 0;            ///< join replies of the group being formed
     std::vector<bool> clean;       ///< holds the state the ledger's step says (restored or never diverged)
@@ -176,6 +180,7 @@ std::string ledger_json(self_ptr self) {
 
 void try_complete(self_ptr self);
 void maybe_end_epoch(self_ptr self);
+void retire(self_ptr self, int64_t batch_id, int64_t step);
 
 /// Snapshot drafter 0, write it, mark the ledger durable; then run the
 /// continuations queued meanwhile.
@@ -469,17 +474,27 @@ void join_group(self_ptr self, int64_t gen, int32_t root, JoinFailed join_failed
       });
 }
 
-/// A drafter failed: roll back to the newest checkpoint, re-issue what was
+/// A drafter failed: roll back to the restore point, re-issue what was
 /// lost, and restart it after its backoff — or end the run past the budget.
-/// Data-parallel drafters: the group is broken for everyone; the survivors
-/// stay up (a survivor inside the step's collective reports group_failed
-/// after runtime.group_timeout_s).  `peers_hold_state`: the failure left
-/// the survivors' weights at the ledger's step (it came between group steps,
-/// or every rank skipped the step's update), so nothing is rolled back but
-/// the batches in flight, and the next group takes a survivor's state
-/// (DESIGN.md §3: restore from a healthy peer).  Otherwise training rolls
-/// back to the newest checkpoint and the next group takes the restarted
-/// drafter's restored state.
+/// Data-parallel drafters: the group is broken for everyone and aborted
+/// (abort_group); the survivors stay up.  `peers_hold_state`: the failure
+/// left the survivors' weights at the ledger's step (it came between group
+/// steps, or every rank skipped the step's update), so nothing is rolled
+/// back but the batches in flight, and the next group takes a survivor's
+/// state (DESIGN.md §3: restore from a healthy peer).  A failure inside a
+/// group step waits for the survivors' reports first (resolve_group_failure).
+/// Otherwise training rolls back to the newest checkpoint and the next group
+/// takes the restarted drafter's restored state.
+void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, bool peers_hold_state);
+void resolve_group_failure(self_ptr self);
+
+void abort_group(self_ptr self, const std::string& why) {
+  auto& s = self->state;
+  if (!s.group.nccl_id.empty() && s.opts.abort_group)
+    s.opts.abort_group(s.group.nccl_id, why);
+  s.group.nccl_id.clear();
+}
+
 void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, bool peers_hold_state) {
   auto& s = self->state;
   const auto di = static_cast<size_t>(d);
@@ -489,8 +504,69 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
   // Forget the failed incarnation: its late messages no longer match (the
   // supervisor kills it if it is still alive).
   s.drafter_addr[di] = caf::actor_addr{};
-  s.busy.erase(d);
+  const bool was_busy = s.busy.erase(d) > 0;
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
+  if (grouped(self) && !peers_hold_state && s.group.formed && s.group.reports_due > 0) {
+    // Inside a group step: abort the group so the survivors stop waiting
+    // for this rank, and let their reports say where their states are (the
+    // step before, their guarded update skipped, or this one, the
+    // collective complete) before deciding what to roll back.
+    abort_group(self, reason);
+    s.group.failed.emplace_back(d, reason);
+    if (was_busy)
+      --s.group.reports_due;  // its report will not come
+    else  // it reported, then died: its state is gone with it
+      s.group.reports.erase(std::remove_if(s.group.reports.begin(), s.group.reports.end(),
+                                           [d](const step_report& r) { return r.drafter == d; }),
+                            s.group.reports.end());
+    if (s.group.reports_due == 0)
+      resolve_group_failure(self);
+    return;
+  }
+  roll_back_and_restart(self, d, reason, peers_hold_state);
+}
+
+/// Every survivor of the ranks that failed inside a group step has
+/// reported.  Their states are the ledger's step (the guarded update was
+/// skipped) or the next (the collective had completed: every rank's
+/// gradient is in, so the step's batches are trained); with all of them
+/// there, training continues from a survivor, losing no step.  A state
+/// anywhere else (unknown) sends everyone back to the newest checkpoint.
+void resolve_group_failure(self_ptr self) {
+  auto& s = self->state;
+  auto failed = std::move(s.group.failed);
+  s.group.failed.clear();
+  auto reports = std::move(s.group.reports);
+  s.group.reports.clear();
+  const int64_t before = s.step, after = s.step + 1;
+  bool known = !reports.empty();
+  bool any_after = false;
+  for (const auto& r : reports) {
+    known &= r.step == before || r.step == after;
+    any_after |= r.step == after;
+  }
+  if (known && any_after) {
+    // A survivor applied the whole step: its batches are in that state.
+    for (auto id : s.group.batches)
+      retire(self, id, after);
+    s.group.batches.clear();
+    s.step = after;
+  }
+  if (known)  // the survivors at the step training continues from can lead the next group
+    for (const auto& r : reports)
+      s.group.clean[static_cast<size_t>(r.drafter)] = r.step == s.step;
+  for (const auto& [d, why] : failed)
+    roll_back_and_restart(self, d, why, known);
+}
+
+/// The failure's consequences once the drafter is marked down: the group
+/// (if any) broken, the ledger rolled back to the restore point, what was
+/// lost re-issued, the supervisor asked for a restart.
+void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, bool peers_hold_state) {
+  auto& s = self->state;
+  const auto di = static_cast<size_t>(d);
+  if (!s.running)
+    return;
   bool keep_state = false;
   if (grouped(self)) {
     // A healthy peer must remain to take the state from.
@@ -499,9 +575,7 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
         keep_state |= j != di && !s.down[j] && s.group.clean[j];
     // Survivors blocked in the group's collective (or init) with the failed
     // rank would wait for group_timeout_s: abort it for them now.
-    if (!s.group.nccl_id.empty() && s.opts.abort_group)
-      s.opts.abort_group(s.group.nccl_id, reason);
-    s.group.nccl_id.clear();
+    abort_group(self, reason);
     s.group.formed = false;
     s.group.forming = false;
     s.group.reports_due = 0;
@@ -514,8 +588,10 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
   }
   // Roll back: everything after the restore point goes back to pending —
   // the newest checkpoint, or (survivors holding the state) the current step,
-  // which returns only the batches in flight.
-  ++s.lineage;
+  // which returns only the batches in flight.  Only a rollback past the
+  // current step makes a snapshot still being written stale.
+  if (!keep_state)
+    ++s.lineage;
   const int64_t restore_step = keep_state ? s.step : std::max<int64_t>(s.durable_step, 0);
   auto back = s.ledger->rollback(keep_state ? s.step : s.durable_step);
   const int64_t lost_steps = s.step - restore_step;
@@ -666,6 +742,13 @@ void on_group_report(self_ptr self, const step_report& r) {
   s.busy.erase(r.drafter);
   if (std::find(s.idle.begin(), s.idle.end(), r.drafter) == s.idle.end())
     s.idle.push_back(r.drafter);
+  if (!s.group.failed.empty()) {
+    // A survivor of a rank that failed inside this step: where is its state?
+    s.group.reports.push_back(r);
+    if (--s.group.reports_due == 0)
+      resolve_group_failure(self);
+    return;
+  }
   if (!s.group.formed || s.group.reports_due == 0) {
     // A step cut short by a failure already handled: nothing to account.
     if (r.group_failed)

@@ -227,13 +227,23 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       } catch (const gpu::error& e) {
         if (s.engine->group_broken()) {
           // The step's collective did not complete: a peer failed, not this
-          // drafter.  Leave the group and wait for the next one (whose
-          // broadcast replaces these weights).
+          // drafter.  Leave the group and wait for the next one; the
+          // coordinator decides from the reported step whether these
+          // weights are where training continues.
           spdlog::warn("drafter {}: step {}: {} (leaving the group)", s.index, s.engine->step() + 1, e.what());
           s.engine->leave_group(std::chrono::seconds(2));
           step_report rep;
           rep.drafter = s.index;
-          rep.step = s.engine->step();
+          // Where this drafter's state is: the update skipped (the step
+          // before) or applied (the collective had completed).
+          try {
+            rep.step = s.engine->sync_step();
+          } catch (const std::exception& x) {
+            self->quit(make_error(errc::device_failure, "step " + std::to_string(s.engine->step() + 1)
+                                                          + ": reading the update count after the group failed: "
+                                                          + x.what()));
+            return;
+          }
           rep.batch_id = w.batch.batch_id;
           rep.finite = false;
           rep.contributed = w.contribute;

@@ -85,9 +85,11 @@ struct step_report {
   double compute_ms = 0;     ///< the step itself
   double wait_ms = 0;        ///< idle time before this work item arrived
   bool contributed = true;   ///< false: the work item's contribute was false
-  /// The step's collective did not complete (a peer died): nothing was
-  /// applied that can be trusted; the drafter left its group and waits for
-  /// the next group_spec.
+  /// The step's collective did not complete on this drafter (a peer died,
+  /// the group was aborted): it left its group and waits for the next
+  /// group_spec.  `step` is then what its state holds, read back from the
+  /// device: the step before (the update was skipped) or this one (the
+  /// collective had completed, every rank's gradient is in).
   bool group_failed = false;
 };
 

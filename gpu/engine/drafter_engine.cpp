@@ -106,6 +106,8 @@ struct drafter_engine::impl {
   nccl::flat_bucket bucket;
   std::unique_ptr<nccl::communicator> comm;  ///< null: no group
   std::chrono::milliseconds group_timeout{0};
+  at::Tensor guard;    ///< [1] fp32: the step's completion check (guarded_loss)
+  at::Tensor aborted;  ///< [1] int32 view of the communicator's abort flag (guarded_loss)
 
   bool mixed() const { return dtype != at::kFloat; }
 
@@ -302,6 +304,23 @@ struct drafter_engine::impl {
 #endif
   }
 
+  /// In a group, after the gradient's all-reduce: the loss that the
+  /// optimizer's skip rule sees, NaN when the all-reduce may have been cut
+  /// short, so that the update is skipped and the weights, moments and
+  /// update count stay as they were: a survivor of a dead peer still holds
+  /// a consistent state (DESIGN.md §3; sync_step).  Cut short means the
+  /// communicator's abort flag was raised before this check ran (an abort
+  /// is the only way an all-reduce ends early, and the flag is raised
+  /// before it starts), or a one-element all-reduce of 1 from every rank,
+  /// run after the gradient's, does not sum to the world size.
+  at::Tensor guarded_loss(const at::Tensor& loss) {
+    at::NoGradGuard no_grad;
+    guard.fill_(1.0);
+    nccl::all_reduce(*comm, guard, nccl::reduce_op::sum);
+    const auto cut_short = (guard.ne(static_cast<double>(comm->world())) | aborted.ne(0)).squeeze(0);
+    return loss.detach().masked_fill(cut_short, std::numeric_limits<double>::quiet_NaN());
+  }
+
   /// The whole training step on device tensors, without a host
   /// synchronisation (so it can be captured): zero grads, anchors, block
   /// layout, objective, backward, all-reduce of the gradient bucket (in a
@@ -367,9 +386,12 @@ struct drafter_engine::impl {
     // stream (the graph's when graphed, so it is captured with the step),
     // before clipping, so every rank clips the same gradient and applies the
     // same update.  Loss and accuracy stay local.
-    if (comm)
+    auto skip_loss = loss;
+    if (comm) {
       nccl::all_reduce(*comm, bucket.flat(), nccl::reduce_op::avg);
-    auto st = optimizer->step(fp32_grads, loss);
+      skip_loss = guarded_loss(loss);
+    }
+    auto st = optimizer->step(fp32_grads, skip_loss);
     refresh_model();
     return step_metrics(loss, out, st);
   }
@@ -399,12 +421,14 @@ struct drafter_engine::impl {
       }
     }
     auto grad = flat.grad;
+    auto skip_loss = loss;
     if (comm) {
       flat.reduced.copy_(flat.grad);
       nccl::all_reduce(*comm, flat.reduced, nccl::reduce_op::avg);
       grad = flat.reduced;
+      skip_loss = guarded_loss(loss);
     }
-    auto st = optimizer->step_flat(grad, flat.model, loss);
+    auto st = optimizer->step_flat(grad, flat.model, skip_loss);
     return step_metrics(loss, out, st);
   }
 
@@ -551,8 +575,13 @@ struct drafter_engine::impl {
       sg.warmed = false;
     }
     make_bucket();
+    guard = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(device));
     broadcast_state(*c, timeout);
     comm = std::move(c);
+    aborted = at::for_blob(const_cast<int32_t*>(comm->abort_flag()), {1})
+                .options(at::TensorOptions().dtype(at::kInt).device(device))
+                .target_device(device)  // mapped host memory: no device lookup
+                .make_tensor();
     group_timeout = timeout;
 #else
     (void)id;
@@ -628,8 +657,25 @@ struct drafter_engine::impl {
     }
 #endif
     const bool clean = comm->close(timeout.count() > 0 ? timeout : std::chrono::milliseconds(1));
+    aborted = at::Tensor();  // a view of the communicator's memory
     comm.reset();
     return clean;
+  }
+
+  /// The update count the weights hold, read from the device once its work
+  /// has drained (after a step whose collective failed: the update was
+  /// skipped, or applied when the collective had completed); the engine
+  /// counts from it.
+  int64_t sync_step() {
+    detail::device_scope scope(device);
+#ifdef TANDEM_HAVE_CUDA
+    if (sg.graph)
+      sg.graph->stream().synchronize();
+    if (device.is_cuda())
+      c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+    applied = static_cast<int64_t>(std::llround(optimizer->step_count().item<double>()));
+    return applied;
   }
 
   json state_json() const {
@@ -729,6 +775,10 @@ const drafter_info& drafter_engine::info() const {
 
 int64_t drafter_engine::step() const {
   return impl_->applied;
+}
+
+int64_t drafter_engine::sync_step() {
+  return impl_->sync_step();
 }
 
 step_result drafter_engine::train_step(transport::handle batch, transport::handle features,

@@ -96,6 +96,12 @@ public:
 
   /// Updates applied so far.
   int64_t step() const;
+  /// Updates the weights hold, read from the device after its work has
+  /// drained: after a step that threw because its group's collective failed
+  /// (a peer died), the update was either skipped (the collective was cut
+  /// short: weights, moments and count unchanged) or applied in full (it had
+  /// completed); step() follows it from then on.
+  int64_t sync_step();
 
   /// One step on `batch` {tokens, loss_mask, doc_lengths} and `features`
   /// {taps [B, S, n·D]}: anchors from the engine's generator, block layout,
@@ -131,7 +137,12 @@ public:
   ///    NCCL needs before it is captured;
   ///  - after each step the host waits for the collective within `timeout`:
   ///    a rank that never arrives makes train_step throw gpu::error(timeout)
-  ///    (the communicator is aborted; leave_group, then join a new group).
+  ///    (the communicator is aborted; leave_group, then join a new group);
+  ///    so does an abort from another thread (nccl::abort_group: a peer is
+  ///    known dead).  A one-element all-reduce after the gradient's tells the
+  ///    step whether the collective completed on this rank: if not, the
+  ///    update is skipped on the device, so the rank's state is still the
+  ///    previous step's (sync_step says which).
   /// `world` 1 is a no-op.  restore() acts on this rank alone: restore every
   /// rank from the same checkpoint, or restore one and re-join.  Throws
   /// gpu::error: bad_input (a CPU drafter, already in a group, a bad rank or
@@ -148,8 +159,9 @@ public:
   bool leave_group(std::chrono::milliseconds timeout);
 
   /// In a group whose communicator has failed (a collective timed out or
-  /// NCCL reported an error): the last step cannot be trusted; leave_group
-  /// and join a new group.
+  /// was aborted, or NCCL reported an error): leave_group, read sync_step
+  /// (the state is that of the step before or, when the collective had
+  /// completed, after), and join a new group.
   bool group_broken() const;
 
   /// The group's size: 1 when not in a group.

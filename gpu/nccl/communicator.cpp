@@ -229,6 +229,8 @@ struct communicator::impl final : group_member {
 
   /// The group this rank is registered under (abort_group); empty until init starts.
   unique_id_bytes group;
+  /// Mapped pinned host memory (device-visible): 1 once an abort began.
+  int32_t* abort_flag = nullptr;
 
   impl(int r, int w, int d, communicator_options o)
       : rank(r), world(w), device(d), options(std::move(o)) {}
@@ -283,6 +285,8 @@ struct communicator::impl final : group_member {
         aborter.detach();  // the thread owns its job through a shared_ptr
       }
     }
+    if (abort_flag)
+      cudaFreeHost(abort_flag);  // the graphs reading it are gone (DESIGN.md §4 order)
     if (tails.empty())
       return;  // nothing on the device (e.g. refused before init): no device switch
     device_scope scope(device);
@@ -309,6 +313,10 @@ struct communicator::impl final : group_member {
 
   /// Hands `comm` to an abort thread (once).  Any thread; never blocks on NCCL.
   void start_abort(const std::string& reason) {
+    // Before ncclCommAbort can end any kernel early: a kernel that runs after
+    // this communicator's collectives and reads 0 knows they completed.
+    if (abort_flag)
+      __atomic_store_n(abort_flag, 1, __ATOMIC_SEQ_CST);
     std::lock_guard<std::mutex> lock(mutex);
     if (state != phase::closed)
       state = phase::failed;
@@ -571,6 +579,14 @@ communicator::communicator(const unique_id_bytes& id, int rank, int world, int d
                   + (dc == cudaSuccess ? "" : "; cudaGetDeviceCount: " + cuda_text(dc)) + ")");
 
   device_scope scope(device);
+  if (const auto e = cudaHostAlloc(reinterpret_cast<void**>(&m.abort_flag), sizeof(int32_t),
+                                   cudaHostAllocMapped | cudaHostAllocPortable);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    m.abort_flag = nullptr;
+    throw error(errc::device_failure, who + ": cudaHostAlloc of the abort flag: " + cuda_text(e));
+  }
+  *m.abort_flag = 0;
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), unique_id_size);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -673,6 +689,10 @@ void communicator::recv(void* data, size_t count, element_type type, int peer, c
   impl_->run(what, stream, o, [&](ncclComm_t c) {
     return ncclRecv(data, count, to_nccl(type), peer, c, stream);
   });
+}
+
+const int32_t* communicator::abort_flag() const {
+  return impl_->abort_flag;  // mapped: under UVA the host address is the device address
 }
 
 void communicator::enqueue(const std::function<void()>& launch, const std::string& what) {
@@ -845,6 +865,7 @@ void communicator::send(const void*, size_t, element_type, int, cuda_stream,
 void communicator::recv(void*, size_t, element_type, int, cuda_stream, const collective_options&) {
   throw_unavailable("recv");
 }
+const int32_t* communicator::abort_flag() const { return nullptr; }
 void communicator::enqueue(const std::function<void()>&, const std::string&) {
   throw_unavailable("enqueue");
 }

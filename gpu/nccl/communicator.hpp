@@ -177,6 +177,15 @@ public:
   void recv(void* data, size_t count, element_type type, int peer, cuda_stream stream,
             const collective_options& options = {});
 
+  /// A device-readable int32 (mapped pinned host memory) that turns 1 before
+  /// an abort starts (abort(), abort_group, or a failed wait or collective).
+  /// A kernel that runs after this communicator's collectives in stream order
+  /// and reads 0 there knows they completed: only an abort ends one early,
+  /// and what an aborted collective leaves in its buffers is undefined
+  /// (measured: a one-element all-reduce cut short by an abort still held the
+  /// full sum, from stale peer data).  Valid while the communicator lives.
+  const int32_t* abort_flag() const;
+
   /// Runs `launch` (the replay of a graph that captured this communicator's
   /// collectives) with abort() held off: an abort from another thread
   /// (abort_group) comes either before it, and then this throws

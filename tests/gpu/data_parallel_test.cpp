@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,7 @@ using namespace tandem::gpu;
 using namespace tandem::gpu::test;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using tandem::test::contains;
 
 namespace {
 
@@ -153,7 +155,71 @@ void expect_replicas(const std::vector<rank_record>& rec, int steps) {
               rec[1].results.front().loss, rec[1].results.back().loss, moved);
 }
 
+/// Two ranks train `together` steps; then rank 1 "dies" before its next
+/// step and, once rank 0 is inside that step, its group is aborted (what
+/// the coordinator does for a rank it knows failed).  Rank 0's step must end
+/// at once with the group broken and its state that of the step before:
+/// update count and master weights unchanged (the guarded update skipped).
+void survivor_keeps_its_state(bool graphs, int together) {
+  const auto id = nccl::new_unique_id();
+  std::promise<void> entering;
+  auto rank0_entering = entering.get_future().share();
+  on_ranks(2, [&](int r) {
+    c10::cuda::CUDAGuard device(static_cast<c10::DeviceIndex>(r));
+    target_engine target({tiny_target_dir(), r, "auto", {}});
+    auto batch = publish_batch(phrase_batch(2, 128, 500 + static_cast<uint64_t>(r)));
+    auto features = target.forward(batch);
+    {
+      drafter_engine drafter(options(r, graphs, 11));
+      drafter.join_group(id, r, 2, 60s);
+      for (int s = 0; s < together; ++s)
+        drafter.train_step(batch, features);
+      if (r == 1) {
+        rank0_entering.wait();
+        std::this_thread::sleep_for(1s);
+        EXPECT_EQ(nccl::abort_group(id, "drafter 1 died in step " + std::to_string(together + 1)), 2u);
+        drafter.leave_group(1s);
+      } else {
+        const auto before = masters_of(drafter);
+        const auto step_before = drafter.step();
+        EXPECT_EQ(step_before, together);
+        entering.set_value();
+        const auto t0 = steady::now();
+        try {
+          drafter.train_step(batch, features);
+          ADD_FAILURE() << "rank 0's step must fail: its peer never took part";
+        } catch (const error& e) {
+          std::printf("survivor (%s): step %d ended after %.2f s: %s\n", graphs ? "graphed" : "eager",
+                      together + 1, seconds_since(t0), e.what());
+          EXPECT_TRUE(contains(e.what(), "aborted for its group: drafter 1 died")) << e.what();
+        }
+        EXPECT_LT(seconds_since(t0), 10.0) << "the abort, not the 60 s deadline, must end the step";
+        EXPECT_TRUE(drafter.group_broken());
+        drafter.leave_group(2s);
+        EXPECT_EQ(drafter.sync_step(), step_before) << "the cut-short update must be skipped";
+        EXPECT_EQ(drafter.step(), step_before);
+        EXPECT_TRUE(bit_identical(masters_of(drafter), before))
+          << "the survivor's master weights must be those of step " << step_before;
+      }
+    }
+    transport::release(features);
+    transport::release(batch);
+  });
+}
+
 } // namespace
+
+TEST(data_parallel, a_survivor_of_a_peer_dead_mid_step_keeps_its_state_graphed) {
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
+  survivor_keeps_its_state(/*graphs=*/true, /*together=*/3);  // eager, capture, replay
+}
+
+TEST(data_parallel, a_survivor_of_a_peer_dead_mid_step_keeps_its_state_eager) {
+  TANDEM_REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_NCCL();
+  survivor_keeps_its_state(/*graphs=*/false, /*together=*/2);
+}
 
 TEST(data_parallel, captured_steps_keep_two_drafters_bit_identical) {
   TANDEM_REQUIRE_GPUS(2);

@@ -679,6 +679,8 @@ TEST(nccl, abort_group_ends_a_blocked_collective_on_the_survivor) {
       return;
     }
     auto x = at::ones({4096}, f32_on(0));
+    ASSERT_NE(comm.abort_flag(), nullptr);
+    EXPECT_EQ(*comm.abort_flag(), 0) << "a live communicator's abort flag is down";
     entering.set_value();
     const auto t0 = steady::now();
     auto m = expect_error(errc::device_failure, [&] {
@@ -690,6 +692,7 @@ TEST(nccl, abort_group_ends_a_blocked_collective_on_the_survivor) {
       << "the abort, not the 60 s deadline, must end the wait";
     EXPECT_TRUE(contains(m, "NCCL rank 0 of 2 on cuda:0")) << m;
     EXPECT_TRUE(contains(m, "aborted for its group: drafter 1 threw in step 7")) << m;
+    EXPECT_EQ(*comm.abort_flag(), 1) << "raised before the abort began";
     EXPECT_FALSE(comm.usable());
     EXPECT_FALSE(comm.close(1s)) << "an aborted communicator does not close cleanly";
     // The device itself is fine.

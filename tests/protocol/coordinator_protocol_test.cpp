@@ -876,6 +876,8 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   s.opts.credits = 4;
   s.opts.checkpoint_every = 2;
   w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die};  // dies in group step 4
+  // The survivor cannot say where its state is: back to the checkpoint.
+  w->drafter_script[0] = {act::ok, act::ok, act::ok, act::lost};
   // The broken group's communicators are aborted for the survivors at once.
   std::vector<std::pair<std::vector<uint8_t>, std::string>> aborted;
   s.opts.abort_group = [&aborted](const std::vector<uint8_t>& id, const std::string& why) {
@@ -908,12 +910,106 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   CAF_CHECK_EQUAL(w->summary->steps, 4);
   CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
   // Exactly once: the durable steps of the first group plus every step of
-  // the second cover each sample once; step 3 (trained, not durable) and the
-  // survivor's abandoned step 4 do not count.
+  // the second cover each sample once; step 3 (trained, not durable) does
+  // not count.
   CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   CAF_CHECK(std::any_of(w->steps.begin(), w->steps.end(),
-                        [](auto& st) { return st.generation == 1 && st.step == 4; }));
+                        [](auto& st) { return st.generation == 1 && st.step == 3; }));
   CAF_CHECK_EQUAL(aborted.size(), 1u);  // the second group ended cleanly
+  check_handles_released();
+}
+
+CAF_TEST(a data-parallel drafter that dies inside a step loses no step when the survivor skipped its update) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die};  // dies in group step 4
+  w->drafter_script[0] = {act::ok, act::ok, act::ok, act::cut};  // its collective cut short
+  int aborts = 0;
+  s.opts.abort_group = [&aborts](const std::vector<uint8_t>&, const std::string&) { ++aborts; };
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 3);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  CAF_CHECK_EQUAL(aborts, 1);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");  // then the survivor's broadcast
+  auto formed = w->events_named("group_formed");
+  CAF_REQUIRE_EQUAL(formed.size(), 2u);
+  CAF_CHECK_EQUAL(formed[1]["root"], 0);  // the survivor
+  CAF_CHECK_EQUAL(formed[1]["step"], 3);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  // Step 3 of the first group stays (no rollback); step 4 is trained again.
+  CAF_CHECK(kept_samples(w->steps, 3) == iota_to(16));
+  check_handles_released();
+}
+
+CAF_TEST(a checkpoint being written when a data-parallel drafter dies stays valid when the survivor holds the state) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->hold_writes = true;  // the step-2 checkpoint is still being written at step 4
+  w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die};
+  w->drafter_script[0] = {act::ok, act::ok, act::ok, act::cut};
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  self->send(checkpointer, go_atom::value);  // the write completes now
+  sched.run();
+  // Nothing was rolled back past step 2: its checkpoint is a restore point.
+  CAF_CHECK_EQUAL(w->events_named("checkpoint_discarded").size(), 0u);
+  auto written = w->events_named("checkpoint");
+  CAF_REQUIRE(!written.empty());
+  CAF_CHECK_EQUAL(written[0]["step"], 2);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  CAF_CHECK(kept_samples(w->steps, 3) == iota_to(16));
+  check_handles_released();
+}
+
+CAF_TEST(a data-parallel drafter that dies after the collective of its step leaves the whole step in the survivor) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->drafter_script[1] = {act::ok, act::ok, act::ok, act::die_after};  // its gradient is in step 4
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 1);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 4);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  CAF_CHECK_EQUAL(failed[0]["samples_reissued"], 0);  // every sample is trained
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  CAF_CHECK(kept_samples(w->steps, 4) == iota_to(16));
   check_handles_released();
 }
 

@@ -46,6 +46,11 @@ enum class act {
   hang,  ///< keeps the item and answers only on `go` (a hung step)
   skip,  ///< reports finite = false with a finite loss (a data-parallel peer's NaN
          ///< made the averaged gradient non-finite: every rank skipped the update)
+  cut,   ///< reports group_failed at its current step: a survivor whose step's
+         ///< collective was cut short by a dead peer (its guarded update skipped)
+  lost,  ///< reports group_failed with step -1: a state it cannot vouch for
+  die_after,  ///< trains (its gradient is in the step's collective), then quits
+              ///< without a report: died after the all-reduce
 };
 
 struct peer_world {
@@ -300,6 +305,17 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     s.idle_since = self->clock().now();
     self->send(coordinator, r);
   };
+  auto cut_short = [self, index, coordinator](const work_item& item, int64_t state_step) {
+    step_report r;
+    r.drafter = index;
+    r.batch_id = item.batch.batch_id;
+    r.finite = false;
+    r.contributed = item.contribute;
+    r.group_failed = true;
+    r.step = state_step;
+    self->state.idle_since = self->clock().now();
+    self->send(coordinator, r);
+  };
   return {
     [=](const work_item& item) {
       ++w->work_received;
@@ -321,6 +337,18 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
                                 "step " + std::to_string(self->state.step + 1) + ": injected failure"));
           break;
         case act::hang: self->state.held = item; break;
+        case act::cut: cut_short(item, self->state.step); break;
+        case act::lost: cut_short(item, -1); break;
+        case act::die_after: {
+          auto& st = self->state;
+          ++st.step;
+          if (item.contribute)
+            st.weights.insert(st.weights.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
+          w->steps.push_back({st.incarnation, st.step, item, st.generation, index});
+          self->quit(make_error(errc::device_failure,
+                                "step " + std::to_string(st.step) + ": injected failure after the collective"));
+          break;
+        }
       }
     },
     [=](go_atom) {
