@@ -60,6 +60,7 @@ struct coordinator_state {
   // deterministic clock in protocol tests.
   std::vector<caf::actor_clock::time_point> dispatched;  ///< when its step started
   std::vector<bool> down;                        ///< waiting for its restart
+  std::vector<int64_t> restore_point;            ///< the step its next incarnation is restored to (the checkpoint named in its restart)
   std::vector<caf::actor_clock::time_point> last_heartbeat;  ///< last asked (idle drafters)
   std::vector<bool> heartbeat_pending;           ///< asked, no answer yet
   int64_t lineage = 0;                           ///< rollbacks to a checkpoint so far (a snapshot older than one is stale)
@@ -181,6 +182,7 @@ std::string ledger_json(self_ptr self) {
 void try_complete(self_ptr self);
 void maybe_end_epoch(self_ptr self);
 void retire(self_ptr self, int64_t batch_id, int64_t step);
+void after_step(self_ptr self);
 
 /// Snapshot drafter 0, write it, mark the ledger durable; then run the
 /// continuations queued meanwhile.
@@ -551,12 +553,24 @@ void resolve_group_failure(self_ptr self) {
       retire(self, id, after);
     s.group.batches.clear();
     s.step = after;
+    double loss = 0;
+    int contributing = 0;
+    for (const auto& r : reports)
+      if (r.step == after && r.finite && r.contributed) {
+        self->send(s.peers.metrics, r);
+        loss += r.loss;
+        ++contributing;
+      }
+    if (contributing > 0)
+      s.summary.last_loss = loss / contributing;
   }
   if (known)  // the survivors at the step training continues from can lead the next group
     for (const auto& r : reports)
       s.group.clean[static_cast<size_t>(r.drafter)] = r.step == s.step;
   for (const auto& [d, why] : failed)
     roll_back_and_restart(self, d, why, known);
+  if (known && any_after)
+    after_step(self);  // the step counts: max_steps, a checkpoint due, the epoch's end
 }
 
 /// The failure's consequences once the drafter is marked down: the group
@@ -631,6 +645,9 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
                    {"restore_from", keep_state ? "peers" : "checkpoint"},
                    {"samples_reissued", static_cast<int64_t>(back.size())},
                    {"checkpoint", s.summary.checkpoint}};
+  // The checkpoint named here is what the new incarnation holds, even if a
+  // newer one is written before it comes up.
+  s.restore_point[di] = std::max<int64_t>(s.durable_step, 0);
   self->request(s.opts.supervisor, std::chrono::minutes(1), restart_atom::value, d, reason,
                 s.summary.checkpoint)
     .then(
@@ -694,8 +711,8 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   s.heartbeat_pending[di] = false;
   s.last_heartbeat[di] = self->clock().now();
   s.idle.push_back(d);
-  if (grouped(self))  // restored from the newest checkpoint: the ledger's state only if nothing came after it
-    s.group.clean[di] = std::max<int64_t>(s.durable_step, 0) == s.step;
+  if (grouped(self))  // restored from the checkpoint its restart named: the ledger's state only if nothing came after it
+    s.group.clean[di] = s.restore_point[di] == s.step;
   event(self, {{"event", "drafter_restarted"}, {"drafter", d}, {"step", s.step},
                {"from", s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint}});
   maybe_form_group(self);
@@ -904,6 +921,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         s.last_heartbeat.assign(n, self->clock().now());
         s.heartbeat_pending.assign(n, false);
         s.down.assign(n, false);
+        s.restore_point.assign(n, 0);
         for (size_t d = 0; d < n; ++d) {
           s.idle.push_back(static_cast<int32_t>(d));
           s.drafter_addr[d] = s.peers.drafters[d].address();
@@ -1040,7 +1058,7 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options 
         const auto now = self->clock().now();
         // A survivor of a broken group is inside a collective that cannot
         // complete: it comes back after group_timeout_s, not a hang.
-        const double limit = grouped(self) && !s.group.formed
+        const double limit = grouped(self) && (!s.group.formed || !s.group.failed.empty())
                                ? std::max(s.opts.step_timeout_s, s.opts.group_timeout_s + 10)
                                : s.opts.step_timeout_s;
         for (auto d : std::vector<int32_t>(s.busy.begin(), s.busy.end())) {

@@ -202,6 +202,33 @@ group_registry& registry() {
   return r;
 }
 
+/// A fresh abort flag (0), in pinned mapped pages that are never freed and
+/// whose slots are never reused: a kernel still queued behind an aborted
+/// collective may read its communicator's flag after the communicator is
+/// gone (a stream is drained only after the abort finishes, which is
+/// bounded by abort_timeout, not guaranteed).  4 bytes a communicator.
+int32_t* new_abort_flag(const std::string& who) {
+  constexpr size_t slots = 1024;
+  static std::mutex mutex;
+  static int32_t* page = nullptr;
+  static size_t used = slots;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (used == slots) {
+    int32_t* p = nullptr;
+    const auto e = cudaHostAlloc(reinterpret_cast<void**>(&p), slots * sizeof(int32_t),
+                                 cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw error(errc::device_failure, who + ": cudaHostAlloc of abort flags: " + cuda_text(e));
+    }
+    page = p;
+    used = 0;
+  }
+  int32_t* flag = page + used++;
+  __atomic_store_n(flag, 0, __ATOMIC_SEQ_CST);
+  return flag;
+}
+
 } // namespace
 
 struct communicator::impl final : group_member {
@@ -285,8 +312,6 @@ struct communicator::impl final : group_member {
         aborter.detach();  // the thread owns its job through a shared_ptr
       }
     }
-    if (abort_flag)
-      cudaFreeHost(abort_flag);  // the graphs reading it are gone (DESIGN.md §4 order)
     if (tails.empty())
       return;  // nothing on the device (e.g. refused before init): no device switch
     device_scope scope(device);
@@ -579,14 +604,7 @@ communicator::communicator(const unique_id_bytes& id, int rank, int world, int d
                   + (dc == cudaSuccess ? "" : "; cudaGetDeviceCount: " + cuda_text(dc)) + ")");
 
   device_scope scope(device);
-  if (const auto e = cudaHostAlloc(reinterpret_cast<void**>(&m.abort_flag), sizeof(int32_t),
-                                   cudaHostAllocMapped | cudaHostAllocPortable);
-      e != cudaSuccess) {
-    cudaGetLastError();
-    m.abort_flag = nullptr;
-    throw error(errc::device_failure, who + ": cudaHostAlloc of the abort flag: " + cuda_text(e));
-  }
-  *m.abort_flag = 0;
+  m.abort_flag = new_abort_flag(who);
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), unique_id_size);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -183,7 +183,8 @@ public:
   /// and reads 0 there knows they completed: only an abort ends one early,
   /// and what an aborted collective leaves in its buffers is undefined
   /// (measured: a one-element all-reduce cut short by an abort still held the
-  /// full sum, from stale peer data).  Valid while the communicator lives.
+  /// full sum, from stale peer data).  Never freed (4 bytes a communicator),
+  /// so a kernel still queued behind an aborted collective may read it late.
   const int32_t* abort_flag() const;
 
   /// Runs `launch` (the replay of a graph that captured this communicator's

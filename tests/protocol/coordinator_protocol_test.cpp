@@ -987,6 +987,65 @@ CAF_TEST(a checkpoint being written when a data-parallel drafter dies stays vali
   check_handles_released();
 }
 
+CAF_TEST(a drafter restarted from an older checkpoint than one written meanwhile does not lead the next group) {
+  // Drafter 0 answers the step-2 snapshot, then dies in step 3; the
+  // survivor skipped that update.  Its restart names the checkpoint durable
+  // then (none); the step-2 write completes before it comes up.  Its
+  // weights are not step 2's: the survivor must be the next group's rank 0.
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;  // 8 batches, 4 group steps
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->hold_writes = true;
+  w->drafter_script[0] = {act::ok, act::ok, act::die};
+  w->drafter_script[1] = {act::ok, act::ok, act::cut};
+  start(s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["drafter"], 0);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "peers");
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
+  self->send(checkpointer, go_atom::value);  // step 2 becomes durable before the restart
+  sched.run();
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "");  // what was durable when it failed
+  auto formed = w->events_named("group_formed");
+  CAF_REQUIRE_EQUAL(formed.size(), 2u);
+  CAF_CHECK_EQUAL(formed[1]["root"], 1);  // the survivor, not the fresh incarnation
+  CAF_CHECK_EQUAL(formed[1]["step"], 2);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
+  check_handles_released();
+}
+
+CAF_TEST(a step completed by the survivor of a rank that died after its collective counts toward max_steps) {
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  s.opts.max_steps = 3;
+  w->drafter_script[1] = {act::ok, act::ok, act::die_after};  // step 3 is in the survivor
+  start(s);
+  sched.run();
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 3);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "max_steps");
+  CAF_CHECK(std::none_of(w->steps.begin(), w->steps.end(), [](auto& st) { return st.step > 3; }));
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);  // 3 steps of 2 batches of 2
+  check_handles_released();
+}
+
 CAF_TEST(a data-parallel drafter that dies after the collective of its step leaves the whole step in the survivor) {
   setup s;
   s.drafters = 2;
