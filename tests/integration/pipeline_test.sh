@@ -2,7 +2,8 @@
 # tools/bench/pipeline.py (the end-to-end benchmark that reports the seed
 # topology, issue 7) at --size tiny on the CPU: a complete run gives a full
 # JSON line; --timeout gives a partial one ("complete": false) with the steps
-# so far; an injected throw appears in "recoveries".  Prints "N passed, M failed".
+# so far; an injected throw appears in "recoveries"; on made-up metrics, the wait
+# for a recovery is kept out of the data-wait share.  Prints "N passed, M failed".
 set -uo pipefail
 tandem="$1"
 python="${2:-python3}"
@@ -36,6 +37,31 @@ check "--timeout: a partial line from the steps so far" \
 pipe "$work/fault.json" --steps 16 --fault drafter=0,kind=throw,at_step=8
 check "an injected throw: one failure, restarted, training again" \
   'j["failures"] == 1 and len(j["recoveries"]) == 1 and j["recoveries"][0]["training_again_after_s"] is not None' "$work/fault.json"
+check "the wait for the recovery is reported apart from the data wait" \
+  'j["recovery_wait_s"] >= 0 and j["data_wait_share"] <= j["data_wait_share_incl_recovery"]' "$work/fault.json"
+
+# summarize() on made-up metrics: two drafters, 10 steps of 1 ms wait and 100 ms compute; a
+# failure after step 6, after which each drafter's first step waited 5 s for the recovery.
+# Steps 3-10 are measured (--skip 2): 16 reports, 14 of them with 1 ms of data wait.
+"$python" - "$src/tools/bench" > "$work/synthetic.json" <<'EOF'
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import pipeline
+rows, t = [], 0.0
+for step in range(1, 11):
+    for d in (0, 1):
+        t += 0.1
+        wait = 5000.0 if step == 7 else 1.0
+        rows.append({"event": "step", "step": step, "drafter": d, "wait_ms": wait, "compute_ms": 100.0,
+                     "time_s": t, "tokens": 10, "batch": step * 2 + d, "loss": 1.0})
+    if step == 6:
+        rows.append({"event": "drafter_failed", "drafter": 1, "time_s": t, "steps_lost": 0,
+                     "restore_from": "peers", "reason": "test"})
+a = types.SimpleNamespace(skip=2, size="tiny", target_device="cpu", drafter_device="cpu")
+print(json.dumps(pipeline.summarize(rows, a, ["cpu"], ["cpu", "cpu"], 0.0, 1.0)))
+EOF
+check "summarize: the first step after a failure is recovery wait, not data wait" \
+  'j["recovery_wait_s"] == 10.0 and abs(j["data_wait_share"] - 14 / 1614) < 1e-12 and abs(j["data_wait_share_incl_recovery"] - 10014 / 11614) < 1e-12 and all(abs(v["data_wait_share"] - 7 / 807) < 1e-12 for v in j["per_drafter"].values())' "$work/synthetic.json"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -21,7 +21,9 @@ It writes (into --work, default a temp folder, deleted unless --keep):
   run.toml  5-layer drafter, S 3072, N 512, Bs 16, credits 4, checkpoint only at the end
 then runs `tandem run run.toml` and reads its metrics.jsonl.  The data-wait share is
 Σ wait_ms / Σ (wait_ms + compute_ms) over the steps after the first `--skip` (default 5,
-the graph warm-up and capture).  Needs torch, numpy and safetensors.
+the graph warm-up and capture), leaving out each drafter's first step after a failure,
+whose wait was for the recovery (reported as recovery_wait_s;
+data_wait_share_incl_recovery counts it).  Needs torch, numpy and safetensors.
 
 Progress goes to stderr while it runs (setup phases, every 10th step, failures, restarts,
 group formations, checkpoints).  `--timeout S` bounds the run; when it expires, or when
@@ -179,7 +181,23 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     steps = [x for x in all_steps if x["step"] in kept]
     if not steps:
         return {"case": "pipeline", "error": "no steps after --skip", "rows": len(rows)}
-    wait = sum(x["wait_ms"] for x in steps)
+    # A drafter's first step after a failure waited for the recovery (its own
+    # restart, or the group re-formed around it), not for data: that wait is
+    # reported apart (recovery_wait_s) and left out of data_wait_share.
+    recovering, after_failure = set(), set()
+    for i, x in enumerate(rows):
+        if x.get("event") == "drafter_failed":
+            recovering = {y.get("drafter", 0) for y in all_steps}
+        elif x.get("event") == "step" and x.get("drafter", 0) in recovering:
+            recovering.discard(x.get("drafter", 0))
+            after_failure.add(i)
+    flagged = {id(rows[i]) for i in after_failure}
+
+    def data_wait(xs):
+        return sum(x["wait_ms"] for x in xs if id(x) not in flagged)
+
+    wait = data_wait(steps)
+    wait_all = sum(x["wait_ms"] for x in steps)
     compute = sum(x["compute_ms"] for x in steps)
     span_s = steps[-1]["time_s"] - steps[0]["time_s"]
     n = len(kept) - 1  # optimizer steps in the span (one report per drafter each)
@@ -189,7 +207,7 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     per_drafter = {}
     for d in sorted({x.get("drafter", 0) for x in steps}):
         mine = [x for x in steps if x.get("drafter", 0) == d]
-        w, c = sum(x["wait_ms"] for x in mine), sum(x["compute_ms"] for x in mine)
+        w, c = data_wait(mine), sum(x["compute_ms"] for x in mine)
         per_drafter[str(d)] = {"compute_ms_median": statistics.median(x["compute_ms"] for x in mine),
                                "data_wait_share": w / (w + c) if w + c > 0 else None}
     out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
@@ -200,6 +218,8 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
            "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
            "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
            "data_wait_share": wait / (wait + compute),
+           "data_wait_share_incl_recovery": wait_all / (wait_all + compute),
+           "recovery_wait_s": round((wait_all - wait) / 1000, 3),
            "steps_per_s": n / span_s if span_s > 0 else None,
            "tokens_per_s": tokens / span_s if span_s > 0 else None,
            "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
