@@ -528,6 +528,32 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
   roll_back_and_restart(self, d, reason, peers_hold_state);
 }
 
+/// The group step's batches are trained into the weights of `step`: retire
+/// them, count the step, and keep its loss (the mean over the contributing
+/// ones of `reports`).
+void count_group_step(self_ptr self, int64_t step, const std::vector<step_report>& reports) {
+  auto& s = self->state;
+  for (auto id : s.group.batches)
+    retire(self, id, step);
+  s.group.batches.clear();
+  s.step = step;
+  double loss = 0;
+  int contributing = 0;
+  for (const auto& x : reports)
+    if (x.contributed) {
+      loss += x.loss;
+      ++contributing;
+    }
+  if (contributing == 0)
+    return;
+  loss /= contributing;
+  if (!s.have_first_loss) {
+    s.summary.first_loss = loss;
+    s.have_first_loss = true;
+  }
+  s.summary.last_loss = loss;
+}
+
 /// Every survivor of the ranks that failed inside a group step has
 /// reported.  Their states are the ledger's step (the guarded update was
 /// skipped) or the next (the collective had completed: every rank's
@@ -549,20 +575,14 @@ void resolve_group_failure(self_ptr self) {
   }
   if (known && any_after) {
     // A survivor applied the whole step: its batches are in that state.
-    for (auto id : s.group.batches)
-      retire(self, id, after);
-    s.group.batches.clear();
-    s.step = after;
-    double loss = 0;
-    int contributing = 0;
+    std::vector<step_report> completed;
     for (const auto& r : reports)
-      if (r.step == after && r.finite && r.contributed) {
-        self->send(s.peers.metrics, r);
-        loss += r.loss;
-        ++contributing;
+      if (r.step == after && r.finite) {
+        if (r.contributed)
+          self->send(s.peers.metrics, r);
+        completed.push_back(r);
       }
-    if (contributing > 0)
-      s.summary.last_loss = loss / contributing;
+    count_group_step(self, after, completed);
   }
   if (known)  // the survivors at the step training continues from can lead the next group
     for (const auto& r : reports)
@@ -829,23 +849,7 @@ void on_group_report(self_ptr self, const step_report& r) {
                               + ", drafter " + std::to_string(x.drafter) + " at " + std::to_string(x.step)));
       return;
     }
-  for (auto id : s.group.batches)
-    retire(self, id, step);
-  s.group.batches.clear();
-  s.step = step;
-  double loss = 0;
-  int contributing = 0;
-  for (const auto& x : reports)
-    if (x.contributed) {
-      loss += x.loss;
-      ++contributing;
-    }
-  loss /= std::max(contributing, 1);
-  if (!s.have_first_loss) {
-    s.summary.first_loss = loss;
-    s.have_first_loss = true;
-  }
-  s.summary.last_loss = loss;
+  count_group_step(self, step, reports);
   after_step(self);
 }
 

@@ -149,6 +149,24 @@ struct fixture : test_coordinator_fixture<config> {
     return nlohmann::json::parse(*a->value);
   }
 
+  /// After one data-parallel failure: the backoff passes and the run of 16
+  /// samples (4 group steps) ends; the failed drafter was respawned from
+  /// `checkpoint` and the second group's rank 0 is `root`, at `step`.
+  void finish_regrouped(const std::string& checkpoint, int root, int64_t step) {
+    advance_time(500ms);
+    sched.run();
+    CAF_REQUIRE(w->summary.has_value());
+    CAF_CHECK(!w->error);
+    CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+    CAF_CHECK_EQUAL(w->respawns[0].second, checkpoint);
+    auto formed = w->events_named("group_formed");
+    CAF_REQUIRE_EQUAL(formed.size(), 2u);
+    CAF_CHECK_EQUAL(formed[1]["root"], root);
+    CAF_CHECK_EQUAL(formed[1]["step"], step);
+    CAF_CHECK_EQUAL(w->summary->steps, 4);
+    CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  }
+
   fake_drafter_actor drafter() const { return w->incarnations.back(); }
 
   /// How often each sample is in the final weights.
@@ -894,21 +912,10 @@ CAF_TEST(a data-parallel drafter that dies is restarted and the group re-formed 
   TANDEM_CHECK_MSG(aborted[0].second.find("drafter 1") != std::string::npos, aborted[0].second);
   CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
   CAF_CHECK_EQUAL(failed[0]["steps_lost"], 1);
-  advance_time(500ms);
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
-  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
-  CAF_CHECK_EQUAL(w->respawns[0].first, 1);
-  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");
   // The second group's rank 0 is the restarted drafter (restored from the
   // checkpoint); the survivor takes its state.
-  auto formed = w->events_named("group_formed");
-  CAF_REQUIRE_EQUAL(formed.size(), 2u);
-  CAF_CHECK_EQUAL(formed[1]["root"], 1);
-  CAF_CHECK_EQUAL(formed[1]["step"], 2);
-  CAF_CHECK_EQUAL(w->summary->steps, 4);
-  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  finish_regrouped("ckpt/step-2", /*root=*/1, /*step=*/2);
+  CAF_CHECK_EQUAL(w->respawns[0].first, 1);
   // Exactly once: the durable steps of the first group plus every step of
   // the second cover each sample once; step 3 (trained, not durable) does
   // not count.
@@ -938,18 +945,7 @@ CAF_TEST(a data-parallel drafter that dies inside a step loses no step when the 
   CAF_CHECK_EQUAL(failed[0]["restore_step"], 3);
   CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
   CAF_CHECK_EQUAL(aborts, 1);
-  advance_time(500ms);
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
-  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
-  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");  // then the survivor's broadcast
-  auto formed = w->events_named("group_formed");
-  CAF_REQUIRE_EQUAL(formed.size(), 2u);
-  CAF_CHECK_EQUAL(formed[1]["root"], 0);  // the survivor
-  CAF_CHECK_EQUAL(formed[1]["step"], 3);
-  CAF_CHECK_EQUAL(w->summary->steps, 4);
-  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  finish_regrouped("ckpt/step-2", /*root=*/0, /*step=*/3);  // respawned from step 2, then the survivor's broadcast
   // Step 3 of the first group stays (no rollback); step 4 is trained again.
   CAF_CHECK(kept_samples(w->steps, 3) == iota_to(16));
   check_handles_released();
@@ -1009,18 +1005,9 @@ CAF_TEST(a drafter restarted from an older checkpoint than one written meanwhile
   CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
   self->send(checkpointer, go_atom::value);  // step 2 becomes durable before the restart
   sched.run();
-  advance_time(500ms);
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
-  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
-  CAF_CHECK_EQUAL(w->respawns[0].second, "");  // what was durable when it failed
-  auto formed = w->events_named("group_formed");
-  CAF_REQUIRE_EQUAL(formed.size(), 2u);
-  CAF_CHECK_EQUAL(formed[1]["root"], 1);  // the survivor, not the fresh incarnation
-  CAF_CHECK_EQUAL(formed[1]["step"], 2);
-  CAF_CHECK_EQUAL(w->summary->steps, 4);
-  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  // Respawned from what was durable when it failed (nothing); the survivor
+  // leads the next group, not the fresh incarnation.
+  finish_regrouped("", /*root=*/1, /*step=*/2);
   CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   check_handles_released();
 }
@@ -1089,18 +1076,7 @@ CAF_TEST(a non-finite loss in a group loses no step: the survivors hold the stat
   CAF_CHECK_EQUAL(failed[0]["restore_step"], 2);
   CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
   CAF_CHECK_EQUAL(failed[0]["samples_reissued"], 8);  // in flight: the NaN step's 2 batches, 2 queued
-  advance_time(500ms);
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
-  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
-  CAF_CHECK_EQUAL(w->respawns[0].second, "");  // no checkpoint: fresh, then the broadcast
-  auto formed = w->events_named("group_formed");
-  CAF_REQUIRE_EQUAL(formed.size(), 2u);
-  CAF_CHECK_EQUAL(formed[1]["root"], 0);  // the survivor
-  CAF_CHECK_EQUAL(formed[1]["step"], 2);
-  CAF_CHECK_EQUAL(w->summary->steps, 4);
-  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  finish_regrouped("", /*root=*/0, /*step=*/2);  // no checkpoint: fresh, then the survivor's broadcast
   CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
   check_handles_released();
 }
