@@ -74,7 +74,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
                          {"accuracy", r.accuracy},   {"grad_norm", r.grad_norm},
                          {"lr", r.lr},               {"scored_tokens", r.scored_tokens},
                          {"tokens", r.real_tokens},  {"finite", r.finite},
-                         {"compute_ms", r.compute_ms}, {"wait_ms", r.wait_ms}});
+                         {"compute_ms", r.compute_ms}, {"wait_ms", r.wait_ms},
+                         {"tflop", r.tflop}});
         const double since = std::chrono::duration<double>(clock_type::now() - s.last_progress).count();
         if (s.opts.progress && since >= s.opts.every_s) {
           // The drafters run side by side: their summed time over their number

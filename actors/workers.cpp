@@ -271,6 +271,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       rep.real_tokens = w.batch.real_tokens;
       rep.finite = r.finite;
       rep.compute_ms = r.compute_ms;
+      rep.tflop = r.tflop;
       rep.wait_ms = wait;
       rep.contributed = w.contribute;
       s.idle_since = clock_type::now();

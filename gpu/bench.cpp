@@ -18,6 +18,7 @@
 #include "gpu/dflash_objective.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/error.hpp"
+#include "gpu/flops.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
@@ -149,33 +150,11 @@ std::string device_name(const at::Device& dev) {
   return "cpu";
 }
 
-/// FLOPs of one decoder layer's matmuls over `tokens` query tokens and
-/// `kv_tokens` extra key/value-only tokens (the drafter's context).
-double layer_linear_flops(const qwen3_config& c, double tokens, double kv_tokens) {
-  const double d = c.hidden_size, q = c.num_attention_heads * c.head_dim,
-               kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
-  return 2 * tokens * (d * q + q * d + 3 * d * i) + 2 * (tokens + kv_tokens) * 2 * d * kv;
-}
-
-/// FLOPs of attention over `pairs` visible (query, key) pairs: QKᵀ and PV.
-double attention_flops(const qwen3_config& c, double pairs) {
-  return 4 * pairs * c.num_attention_heads * c.head_dim;
-}
-
-/// Useful FLOPs of one drafter step (docs/bench.md): forward = layers ·
-/// (linear + attention over visible pairs) + fc + lm-head; backward = 2 ×
-/// layers + fc's weight gradient + lm-head's input gradient (no weight
-/// gradient: it is frozen).  `anchor_sum` = Σ_j anchor_j over the batch.
-double drafter_step_flops(const qwen3_config& layer, int64_t draft_layers, int64_t n_taps,
-                          double batch, double seq, double anchors, double block,
-                          double anchor_sum) {
-  const double d = layer.hidden_size;
-  const double q = anchors * block;
-  const double pairs = anchor_sum * block + batch * q * block;
-  const double one = layer_linear_flops(layer, batch * q, batch * seq) + attention_flops(layer, pairs);
-  const double fc = 2.0 * batch * seq * n_taps * d * d;
-  const double head_f = 2.0 * batch * q * d * layer.vocab_size;
-  return 3 * draft_layers * one + 2 * fc + 2 * head_f;
+/// The matmul dimensions of a Qwen3 config (gpu/flops.hpp).
+matmul_dims dims_of(const qwen3_config& c) {
+  return {static_cast<double>(c.hidden_size), static_cast<double>(c.num_attention_heads),
+          static_cast<double>(c.num_key_value_heads), static_cast<double>(c.head_dim),
+          static_cast<double>(c.intermediate_size), static_cast<double>(c.vocab_size)};
 }
 
 /// Marks phase boundaries inside runs: CUDA events on the current stream on
@@ -276,8 +255,8 @@ nlohmann::json bench_target_forward(const bench_options& o, const at::Device& de
   auto t = time_runs(dev, o.warmup, o.iters, [&] { (void)target.forward(ids); });
   const double tokens = s.batch * s.seq;
   // Causal attention: S(S+1)/2 visible pairs per row.
-  const double flop = run_layers * (layer_linear_flops(s.target, tokens, 0)
-                                    + attention_flops(s.target, s.batch * s.seq * (s.seq + 1) / 2.0));
+  const double flop = run_layers * (layer_linear_flops(dims_of(s.target), tokens, 0)
+                                    + attention_flops(dims_of(s.target), s.batch * s.seq * (s.seq + 1) / 2.0));
   auto j = base_line("target_forward", o, dev, size);
   j["shapes"] = {{"batch", s.batch}, {"seq", s.seq}, {"hidden", s.target.hidden_size},
                  {"layers_run", run_layers}, {"layers", s.target.num_hidden_layers},
@@ -362,7 +341,7 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
     for (size_t i = 0; i < iv.size() && i < phase_ms.size(); ++i)
       phase_ms[i].push_back(iv[i]);
   }
-  const double flop = drafter_step_flops(cfg.layer, s.draft_layers, n_taps, batch, s.seq, s.anchors,
+  const double flop = drafter_step_flops(dims_of(cfg.layer), s.draft_layers, n_taps, batch, s.seq, s.anchors,
                                          s.block, anchors_used.to(at::kDouble).sum().item<double>());
   const double q = s.anchors * s.block;
   auto j = base_line("drafter_step_eager", o, dev, size);
@@ -674,9 +653,9 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
   // Useful FLOPs as drafter_step_eager counts them, nothing for clip and
   // AdamW; the engine's anchors are private, so Σ anchor_j is its expected
   // value N·(S − Bs)/2 (uniform over the candidates 0..S−Bs).
-  const double anchor_sum = batch * s.anchors * (s.seq - s.block) / 2.0;
-  const double flop = drafter_step_flops(s.target, s.draft_layers, n_taps, batch, s.seq,
-                                         s.anchors, s.block, anchor_sum);
+  const double flop =
+    drafter_step_flops(dims_of(s.target), s.draft_layers, n_taps, batch, s.seq, s.anchors, s.block,
+                       expected_anchor_sum(batch, s.seq, s.anchors, s.block));
   const double tokens = batch * s.anchors * s.block;
   const auto attention = dflash_attention_path(at::TensorOptions().dtype(dtype).device(dev),
                                                s.target.num_attention_heads,

@@ -33,7 +33,4 @@ std::vector<std::string> bench_case_names();
 /// or size.
 void run_bench(const bench_options& opts, const std::function<void(const std::string&)>& emit);
 
-/// Dense bf16 peak of an H100/H200 (TFLOP/s), the MFU denominator.
-constexpr double peak_tflops_bf16 = 989.0;
-
 } // namespace tandem::gpu

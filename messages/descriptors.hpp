@@ -91,13 +91,14 @@ struct step_report {
   /// device: the step before (the update was skipped) or this one (the
   /// collective had completed, every rank's gradient is in).
   bool group_failed = false;
+  double tflop = 0;          ///< the step's useful work (gpu/flops.hpp), for MFU
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
            x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
-           x.wait_ms, x.contributed, x.group_failed);
+           x.wait_ms, x.contributed, x.group_failed, x.tflop);
 }
 
 /// A drafter's state copied off its device, ready for the checkpointer.

@@ -26,7 +26,7 @@ pipe() {  # pipe OUT ARGS...
 
 pipe "$work/full.json" --steps 14
 check "a complete run: 14 steps, 8 measured after the 5 skipped, data wait reported" \
-  'j.get("steps_measured") == 8 and 0 <= j["data_wait_share"] < 1 and "complete" not in j and j["failures"] == 0' "$work/full.json"
+  'j.get("steps_measured") == 8 and 0 <= j["data_wait_share"] < 1 and "complete" not in j and j["failures"] == 0 and 0 < j["drafter_mfu"] < 1' "$work/full.json"
 grep -q "pipeline: step 10/14" "$work/full.json.err" && { passed=$((passed+1)); echo "ok: progress on stderr"; } \
   || { failed=$((failed+1)); echo "FAIL: no progress line"; cat "$work/full.json.err"; }
 
@@ -42,7 +42,8 @@ check "the wait for the recovery is reported apart from the data wait" \
 
 # summarize() on made-up metrics: two drafters, 10 steps of 1 ms wait and 100 ms compute; a
 # failure after step 6, after which each drafter's first step waited 5 s for the recovery.
-# Steps 3-10 are measured (--skip 2): 16 reports, 14 of them with 1 ms of data wait.
+# Steps 3-10 are measured (--skip 2): 16 reports, 14 of them with 1 ms of data wait; each
+# step's 49.45 TFLOP in 100 ms is 494.5 TFLOP/s, half the 989 peak.
 "$python" - "$src/tools/bench" > "$work/synthetic.json" <<'EOF'
 import json, sys, types
 sys.path.insert(0, sys.argv[1])
@@ -53,7 +54,7 @@ for step in range(1, 11):
         t += 0.1
         wait = 5000.0 if step == 7 else 1.0
         rows.append({"event": "step", "step": step, "drafter": d, "wait_ms": wait, "compute_ms": 100.0,
-                     "time_s": t, "tokens": 10, "batch": step * 2 + d, "loss": 1.0})
+                     "time_s": t, "tokens": 10, "batch": step * 2 + d, "loss": 1.0, "tflop": 49.45})
     if step == 6:
         rows.append({"event": "drafter_failed", "drafter": 1, "time_s": t, "steps_lost": 0,
                      "restore_from": "peers", "reason": "test"})
@@ -61,7 +62,7 @@ a = types.SimpleNamespace(skip=2, size="tiny", target_device="cpu", drafter_devi
 print(json.dumps(pipeline.summarize(rows, a, ["cpu"], ["cpu", "cpu"], 0.0, 1.0)))
 EOF
 check "summarize: the first step after a failure is recovery wait, not data wait" \
-  'j["recovery_wait_s"] == 10.0 and abs(j["data_wait_share"] - 14 / 1614) < 1e-12 and abs(j["data_wait_share_incl_recovery"] - 10014 / 11614) < 1e-12 and all(abs(v["data_wait_share"] - 7 / 807) < 1e-12 for v in j["per_drafter"].values())' "$work/synthetic.json"
+  'j["recovery_wait_s"] == 10.0 and abs(j["data_wait_share"] - 14 / 1614) < 1e-12 and abs(j["data_wait_share_incl_recovery"] - 10014 / 11614) < 1e-12 and all(abs(v["data_wait_share"] - 7 / 807) < 1e-12 for v in j["per_drafter"].values()) and abs(j["drafter_mfu"] - 0.5) < 1e-12' "$work/synthetic.json"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -335,6 +335,19 @@ TEST(engine, thirty_steps_on_a_fixed_batch_reduce_the_loss) {
     EXPECT_FLOAT_EQ(r.lr, static_cast<float>(scheduled_lr(ao, i)));
     EXPECT_GT(r.scored_tokens, 0);
     EXPECT_GE(r.compute_ms, 0);
+    if (i == 1) {
+      // Useful FLOPs, docs/bench.md's formula written out for this shape:
+      // rows 2, S 64, N 16, Bs 8, L 2, 5 taps, D 64, I 128, H 4, K 2, h 16, V 512,
+      // Σ anchor_j at its expectation rows·N·(S − Bs)/2.
+      const double rows = 2, S = 64, N = 16, Bs = 8, L = 2, taps = 5, D = 64, I = 128, H = 4,
+                   K = 2, h = 16, V = 512;
+      const double T = rows * N * Bs, C = rows * S;
+      const double linear = 2 * T * (D * H * h + H * h * D + 3 * D * I) + 2 * (T + C) * 2 * D * K * h;
+      const double pairs = rows * N * (S - Bs) / 2 * Bs + T * Bs;
+      const double attention = 4 * pairs * H * h;
+      const double want = 3 * L * (linear + attention) + 2 * (2 * C * taps * D * D) + 2 * (2 * T * D * V);
+      EXPECT_NEAR(r.tflop * 1e12, want, want * 1e-12) << "step_result.tflop";
+    }
     loss.push_back(r.loss);
     acc.push_back(r.accuracy);
     std::printf("  step %2d  loss %.4f  acc %.3f  grad norm %.3f  lr %.2e\n", i, r.loss,

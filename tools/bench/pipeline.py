@@ -48,6 +48,8 @@ import torch
 from safetensors.numpy import save_file as save_np
 from safetensors.torch import save_file as save_torch
 
+PEAK_TFLOPS = 989.0  # dense bf16, H100/H200: the MFU denominator (docs/bench.md)
+
 SIZES = {
     "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=151936, mask=151669, drafter_layers=5,
@@ -208,11 +210,17 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     for d in sorted({x.get("drafter", 0) for x in steps}):
         mine = [x for x in steps if x.get("drafter", 0) == d]
         w, c = data_wait(mine), sum(x["compute_ms"] for x in mine)
+        flop = sum(x.get("tflop", 0) for x in mine)
         per_drafter[str(d)] = {"compute_ms_median": statistics.median(x["compute_ms"] for x in mine),
-                               "data_wait_share": w / (w + c) if w + c > 0 else None}
+                               "data_wait_share": w / (w + c) if w + c > 0 else None,
+                               # useful work over the drafter's step time (its collective
+                               # and any wait for its peers included) at the bf16 peak
+                               "mfu": flop / (c / 1e3) / PEAK_TFLOPS if flop > 0 and c > 0 else None}
     out = {"case": "pipeline", "size": a.size, "target_device": a.target_device,
            "drafter_device": a.drafter_device, "targets": len(targets), "drafters": len(drafters),
            "steps_measured": n, "per_drafter": per_drafter,
+           "drafter_mfu": (statistics.mean(v["mfu"] for v in per_drafter.values())
+                           if all(v["mfu"] is not None for v in per_drafter.values()) else None),
            "failures": sum(1 for x in rows if x.get("event") == "drafter_failed"),
            "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
            "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),

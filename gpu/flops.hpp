@@ -1,0 +1,54 @@
+#pragma once
+/// Useful FLOPs of the drafter's training step and the target's forward
+/// (docs/bench.md, "FLOP formulas"): what `tandem bench` and the run's
+/// metrics (`tflop` of each step) count.  Plain arithmetic, no LibTorch.
+
+#include <cstdint>
+
+namespace tandem::gpu {
+
+/// Peak dense bf16 of an H100/H200, the MFU denominator.
+constexpr double peak_tflops_bf16 = 989.0;
+
+/// The matmul dimensions of one Qwen3-style decoder layer.
+struct matmul_dims {
+  double hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+};
+
+/// One decoder layer's matmuls over `tokens` query tokens and `kv_tokens`
+/// extra key/value-only tokens (the drafter's context).
+inline double layer_linear_flops(const matmul_dims& c, double tokens, double kv_tokens) {
+  const double d = c.hidden, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim, i = c.intermediate;
+  return 2 * tokens * (d * q + q * d + 3 * d * i) + 2 * (tokens + kv_tokens) * 2 * d * kv;
+}
+
+/// Attention over `pairs` visible (query, key) pairs: QKᵀ and PV.
+inline double attention_flops(const matmul_dims& c, double pairs) {
+  return 4 * pairs * c.heads * c.head_dim;
+}
+
+/// One drafter step: forward = layers · (linear + attention over visible
+/// pairs) + fc + lm-head; backward = 2 × layers + fc's weight gradient +
+/// the lm-head's input gradient (it is frozen).  `anchor_sum` = Σ_j anchor_j
+/// over the batch (each block sees its anchor's prefix and its own block).
+/// Nothing is counted for clip and AdamW (memory-bound).
+inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers, int64_t n_taps,
+                                 double batch, double seq, double anchors, double block,
+                                 double anchor_sum) {
+  const double d = layer.hidden;
+  const double q = anchors * block;
+  const double pairs = anchor_sum * block + batch * q * block;
+  const double one = layer_linear_flops(layer, batch * q, batch * seq) + attention_flops(layer, pairs);
+  const double fc = 2.0 * batch * seq * n_taps * d * d;
+  const double head_f = 2.0 * batch * q * d * layer.vocab;
+  return 3 * static_cast<double>(draft_layers) * one + 2 * fc + 2 * head_f;
+}
+
+/// Σ anchor_j at its expected value when the N anchors of each row are
+/// uniform over the candidates 0 … S − Bs (one document a row): what the
+/// bench and the run's metrics use, since the anchors stay on the device.
+inline double expected_anchor_sum(double batch, double seq, double anchors, double block) {
+  return batch * anchors * (seq - block) / 2.0;
+}
+
+} // namespace tandem::gpu
