@@ -184,8 +184,20 @@ void maybe_end_epoch(self_ptr self);
 void retire(self_ptr self, int64_t batch_id, int64_t step);
 void after_step(self_ptr self);
 
-/// Snapshot drafter 0, write it, mark the ledger durable; then run the
-/// continuations queued meanwhile.
+/// Which drafter to snapshot: drafter 0, or with data-parallel drafters the
+/// first that is up and holds the ledger's state (drafter 0 may be down
+/// for a restart after a step its survivors completed).
+int32_t snapshot_source(self_ptr self) {
+  auto& s = self->state;
+  if (grouped(self))
+    for (size_t d = 0; d < s.peers.drafters.size(); ++d)
+      if (!s.down[d] && s.group.clean[d])
+        return static_cast<int32_t>(d);
+  return 0;  // a single drafter (or none fit: the request fails and the continuations wait)
+}
+
+/// Snapshot a drafter holding the ledger's state, write it, mark the ledger
+/// durable; then run the continuations queued meanwhile.
 void checkpoint(self_ptr self, std::function<void()> then) {
   auto& s = self->state;
   if (then)
@@ -195,7 +207,8 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   s.checkpointing = true;
   const auto extra = ledger_json(self);
   const auto lineage = s.lineage;
-  self->request(s.peers.drafters.front(), std::chrono::minutes(10), snapshot_atom::value)
+  self->request(s.peers.drafters[static_cast<size_t>(snapshot_source(self))], std::chrono::minutes(10),
+                snapshot_atom::value)
     .then(
       [self, extra, lineage](const snapshot_desc& snap) {
         self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)

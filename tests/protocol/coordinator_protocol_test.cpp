@@ -1033,6 +1033,33 @@ CAF_TEST(a step completed by the survivor of a rank that died after its collecti
   check_handles_released();
 }
 
+CAF_TEST(a checkpoint due at a step the survivor completed is taken from the survivor) {
+  // Drafter 0 dies after the collective of step 2, where a checkpoint is
+  // due: drafter 1 holds step 2 and is the one snapshotted.
+  setup s;
+  s.drafters = 2;
+  s.samples = 16;
+  s.opts.credits = 4;
+  s.opts.checkpoint_every = 2;
+  w->drafter_script[0] = {act::ok, act::die_after};
+  start(s);
+  sched.run();
+  auto written = w->events_named("checkpoint");
+  CAF_REQUIRE(!written.empty());
+  CAF_CHECK_EQUAL(written[0]["step"], 2);
+  CAF_REQUIRE(!w->written.empty());
+  CAF_CHECK_EQUAL(w->written[0].drafter, 1);
+  CAF_CHECK_EQUAL(w->written[0].step, 2);
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 4);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 16);
+  CAF_CHECK(kept_samples(w->steps, 2) == iota_to(16));
+  check_handles_released();
+}
+
 CAF_TEST(a data-parallel drafter that dies after the collective of its step leaves the whole step in the survivor) {
   setup s;
   s.drafters = 2;
