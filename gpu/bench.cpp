@@ -150,13 +150,6 @@ std::string device_name(const at::Device& dev) {
   return "cpu";
 }
 
-/// The matmul dimensions of a Qwen3 config (gpu/flops.hpp).
-matmul_dims dims_of(const qwen3_config& c) {
-  return {static_cast<double>(c.hidden_size), static_cast<double>(c.num_attention_heads),
-          static_cast<double>(c.num_key_value_heads), static_cast<double>(c.head_dim),
-          static_cast<double>(c.intermediate_size), static_cast<double>(c.vocab_size)};
-}
-
 /// Marks phase boundaries inside runs: CUDA events on the current stream on
 /// a GPU (read after the runs, so marking adds no host synchronisation), a
 /// steady clock on the CPU.
@@ -654,8 +647,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
   // AdamW; the engine's anchors are private, so Σ anchor_j is its expected
   // value N·(S − Bs)/2 (uniform over the candidates 0..S−Bs).
   const double flop =
-    drafter_step_flops(dims_of(s.target), s.draft_layers, n_taps, batch, s.seq, s.anchors, s.block,
-                       expected_anchor_sum(batch, s.seq, s.anchors, s.block));
+    expected_drafter_step_flops(dims_of(s.target), s.draft_layers, n_taps, batch, s.seq, s.anchors, s.block);
   const double tokens = batch * s.anchors * s.block;
   const auto attention = dflash_attention_path(at::TensorOptions().dtype(dtype).device(dev),
                                                s.target.num_attention_heads,

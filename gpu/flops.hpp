@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "gpu/hf_config.hpp"
+
 namespace tandem::gpu {
 
 /// Peak dense bf16 of an H100/H200, the MFU denominator.
@@ -14,6 +16,13 @@ constexpr double peak_tflops_bf16 = 989.0;
 struct matmul_dims {
   double hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
 };
+
+/// The matmul dimensions of a Qwen3 config.
+inline matmul_dims dims_of(const qwen3_config& c) {
+  return {static_cast<double>(c.hidden_size), static_cast<double>(c.num_attention_heads),
+          static_cast<double>(c.num_key_value_heads), static_cast<double>(c.head_dim),
+          static_cast<double>(c.intermediate_size), static_cast<double>(c.vocab_size)};
+}
 
 /// One decoder layer's matmuls over `tokens` query tokens and `kv_tokens`
 /// extra key/value-only tokens (the drafter's context).
@@ -49,6 +58,13 @@ inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers,
 /// bench and the run's metrics use, since the anchors stay on the device.
 inline double expected_anchor_sum(double batch, double seq, double anchors, double block) {
   return batch * anchors * (seq - block) / 2.0;
+}
+
+/// drafter_step_flops with Σ anchor_j at its expectation.
+inline double expected_drafter_step_flops(const matmul_dims& layer, int64_t draft_layers, int64_t n_taps,
+                                          double batch, double seq, double anchors, double block) {
+  return drafter_step_flops(layer, draft_layers, n_taps, batch, seq, anchors, block,
+                            expected_anchor_sum(batch, seq, anchors, block));
 }
 
 } // namespace tandem::gpu

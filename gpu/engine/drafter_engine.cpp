@@ -547,16 +547,11 @@ struct drafter_engine::impl {
     r.step = static_cast<int64_t>(v[6]);
     applied = r.step;
     r.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const auto& l = cfg.layer;
-    r.tflop = drafter_step_flops({static_cast<double>(l.hidden_size), static_cast<double>(l.num_attention_heads),
-                                  static_cast<double>(l.num_key_value_heads), static_cast<double>(l.head_dim),
-                                  static_cast<double>(l.intermediate_size), static_cast<double>(l.vocab_size)},
-                                 opts.layers, static_cast<int64_t>(cfg.target_layer_ids.size()),
-                                 static_cast<double>(b), static_cast<double>(s),
-                                 static_cast<double>(opts.anchors), static_cast<double>(opts.block_size),
-                                 expected_anchor_sum(static_cast<double>(b), static_cast<double>(s),
-                                                     static_cast<double>(opts.anchors),
-                                                     static_cast<double>(opts.block_size)))
+    r.tflop = expected_drafter_step_flops(dims_of(cfg.layer), opts.layers,
+                                          static_cast<int64_t>(cfg.target_layer_ids.size()),
+                                          static_cast<double>(b), static_cast<double>(s),
+                                          static_cast<double>(opts.anchors),
+                                          static_cast<double>(opts.block_size))
               / 1e12;
     return r;
   }

@@ -186,14 +186,13 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     # A drafter's first step after a failure waited for the recovery (its own
     # restart, or the group re-formed around it), not for data: that wait is
     # reported apart (recovery_wait_s) and left out of data_wait_share.
-    recovering, after_failure = set(), set()
-    for i, x in enumerate(rows):
+    recovering, flagged = set(), set()
+    for x in rows:
         if x.get("event") == "drafter_failed":
             recovering = {y.get("drafter", 0) for y in all_steps}
         elif x.get("event") == "step" and x.get("drafter", 0) in recovering:
             recovering.discard(x.get("drafter", 0))
-            after_failure.add(i)
-    flagged = {id(rows[i]) for i in after_failure}
+            flagged.add(id(x))
 
     def data_wait(xs):
         return sum(x["wait_ms"] for x in xs if id(x) not in flagged)
