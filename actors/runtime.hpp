@@ -25,6 +25,7 @@
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
+#include "launch/options.hpp"
 #include "messages/checkpointer.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/drafter.hpp"
@@ -67,31 +68,12 @@ drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_
 template <caf::spawn_options Os = caf::detached>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
 
-struct metrics_options {
-  std::filesystem::path jsonl;  ///< "" = no file
-  bool progress = true;         ///< a progress line on stderr
-  double every_s = 1.0;
-  int64_t total_steps = 0;      ///< for the ETA (0 = unknown)
-  int64_t log_every = 10;       ///< JSON line every N steps
-};
+/// metrics_options: launch/options.hpp (plain data, filled by the launch plan).
 metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);
 
-struct coordinator_options {
-  int64_t num_samples = 0;           ///< in the dataset
-  int32_t credits = 4;               ///< batches in flight per prefetch
-  int64_t max_steps = 0;             ///< 0: run `epochs`
-  int64_t epochs = 1;
-  int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
-  std::string resume_ledger;         ///< a saved ledger (resume), or ""
-  int64_t resume_step = 0;           ///< the drafters' step when resuming
-  std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
-  // Failure detection (config [runtime]); restarts are the supervisor's.
-  double step_timeout_s = 120;       ///< a step longer than this is a hang
-  double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer
-                                     ///< within it (runtime.heartbeat_s); 0 = not asked
-  /// Data-parallel drafters (more than one): the deadline of forming their
-  /// NCCL group and of every collective in a step (runtime.group_timeout_s).
-  double group_timeout_s = 30;
+/// The coordinator's settings (launch/options.hpp) and the wiring of a
+/// running system.
+struct coordinator_options : coordinator_settings {
   /// Aborts the communicators of a broken data-parallel group (its NCCL
   /// unique id) that live in this process, so that survivors blocked in its
   /// init or collective stop at once instead of after group_timeout_s
@@ -101,11 +83,8 @@ struct coordinator_options {
   supervisor_actor supervisor;       ///< restarts failed drafters (spawn_supervisor)
 };
 
-struct supervisor_options {
-  // Config [supervision].
-  int64_t restart_budget = 3;        ///< restarts per drafter within window_s
-  std::vector<double> backoff_s{1, 2, 4};  ///< before the n-th restart (the last repeats)
-  double window_s = 600;
+/// The supervisor's policy (launch/options.hpp) and how it respawns.
+struct supervisor_options : supervisor_settings {
   /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
   std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
 };

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/run_config.hpp"
+#include "launch/run_config.hpp"
 
 namespace fs = std::filesystem;
 using namespace tandem;

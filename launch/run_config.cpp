@@ -5,7 +5,8 @@
 // errors and their suggestions), how each is read and validated, how it is
 // written back, and its comment in to_toml.  [[faults.inject]] is the one
 // array of tables and is handled beside it.
-#include "actors/run_config.hpp"
+#include "launch/run_config.hpp"
+#include "launch/options.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -1122,7 +1123,8 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
                          w_num(c.runtime.step_timeout_s) +
                          "): a drafter's peers must give up on a collective it never joins before "
                          "the watchdog judges the step, so the one that failed is told apart");
-    if (c.runtime.credits * static_cast<int64_t>(targets.size()) < static_cast<int64_t>(drafters.size()))
+    if (!credits_cover_drafters(c.runtime.credits, static_cast<int64_t>(targets.size()),
+                                static_cast<int64_t>(drafters.size())))
       throw config_error(at + "'runtime.credits' (" + std::to_string(c.runtime.credits) + ") x " +
                          std::to_string(targets.size()) + " target(s) is less than the " +
                          std::to_string(drafters.size()) +

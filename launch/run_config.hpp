@@ -19,6 +19,7 @@
 ///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", got "oops"
 ///
 /// Plain C++: no CAF, no LibTorch, and toml++ only inside run_config.cpp.
+/// launch/plan.hpp turns a run_config into the options of every actor.
 
 #include <cstdint>
 #include <filesystem>

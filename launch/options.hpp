@@ -1,0 +1,70 @@
+#pragma once
+/// The settings of the bookkeeping actors (coordinator, supervisor, metrics,
+/// checkpointer) as plain data: what launch_plan (launch/plan.hpp) fills from
+/// a run config.  No CAF, no LibTorch: the actor handles and callbacks that
+/// wire a running system together are added by actors/spawn.hpp, whose
+/// option structs extend these.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+/// The coordinator's settings (messages/coordinator.hpp; config [runtime],
+/// [checkpoint], [data], [train]).
+struct coordinator_settings {
+  int64_t num_samples = 0;           ///< in the dataset
+  int32_t credits = 4;               ///< batches in flight per prefetch
+  int64_t max_steps = 0;             ///< 0: run `epochs`
+  int64_t epochs = 1;
+  int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
+  /// A stop request (SIGINT/SIGTERM, checkpoint.on_signal) finishes the step
+  /// and writes a checkpoint first; false: it finishes the step and ends
+  /// without one (the ledger commits only what an earlier checkpoint holds).
+  bool checkpoint_on_stop = true;
+  std::string resume_ledger;         ///< a saved ledger (resume), or ""
+  int64_t resume_step = 0;           ///< the drafters' step when resuming
+  std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
+  // Failure detection (config [runtime]); restarts are the supervisor's.
+  double step_timeout_s = 120;       ///< a step longer than this is a hang
+  double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer
+                                     ///< within it (runtime.heartbeat_s); 0 = not asked
+  /// Data-parallel drafters (more than one): the deadline of forming their
+  /// NCCL group and of every collective in a step (runtime.group_timeout_s).
+  double group_timeout_s = 30;
+};
+
+/// The supervisor's restart policy (config [supervision]).
+struct supervisor_settings {
+  int64_t restart_budget = 3;              ///< restarts per drafter within window_s
+  std::vector<double> backoff_s{1, 2, 4};  ///< before the n-th restart (the last repeats)
+  double window_s = 600;
+};
+
+/// The metrics actor (config [metrics], train.log_every, run.name).
+struct metrics_options {
+  std::string run_name;         ///< written into every JSON line ("run") and the progress line
+  std::filesystem::path jsonl;  ///< "" = no file
+  bool progress = true;         ///< a progress line on stderr
+  double every_s = 1.0;
+  int64_t total_steps = 0;      ///< for the ETA (0 = unknown)
+  int64_t log_every = 10;       ///< JSON line every N steps
+};
+
+/// The checkpointer (config [checkpoint]).
+struct checkpointer_options {
+  std::filesystem::path dir;  ///< snapshots go to dir/step-<k>/
+  int keep = 3;               ///< newest kept
+};
+
+/// One rule in one place: a data-parallel group step takes one batch per
+/// drafter, so the prefetch actors' credits together must cover the
+/// drafters.  True when `credits` per prefetch actor over `prefetch` actors
+/// feed `drafters` drafters.
+inline bool credits_cover_drafters(int64_t credits, int64_t prefetch, int64_t drafters) {
+  return drafters <= 1 || credits * prefetch >= drafters;
+}
+
+} // namespace tandem

@@ -1,0 +1,190 @@
+#include "launch/plan.hpp"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem {
+
+namespace {
+
+/// Optimizer steps in `epochs` passes over the data: one packed batch of
+/// rows × seq_len tokens per step at ~90% fill, rounded up.
+int64_t schedule_steps(const run_config& c, const data_facts& data) {
+  const double tokens_per_batch = static_cast<double>(c.data.rows * c.data.seq_len) * 0.9;
+  return static_cast<int64_t>(static_cast<double>(data.num_tokens) * static_cast<double>(c.data.epochs)
+                              / tokens_per_batch)
+         + 1;
+}
+
+} // namespace
+
+launch_plan make_plan(const run_config& c, const inventory& devices, const data_facts& data,
+                      const std::optional<resume_point>& resume) {
+  const std::string at = c.source.empty() ? "" : c.source.string() + ": ";
+  if (devices.nodes.size() != 1)
+    throw config_error(at + "make_plan: placement on " + std::to_string(devices.nodes.size())
+                       + " nodes is not supported yet (one node: the host the run starts on)");
+  launch_plan p;
+  p.run_name = c.run.name;
+  p.output_dir = c.run.output_dir;
+  p.placement = resolve_placement(c, devices.nodes.front().gpus);
+  p.schedule_steps = schedule_steps(c, data);
+
+  auto& co = p.coordinator;
+  co.num_samples = data.num_samples;
+  co.credits = static_cast<int32_t>(c.runtime.credits);
+  co.max_steps = c.train.max_steps;
+  co.epochs = c.data.epochs;
+  co.checkpoint_every = c.checkpoint.every_steps;
+  co.checkpoint_on_stop = c.checkpoint.on_signal;
+  co.step_timeout_s = c.runtime.step_timeout_s;
+  co.heartbeat_s = c.runtime.heartbeat_s;
+  co.group_timeout_s = c.runtime.group_timeout_s;
+  if (resume) {
+    co.resume_ledger = resume->ledger;
+    co.resume_step = resume->step;
+    co.resume_checkpoint = resume->checkpoint;
+    p.restore_from = resume->checkpoint;
+  }
+  p.checkpoint_on_signal = c.checkpoint.on_signal;
+
+  p.supervisor.restart_budget = c.supervision.restart_budget;
+  p.supervisor.backoff_s = c.supervision.backoff_s;
+  p.supervisor.window_s = c.supervision.window_s;
+
+  p.metrics.run_name = c.run.name;
+  p.metrics.jsonl = c.metrics_file();
+  p.metrics.progress = c.metrics.progress;
+  p.metrics.every_s = c.metrics.every_s;
+  p.metrics.total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, p.schedule_steps)
+                                                : p.schedule_steps;
+  p.metrics.log_every = c.train.log_every;
+
+  p.checkpointer.dir = c.checkpoint_dir();
+  p.checkpointer.keep = static_cast<int>(c.checkpoint.keep);
+
+  const auto world = static_cast<int32_t>(p.placement.targets.size());
+  for (const auto& t : p.placement.targets) {
+    gpu::prefetch_engine_options po;
+    po.dataset = c.data.path;
+    po.device = t.device;
+    po.rows = c.data.rows;
+    po.seq_len = c.data.seq_len;
+    po.max_docs = c.data.max_docs;
+    po.lookahead = c.data.lookahead;
+    po.seed = c.data.seed;
+    po.rank = t.index;
+    po.world = world;
+    p.prefetch.push_back(po);
+    gpu::target_engine_options to;
+    to.dir = c.model.target;
+    to.device = t.device;
+    to.dtype = c.model.dtype;
+    to.tap_ids = c.model.tap_layers;
+    p.targets.push_back(to);
+  }
+  for (const auto& d : p.placement.drafters) {
+    gpu::drafter_engine_options o;
+    o.target_dir = c.model.target;
+    o.device = d.device;
+    o.dtype = c.model.dtype;
+    o.layers = c.drafter.layers;
+    o.block_size = c.drafter.block_size;
+    o.mask_token_id = c.drafter.mask_token_id;
+    o.init_from = c.drafter.init_from;
+    o.anchors = c.data.anchors;
+    o.chunk_rows = c.train.chunk_rows;
+    o.tap_ids = c.model.tap_layers;
+    // Each rank's own seed; join_group makes the replicas equal anyway.
+    o.seed = c.drafter.seed + static_cast<uint64_t>(d.index);
+    o.lr = c.train.lr;
+    o.warmup_ratio = c.train.warmup_ratio;
+    o.weight_decay = c.train.weight_decay;
+    o.grad_clip = c.train.grad_clip;
+    o.beta1 = c.train.beta1;
+    o.beta2 = c.train.beta2;
+    o.eps = c.train.eps;
+    o.total_steps = p.schedule_steps;
+    o.capture_graphs = c.runtime.capture_graphs;
+    p.drafters.push_back(o);
+  }
+  p.faults = c.faults;
+  p.hang_s = 2 * c.runtime.step_timeout_s + 1;
+  return p;
+}
+
+std::vector<std::string> prepare_arguments(const run_config& c) {
+  if (c.data.sources.empty())
+    return {};
+  std::vector<std::string> args{"--tokenizer", c.data.tokenizer.string(), "--output",
+                                c.data.path.string(), "--reuse", "--block-size",
+                                std::to_string(c.drafter.block_size), "--max-length",
+                                std::to_string(std::max<int64_t>(3072, c.data.seq_len))};
+  if (!c.metrics.progress)
+    args.push_back("--quiet");
+  for (const auto& src : c.data.sources)
+    args.push_back(src.string());
+  return args;
+}
+
+std::string to_json(const launch_plan& p) {
+  using nlohmann::json;
+  auto slots = [](const std::vector<placement_plan::slot>& v) {
+    json a = json::array();
+    for (const auto& s : v)
+      a.push_back({{"role", s.role}, {"index", s.index}, {"device", device_string(s.device)}});
+    return a;
+  };
+  json j;
+  j["run_name"] = p.run_name;
+  j["output_dir"] = p.output_dir.string();
+  j["placement"] = {{"targets", slots(p.placement.targets)},
+                    {"drafters", slots(p.placement.drafters)},
+                    {"prefetch", slots(p.placement.prefetch)}};
+  j["schedule_steps"] = p.schedule_steps;
+  const auto& co = p.coordinator;
+  j["coordinator"] = {{"num_samples", co.num_samples}, {"credits", co.credits},
+                      {"max_steps", co.max_steps}, {"epochs", co.epochs},
+                      {"checkpoint_every", co.checkpoint_every},
+                      {"checkpoint_on_stop", co.checkpoint_on_stop},
+                      {"resume_ledger", co.resume_ledger}, {"resume_step", co.resume_step},
+                      {"resume_checkpoint", co.resume_checkpoint},
+                      {"step_timeout_s", co.step_timeout_s}, {"heartbeat_s", co.heartbeat_s},
+                      {"group_timeout_s", co.group_timeout_s}};
+  j["supervisor"] = {{"restart_budget", p.supervisor.restart_budget},
+                     {"backoff_s", p.supervisor.backoff_s}, {"window_s", p.supervisor.window_s}};
+  j["metrics"] = {{"run_name", p.metrics.run_name}, {"jsonl", p.metrics.jsonl.string()},
+                  {"progress", p.metrics.progress}, {"every_s", p.metrics.every_s},
+                  {"total_steps", p.metrics.total_steps}, {"log_every", p.metrics.log_every}};
+  j["checkpointer"] = {{"dir", p.checkpointer.dir.string()}, {"keep", p.checkpointer.keep}};
+  j["prefetch"] = json::array();
+  for (const auto& o : p.prefetch)
+    j["prefetch"].push_back({{"dataset", o.dataset.string()}, {"device", device_string(o.device)},
+                             {"rows", o.rows}, {"seq_len", o.seq_len}, {"max_docs", o.max_docs},
+                             {"lookahead", o.lookahead}, {"seed", o.seed}, {"rank", o.rank},
+                             {"world", o.world}, {"verify_hashes", o.verify_hashes}});
+  j["targets"] = json::array();
+  for (const auto& o : p.targets)
+    j["targets"].push_back({{"dir", o.dir.string()}, {"device", device_string(o.device)},
+                            {"dtype", o.dtype}, {"tap_ids", o.tap_ids}});
+  j["drafters"] = json::array();
+  for (const auto& o : p.drafters)
+    j["drafters"].push_back(
+      {{"target_dir", o.target_dir.string()}, {"device", device_string(o.device)}, {"dtype", o.dtype},
+       {"layers", o.layers}, {"block_size", o.block_size}, {"mask_token_id", o.mask_token_id},
+       {"anchors", o.anchors}, {"chunk_rows", o.chunk_rows}, {"tap_ids", o.tap_ids},
+       {"seed", o.seed}, {"lr", o.lr}, {"warmup_ratio", o.warmup_ratio},
+       {"weight_decay", o.weight_decay}, {"grad_clip", o.grad_clip}, {"beta1", o.beta1},
+       {"beta2", o.beta2}, {"eps", o.eps}, {"total_steps", o.total_steps},
+       {"capture_graphs", o.capture_graphs}, {"init_from", o.init_from.string()}});
+  j["faults"] = json::array();
+  for (const auto& f : p.faults)
+    j["faults"].push_back(f.to_string());
+  j["hang_s"] = p.hang_s;
+  j["restore_from"] = p.restore_from;
+  j["checkpoint_on_signal"] = p.checkpoint_on_signal;
+  return j.dump(2);
+}
+
+} // namespace tandem

@@ -1,0 +1,94 @@
+#pragma once
+/// From a run config to the system that runs it (DESIGN.md §2–§3): which
+/// actor goes on which device, and every option struct each actor and
+/// engine is built from.  `tandem run` spawns what the plan says and nothing
+/// else decides a setting; the unit tests (tests/unit/plan_test.cpp) check
+/// that every config key reaches the plan or a named observable of the run.
+///
+///   inventory   the devices a run may use: this host's today (this_host),
+///               the cluster's nodes later
+///   data_facts  what the prepared data set holds (samples, tokens): the
+///               ledger's size and the learning-rate schedule's length
+///   resume_point the checkpoint a `--resume` continues from, if any
+///
+///   make_plan(config, inventory, data, resume)  →  launch_plan
+///
+/// Plain C++: no CAF, no LibTorch.  Errors are config_error naming the
+/// config file and the field.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpu/engine/drafter_engine.hpp"
+#include "gpu/engine/prefetch_engine.hpp"
+#include "gpu/engine/target_engine.hpp"
+#include "launch/options.hpp"
+#include "launch/run_config.hpp"
+
+namespace tandem {
+
+/// The devices a run may be placed on.  One node today (the host `tandem
+/// run` starts on); the cluster adds its members.
+struct inventory {
+  struct node {
+    std::string name = "local";  ///< "local" for the host the run starts on
+    int32_t gpus = 0;            ///< CUDA devices cuda:0 … cuda:gpus−1 (the CPU is always there)
+  };
+  std::vector<node> nodes;
+
+  /// This host alone, with `gpus` CUDA devices.
+  static inventory this_host(int32_t gpus) { return inventory{{node{"local", gpus}}}; }
+};
+
+/// What the data set holds (gpu::data::dataset after `tandem prepare`).
+struct data_facts {
+  int64_t num_samples = 0;
+  int64_t num_tokens = 0;
+};
+
+/// A checkpoint to continue from (`tandem run --resume`).
+struct resume_point {
+  std::string checkpoint;  ///< its folder
+  int64_t step = 0;        ///< the drafters' update count in it
+  std::string ledger;      ///< the ledger saved with it (JSON text)
+};
+
+/// Every setting of every actor of one run.
+struct launch_plan {
+  std::string run_name;               ///< run.name (default: the config file's stem)
+  std::filesystem::path output_dir;   ///< run.output_dir
+  placement_plan placement;           ///< device per actor, on inventory.nodes[0]
+  /// Optimizer steps the learning-rate schedule spans: the epochs' worth of
+  /// packed batches at ~90% fill (max_steps only stops earlier, so a run
+  /// stopped at step k and resumed follows the same schedule).
+  int64_t schedule_steps = 0;
+  coordinator_settings coordinator;
+  supervisor_settings supervisor;
+  metrics_options metrics;
+  checkpointer_options checkpointer;
+  std::vector<gpu::prefetch_engine_options> prefetch;  ///< [i] serves targets[i]
+  std::vector<gpu::target_engine_options> targets;
+  std::vector<gpu::drafter_engine_options> drafters;   ///< [i] for drafter i, every incarnation
+  std::vector<fault_spec> faults;     ///< injected faults (tests and demonstrations)
+  double hang_s = 0;                  ///< how long an injected "hang" blocks
+  std::string restore_from;           ///< the drafters' first checkpoint ("" = fresh or init_from)
+  bool checkpoint_on_signal = true;   ///< checkpoint.on_signal
+};
+
+/// The plan for `config` on `devices` (one node: multi-node placement lands
+/// with the cluster).  Checks the placement against the inventory (as
+/// resolve_placement does).  Throws config_error.
+launch_plan make_plan(const run_config& config, const inventory& devices, const data_facts& data,
+                      const std::optional<resume_point>& resume = std::nullopt);
+
+/// Every field of `plan` as pretty-printed JSON text (for logs and tests).
+std::string to_json(const launch_plan& plan);
+
+/// The arguments of `tandem prepare` that turn data.sources into data.path
+/// (reusing what an earlier run prepared from the same files, tokenizer and
+/// options); empty when data.sources is empty.
+std::vector<std::string> prepare_arguments(const run_config& config);
+
+} // namespace tandem
