@@ -126,6 +126,8 @@ struct drafter_engine::impl {
     gen = detail::private_generator(device, detail::mix_seed(o.seed, 1));
     poison = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
     fill_info();
+    if (!o.init_from.empty())
+      warm_start(o.init_from);
   }
 
   ~impl() {
@@ -722,12 +724,11 @@ struct drafter_engine::impl {
     return publish_snapshot(parts);
   }
 
-  void restore(const std::filesystem::path& dir) {
-    detail::device_scope scope(device);
-    auto ck = read_checkpoint(dir);  // checks files, names, shapes, dtypes
+  /// Checks that checkpoint `ck` (read from `dir`) holds a drafter of this
+  /// engine's shape: the drafter fields, the parameter names, each shape.
+  void check_fits(const checkpoint_contents& ck, const std::filesystem::path& dir) const {
     const auto state_file = (dir / "state.json").string();
     auto field = [&](const std::string& f) { return state_file + ": field '" + f + "'"; };
-    // The drafter's shape must be the one this engine was built with.
     const auto want = shape_json(cfg);
     const auto& have = ck.state.at("drafter");
     for (auto it = want.begin(); it != want.end(); ++it)
@@ -741,6 +742,14 @@ struct drafter_engine::impl {
         throw error(errc::bad_input, (dir / "weights.safetensors").string() + ": tensor '" + names[i]
                                        + "' has shape " + shape_text(ck.weights[i].sizes())
                                        + ", this drafter's is " + shape_text(masters[i].sizes()));
+  }
+
+  void restore(const std::filesystem::path& dir) {
+    detail::device_scope scope(device);
+    auto ck = read_checkpoint(dir);  // checks files, names, shapes, dtypes
+    const auto state_file = (dir / "state.json").string();
+    auto field = [&](const std::string& f) { return state_file + ": field '" + f + "'"; };
+    check_fits(ck, dir);  // the drafter's shape must be the one this engine was built with
     // Generator: validated on a clone, so a bad state leaves the engine as it was.
     auto next_gen = gen.clone();
     const auto& g = ck.state.at("generator");
@@ -767,6 +776,55 @@ struct drafter_engine::impl {
       sg.graph->reset();  // it registered the generator just replaced: capture again
 #endif
     applied = ck.step;
+  }
+
+  /// drafter_engine::warm_start: weights only, from a checkpoint or a z-lab export.
+  void warm_start(const std::filesystem::path& dir) {
+    detail::device_scope scope(device);
+    std::vector<at::Tensor> from(names.size());
+    if (std::filesystem::exists(dir / "weights.safetensors")) {
+      auto ck = read_checkpoint(dir);
+      check_fits(ck, dir);
+      from = ck.weights;
+    } else if (std::filesystem::exists(dir / "config.json") && std::filesystem::exists(dir / "model.safetensors")) {
+      auto [have, w] = load_dflash(dir, at::Device(at::kCPU), at::kFloat);
+      const auto file = (dir / "config.json").string();
+      auto same = [&](const char* field, int64_t a, int64_t b) {
+        if (a != b)
+          throw error(errc::bad_input, file + ": field '" + field + "' is " + std::to_string(a)
+                                         + ", this drafter has " + std::to_string(b));
+      };
+      same("hidden_size", have.layer.hidden_size, cfg.layer.hidden_size);
+      same("num_hidden_layers", have.layer.num_hidden_layers, cfg.layer.num_hidden_layers);
+      same("intermediate_size", have.layer.intermediate_size, cfg.layer.intermediate_size);
+      same("num_attention_heads", have.layer.num_attention_heads, cfg.layer.num_attention_heads);
+      same("num_key_value_heads", have.layer.num_key_value_heads, cfg.layer.num_key_value_heads);
+      same("head_dim", have.layer.head_dim, cfg.layer.head_dim);
+      same("block_size", have.block_size, cfg.block_size);
+      same("num_target_layers", have.num_target_layers, cfg.num_target_layers);
+      require(have.target_layer_ids == cfg.target_layer_ids,
+              file + ": field 'dflash_config.target_layer_ids' differs from this drafter's taps");
+      auto sd = dflash_state_dict(w);
+      for (size_t i = 0; i < names.size(); ++i) {
+        auto it = sd.find(names[i]);
+        require(it != sd.end(), (dir / "model.safetensors").string() + ": no tensor '" + names[i] + "'");
+        from[i] = it->second;
+      }
+    } else {
+      throw error(errc::bad_input, dir.string() + ": drafter.init_from is neither a Tandem checkpoint "
+                                   "(weights.safetensors) nor a z-lab DFlash export (config.json + model.safetensors)");
+    }
+    for (size_t i = 0; i < names.size(); ++i)
+      if (from[i].sizes() != masters[i].sizes())
+        throw error(errc::bad_input, dir.string() + ": tensor '" + names[i] + "' has shape "
+                                       + shape_text(from[i].sizes()) + ", this drafter's is "
+                                       + shape_text(masters[i].sizes()));
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i)
+        masters[i].copy_(from[i]);
+    }
+    refresh_model();
   }
 };
 
@@ -823,6 +881,10 @@ transport::handle drafter_engine::snapshot() const {
 
 void drafter_engine::restore(const std::filesystem::path& dir) {
   impl_->restore(dir);
+}
+
+void drafter_engine::warm_start(const std::filesystem::path& dir) {
+  impl_->warm_start(dir);
 }
 
 void drafter_engine::export_zlab(const std::filesystem::path& dir, const std::string& dtype) const {

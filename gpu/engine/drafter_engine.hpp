@@ -44,6 +44,12 @@ struct drafter_engine_options {
   int64_t total_steps = 0;           ///< cosine to 0 after warmup; ≤ 0: constant lr
   bool capture_graphs = true;        ///< CUDA: the whole step as one captured graph (the
                                      ///< first step runs eagerly as its warm-up); ignored on the CPU
+  /// A warm start (config drafter.init_from): "" = weights from `seed`;
+  /// else a Tandem checkpoint folder (its master weights) or a z-lab DFlash
+  /// export (config.json + model.safetensors) whose shape must be this
+  /// drafter's.  Only the weights are taken: the optimizer starts fresh at
+  /// step 0.  A later restore() replaces them as usual.
+  std::filesystem::path init_from;
   /// CUDA, bf16/fp16 only; for A/B benchmarks (`tandem bench --engine`), both on by default:
   /// flat_optimizer: masters, moments, model and gradients in flat buffers, the update in
   /// two kernels (gpu/kernels/adamw_flat.hpp), else the foreach chain;
@@ -183,6 +189,14 @@ public:
   /// a drafter of the same shape.  Throws gpu::error(bad_input) naming the
   /// file and field at fault; the engine is unchanged then.
   void restore(const std::filesystem::path& dir);
+
+  /// Replaces the master weights (and the model copy) by those in `dir`: a
+  /// Tandem checkpoint (weights.safetensors) or a z-lab DFlash export
+  /// (config.json with dflash_config + model.safetensors).  Step, optimizer
+  /// moments and generator are left as they are.  The construction calls it
+  /// for options.init_from.  Throws gpu::error(bad_input) naming the file
+  /// and the field or tensor that does not fit; the engine is unchanged then.
+  void warm_start(const std::filesystem::path& dir);
 
   /// Writes the z-lab DFlash layout (config.json + model.safetensors) of the
   /// current master weights in `dtype` ("bfloat16", "float16", "float32").

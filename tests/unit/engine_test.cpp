@@ -457,6 +457,44 @@ TEST(engine, export_writes_the_zlab_layout_of_the_masters) {
   expect_bad_input([&] { e.export_zlab(tmp.dir / "x", "int8"); }, {"int8"});
 }
 
+TEST(engine, init_from_warm_starts_from_a_zlab_export_or_a_checkpoint) {
+  scratch tmp;
+  inputs in;
+  drafter_engine trained(drafter_options(30));
+  for (int i = 0; i < 3; ++i)
+    (void)trained.train_step(in.batch, in.features);
+  trained.export_zlab(tmp.dir / "export", "float32");
+  auto snap = trained.snapshot();
+  write_checkpoint(snap, tmp.dir / "step-3", "");
+  transport::release(snap);
+  const auto want = view(trained).w;
+
+  // Another seed, so the weights can only come from init_from; the
+  // optimizer starts fresh (step 0, zero moments).
+  for (const auto& from : {tmp.dir / "export", tmp.dir / "step-3"}) {
+    auto o = drafter_options(30);
+    o.seed = 999;
+    o.init_from = from;
+    drafter_engine warm(o);
+    EXPECT_EQ(warm.step(), 0) << from;
+    auto s = view(warm);
+    EXPECT_TRUE(all_equal(s.w, want)) << from;
+    for (const auto& m : s.m)
+      EXPECT_EQ(m.abs().max().item<float>(), 0.0f) << from;
+    EXPECT_EQ(warm.train_step(in.batch, in.features).step, 1);
+  }
+  // A drafter of another shape, or a folder that is neither, is named.
+  auto o = drafter_options(30);
+  o.layers = 2;
+  o.init_from = tmp.dir / "export";
+  expect_bad_input([&] { drafter_engine e(o); }, {"config.json", "num_hidden_layers"});
+  o.init_from = tmp.dir / "step-3";
+  expect_bad_input([&] { drafter_engine e(o); }, {"state.json"});
+  o = drafter_options(30);
+  o.init_from = tmp.dir;
+  expect_bad_input([&] { drafter_engine e(o); }, {"init_from", "z-lab"});
+}
+
 // ------------------------------------------------------- (d) fault injection
 
 TEST(engine, nan_loss_is_reported_and_changes_nothing) {
