@@ -79,4 +79,12 @@ print("ok: prepare -> shards -> packer:", round(l["samples_per_s"]), "samples/s,
 if "$tandem" doctor --device notanumber 2> /tmp/tandem_cli_err.$$; then fail "bad --device accepted"; fi
 grep -qi "device" /tmp/tandem_cli_err.$$ || fail "bad --device message does not name the option"
 rm -f /tmp/tandem_cli_err.$$
+# 5. An unknown subcommand is named, with the nearest one; never the main help and 0.
+if "$tandem" rnu 2> /tmp/tandem_cli_err.$$; then fail "unknown subcommand accepted"; fi
+grep -q "unknown command 'rnu' (did you mean 'run'?)" /tmp/tandem_cli_err.$$ \
+  || { cat /tmp/tandem_cli_err.$$; fail "unknown subcommand message"; }
+if "$tandem" nosuchthing --help > /tmp/tandem_cli_out.$$ 2>&1; then fail "UNKNOWN --help exits 0"; fi
+grep -q "unknown command 'nosuchthing'" /tmp/tandem_cli_out.$$ || fail "UNKNOWN --help does not name it"
+rm -f /tmp/tandem_cli_err.$$ /tmp/tandem_cli_out.$$
+echo "ok: unknown subcommands"
 echo "cli: all checks passed"
