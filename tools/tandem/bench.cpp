@@ -5,6 +5,7 @@
 
 #include "build_info.hpp"
 #include "commands.hpp"
+#include "resources.hpp"
 #include "gpu/bench.hpp"
 #include "gpu/error.hpp"
 
@@ -46,8 +47,7 @@ void add_bench(CLI::App& app, int& exit_code) {
     opts->git_commit = build::git_commit;
     const char* env = std::getenv("TANDEM_PYTHON");
     opts->python = env && *env ? env : build::python;
-    opts->reference_script =
-      (std::filesystem::path(build::source_dir) / "tools" / "bench" / "reference_step.py").string();
+    opts->reference_script = resource("tools/bench/reference_step.py").string();
     try {
       gpu::run_bench(*opts, [](const std::string& line) {
         std::printf("%s\n", line.c_str());

@@ -4,6 +4,7 @@
 
 #include "build_info.hpp"
 #include "commands.hpp"
+#include "resources.hpp"
 #include "gpu/runtime.hpp"
 
 namespace tandem::cli {
@@ -31,6 +32,7 @@ nlohmann::json info_json() {
     {"cuda_driver", rt.cuda_driver},
     {"torch_cuda_available", rt.torch_cuda},
     {"nccl", rt.nccl_version},
+    {"resources", resource_root().string()},
     {"devices", devices},
   };
 }

@@ -18,6 +18,7 @@
 
 #include "build_info.hpp"
 #include "commands.hpp"
+#include "resources.hpp"
 
 extern char** environ;
 
@@ -33,10 +34,10 @@ std::string python_path() {
 /// python, the script, --tandem-version, then `args`; empty when the script
 /// is missing (reported).
 std::vector<std::string> prepare_argv(const std::vector<std::string>& args) {
-  std::filesystem::path script = std::filesystem::path(build::source_dir) / "tools" / "prepare"
-                                 / "tandem_prepare.py";
+  const auto script = resource("tools/prepare/tandem_prepare.py");
   if (!std::filesystem::exists(script)) {
-    std::fprintf(stderr, "tandem prepare: %s not found (Tandem's source tree moved?)\n",
+    std::fprintf(stderr, "tandem prepare: %s not found (install with `cmake --install BUILD "
+                         "--prefix PREFIX`, or run the tandem of a build tree)\n",
                  script.c_str());
     return {};
   }
