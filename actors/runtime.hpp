@@ -8,7 +8,8 @@
 /// The spawn functions of the detached actors take their spawn options as a
 /// template argument: `caf::detached` (the default) in production, and
 /// `caf::no_spawn_options` under CAF's deterministic test scheduler, which
-/// does not drive detached actors (tests/protocol/).  workers.cpp
+/// does not drive detached actors (tests/protocol/).  Each actor's file
+/// (actors/prefetch.cpp, target.cpp, drafter.cpp, checkpointer.cpp)
 /// instantiates both.
 
 #include <atomic>
