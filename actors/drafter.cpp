@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "actors/time.hpp"
 #include "gpu/error.hpp"
 #include "gpu/nccl/communicator.hpp"

@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {

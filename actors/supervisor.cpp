@@ -12,7 +12,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {

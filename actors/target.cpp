@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "actors/time.hpp"
 #include "messages/errors.hpp"
 

@@ -27,7 +27,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "support.hpp"
 
 namespace tandem::test {

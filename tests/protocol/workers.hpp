@@ -10,7 +10,7 @@
 /// Include this before dsl.hpp: the DSL's `inject` macro would rewrite
 /// gpu::drafter_engine::inject.
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"

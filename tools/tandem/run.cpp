@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/run_config.hpp"
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
