@@ -141,9 +141,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       auto& s = self->state;
       try {
         s.engine->leave_group(std::chrono::seconds(2));  // the previous group, if any
-        const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::duration<double>(g.timeout_s));
-        s.engine->join_group(g.nccl_id, g.rank, g.world, timeout);
+        s.engine->join_group(g.nccl_id, g.rank, g.world, seconds_to<std::chrono::milliseconds>(g.timeout_s));
         spdlog::info("drafter {}: joined data-parallel group {} as rank {} of {} at step {}", s.index,
                      g.generation, g.rank, g.world, s.engine->step());
         s.idle_since = clock_type::now();
