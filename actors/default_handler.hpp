@@ -21,7 +21,7 @@
 namespace tandem {
 
 /// The element types of `msg` as the type registry names them:
-/// "(std::string, int32_t)"; "()" for an empty message.
+/// "(@str, @i32)" (CAF's portable names); "()" for an empty message.
 inline std::string message_type_names(caf::actor_system& sys, const caf::message& msg) {
   std::string out = "(";
   for (size_t i = 0; i < msg.size(); ++i) {
