@@ -1,8 +1,8 @@
 #include "actors/probe.hpp"
 
 #include <caf/all.hpp>
-#include <spdlog/spdlog.h>
 
+#include "actors/default_handler.hpp"
 #include "gpu/error.hpp"
 #include "gpu/probe.hpp"
 #include "messages/errors.hpp"
@@ -16,14 +16,7 @@ probe_fn default_probe_fn() {
 probe_actor::behavior_type probe_behavior(probe_actor::stateful_pointer<probe_state> self,
                                           probe_fn compute) {
   self->state.compute = std::move(compute);
-  self->set_default_handler([](caf::scheduled_actor* me, caf::message_view& view) -> caf::result<caf::message> {
-    auto msg = view.copy_content_to_message();
-    spdlog::error("{} (id {}) got an unexpected message {} from actor {}", probe_state::name,
-                  me->id(), caf::to_string(msg),
-                  me->current_sender() ? me->current_sender()->id() : 0);
-    return make_error(errc::unexpected_message, probe_state::name + std::string(" cannot handle ")
-                                                  + caf::to_string(msg));
-  });
+  install_default_handler(self, probe_state::name);
   return {
     [self](probe_atom, int32_t device) -> caf::result<probe_report> {
       try {

@@ -12,7 +12,9 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/runtime.hpp"
+#include "actors/default_handler.hpp"
+#include "actors/spawn.hpp"
+#include "actors/time.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -92,9 +94,7 @@ caf::result<restart_plan> restart(self_ptr self, int32_t d, const std::string& w
   }
   const auto& b = s.opts.backoff_s;
   const double wait = b.empty() ? 0.0 : b[std::min(b.size(), static_cast<size_t>(n)) - 1];
-  self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::duration<double>(wait)),
-                     respawn_atom::value, d, from);
+  self->delayed_send(self, seconds_to<std::chrono::milliseconds>(wait), respawn_atom::value, d, from);
   return restart_plan{n, s.opts.restart_budget, wait};
 }
 
@@ -112,6 +112,7 @@ void respawn(self_ptr self, int32_t d, const std::string& from) {
 
 supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opts) {
   auto behavior = [](self_ptr self, supervisor_options o) -> supervisor_actor::behavior_type {
+    install_default_handler(self, supervisor_state::name);
     self->state.opts = std::move(o);
     self->set_down_handler([self](caf::down_msg& m) {
       auto& s = self->state;

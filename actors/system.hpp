@@ -9,7 +9,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "launch/plan.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/supervisor.hpp"

@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +66,45 @@ json options_json(const drafter_engine_options& o) {
           {"weight_decay", o.weight_decay},      {"grad_clip", o.grad_clip},
           {"beta1", o.beta1},                    {"beta2", o.beta2},
           {"eps", o.eps},                        {"total_steps", o.total_steps}};
+}
+
+/// The step's metrics, one slot each (field order is slot order): packed by
+/// the step into one [step_metric_count] float32 tensor on the device (the
+/// captured step's output when graphed) and read back once after it as
+/// doubles.  `T` is at::Tensor (each [], any float dtype) when packing,
+/// double when reading back.
+template <class T>
+struct step_metric_slots {
+  T loss;       ///< this rank's loss (× poison: 0 when not contributing, NaN on an injected fault)
+  T accuracy;   ///< this rank's accuracy over its scored positions
+  T grad_norm;  ///< the global gradient norm before clipping (averaged over the group)
+  T lr;         ///< the learning rate the update used
+  T scored;     ///< scored positions (Σ loss mask)
+  T skipped;    ///< 1: non-finite loss or norm, the update was skipped; 0: applied
+  T step;       ///< the optimizer's update count after this step
+};
+constexpr int64_t step_metric_count = 7;
+static_assert(sizeof(step_metric_slots<double>) == step_metric_count * sizeof(double)
+                && std::is_standard_layout_v<step_metric_slots<double>>
+                && std::is_trivially_copyable_v<step_metric_slots<double>>,
+              "step_metric_slots: one slot per field, no padding (the read-back is copied in)");
+
+/// The slots as one [step_metric_count] float32 tensor, in field order.
+at::Tensor pack(const step_metric_slots<at::Tensor>& m) {
+  return at::stack({m.loss.to(at::kFloat), m.accuracy.to(at::kFloat), m.grad_norm.to(at::kFloat),
+                    m.lr.to(at::kFloat), m.scored.to(at::kFloat), m.skipped.to(at::kFloat),
+                    m.step.to(at::kFloat)});
+}
+
+/// `host`: the packed slots read back as [step_metric_count] doubles on the CPU.
+step_metric_slots<double> unpack(const at::Tensor& host) {
+  TORCH_CHECK(host.device().is_cpu() && host.scalar_type() == at::kDouble && host.dim() == 1
+                && host.size(0) == step_metric_count && host.is_contiguous(),
+              "step metrics read-back: expected a contiguous CPU double tensor [", step_metric_count,
+              "], got ", host.sizes(), " ", host.scalar_type());
+  step_metric_slots<double> m;
+  std::memcpy(&m, host.data_ptr<double>(), sizeof m);
+  return m;
 }
 
 } // namespace
@@ -401,9 +442,15 @@ struct drafter_engine::impl {
 
   at::Tensor step_metrics(const at::Tensor& loss, const objective_output& out, const adamw::stats& st) {
     at::NoGradGuard no_grad;
-    return at::stack({loss.detach().to(at::kFloat), out.accuracy.to(at::kFloat),
-                      st.grad_norm.to(at::kFloat), st.lr.to(at::kFloat), out.scored.to(at::kFloat),
-                      st.skipped.to(at::kFloat), optimizer->step_count().to(at::kFloat)});
+    step_metric_slots<at::Tensor> m;
+    m.loss = loss.detach();
+    m.accuracy = out.accuracy;
+    m.grad_norm = st.grad_norm;
+    m.lr = st.lr;
+    m.scored = out.scored;
+    m.skipped = st.skipped;
+    m.step = optimizer->step_count();
+    return pack(m);
   }
 
   /// Flat mode's update: the gradient (averaged over the group, in fp32,
@@ -538,15 +585,15 @@ struct drafter_engine::impl {
     } catch (const c10::Error& e) {
       throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
     }
-    auto v = readback.accessor<double, 1>();
+    const auto m = unpack(readback);
     step_result r;
-    r.loss = v[0];
-    r.accuracy = v[1];
-    r.grad_norm = v[2];
-    r.lr = v[3];
-    r.scored_tokens = static_cast<int64_t>(v[4]);
-    r.finite = v[5] == 0.0;
-    r.step = static_cast<int64_t>(v[6]);
+    r.loss = m.loss;
+    r.accuracy = m.accuracy;
+    r.grad_norm = m.grad_norm;
+    r.lr = m.lr;
+    r.scored_tokens = static_cast<int64_t>(m.scored);
+    r.finite = m.skipped == 0.0;
+    r.step = static_cast<int64_t>(m.step);
     applied = r.step;
     r.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     r.tflop = expected_drafter_step_flops(dims_of(cfg.layer), opts.layers,

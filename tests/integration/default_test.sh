@@ -4,7 +4,14 @@
 # the run folder, trains a drafter against the shipped tiny target on the
 # CPU, and the loss falls below ln(vocab) (better than uniform guessing:
 # the drafter has learned the target's token distribution); a second run
-# reuses the prepared data; a damaged config names the field.
+# reuses the prepared data and resumes from the first one's checkpoint; a
+# damaged config names the field.
+#
+# The runs are read from their structured record, not from their logs:
+# metrics.jsonl (JSON lines, appended by each run: "epoch", "step",
+# "checkpoint" and "end" events; a run's lines end with its "end") and the
+# prepared data folder.  Only a rejected config, which never starts a run,
+# is judged by its error message.
 set -euo pipefail
 tandem="$1"; python="$2"; source_dir="$3"
 work=$(mktemp -d); [[ -n "${KEEP_WORK:-}" ]] || trap 'rm -rf "$work"' EXIT; echo "work: $work"
@@ -17,27 +24,72 @@ run() {
     --set placement.drafters=cpu "$@"
 }
 
+# Checks run `$1` (0: the first) of metrics.jsonl with the Python on stdin,
+# which sees `run` (that run's records, in order), `runs` (all of them) and
+# `events(name[, records])`.
+check_run() {
+  local n="$1" code; code=$(cat)
+  check "$python" - "$work/run/metrics.jsonl" "$n" "$code" <<'EOF_PY'
+import json, math, sys
+records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+runs, cur = [], []
+for r in records:
+    cur.append(r)
+    if r.get("event") == "end":
+        runs.append(cur); cur = []
+if cur:
+    runs.append(cur)  # a run that did not end
+def events(name, rs=None):
+    return [r for r in (records if rs is None else rs) if r.get("event") == name]
+n = int(sys.argv[2])
+assert len(runs) > n, f"metrics.jsonl holds {len(runs)} run(s), expected run {n}"
+run = runs[n]
+exec(sys.argv[3])
+EOF_PY
+}
+# The prepared data set: every file with its size and modification time.
+data_listing() { (cd "$work/run/data" && find . -type f -printf '%p %s %T@\n' | sort); }
+
 run --set train.max_steps=60 > "$work/first.log" 2>&1 || { cat "$work/first.log"; echo "FAIL: first run"; exit 1; }
 tail -n 3 "$work/first.log"
 check test -f "$work/run/data/manifest.json"
-check grep -q "prepare: wrote 550 samples" "$work/first.log"
-check grep -q "tandem run: max_steps after 60 steps" "$work/first.log"
+# The data set prepared: 550 samples, in the manifest and in the run's epoch.
+check "$python" -c 'import json, sys; t = json.load(open(sys.argv[1]))["totals"]; assert t["samples"] == 550, t' \
+  "$work/run/data/manifest.json"
+check_run 0 <<'EOF'
+(epoch,) = events("epoch", run)
+assert epoch["samples"] == 550, epoch
+(end,) = events("end", run)
+assert end["reason"] == "max_steps" and end["steps"] == 60, end
+assert any(c["step"] == 60 for c in events("checkpoint", run)), events("checkpoint", run)
+EOF
 # Logged losses: the first (step 5) against the mean of the last three.
-check "$python" - "$work/run/metrics.jsonl" <<'EOF'
-import json, math, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+check_run 0 <<'EOF'
+steps = events("step", run)
 first, last = steps[0]["loss"], sum(r["loss"] for r in steps[-3:]) / 3
 print(f"loss: step {steps[0]['step']} {first:.3f} -> steps {steps[-3]['step']}-{steps[-1]['step']} "
       f"{last:.3f} (uniform guessing: {math.log(2048):.3f})")
 assert all(math.isfinite(r["loss"]) for r in steps)
 assert last < first / 2 and last < math.log(2048), (first, last)
 EOF
+data_listing > "$work/data.first"
 
 # Again, to step 70: the prepared data is reused, training resumes.
 run --set train.max_steps=70 --resume > "$work/second.log" 2>&1 || { cat "$work/second.log"; echo "FAIL: second run"; exit 1; }
-check grep -q "reusing it" "$work/second.log"
-check grep -q "resuming from .*step-00000060" "$work/second.log"
-check grep -q "tandem run: max_steps after 70 steps" "$work/second.log"
+# Reused: not one file of the data set was written again.
+data_listing > "$work/data.second"
+check cmp -s "$work/data.first" "$work/data.second"
+# Resumed from step 60: its first logged step is 65, it ends at 70, and its
+# ledger starts with the samples the step-60 checkpoint had committed.
+check_run 1 <<'EOF'
+steps = [r["step"] for r in events("step", run)]
+assert steps and steps[0] == 65 and steps[-1] == 70 and min(steps) > 60, steps
+(end,) = events("end", run)
+assert end["reason"] == "max_steps" and end["steps"] == 70, end
+(at_60,) = [c for c in events("checkpoint", runs[0]) if c["step"] == 60]
+(epoch,) = events("epoch", run)
+assert epoch["already_committed"] == at_60["committed"] > 0, (epoch, at_60)
+EOF
 
 # A mistyped key and a missing target name the file and the field.
 if run --set data.seq_lenn=5 > "$work/bad.log" 2>&1; then

@@ -1,5 +1,5 @@
 // Checkpointer protocol (messages/checkpointer.hpp): the real checkpointer
-// actor of actors/workers.cpp, scheduled on CAF's deterministic test
+// actor of actors/checkpointer.cpp, scheduled on CAF's deterministic test
 // coordinator, writing into a scratch folder on the CPU.  The snapshots are
 // real (a 1-layer DFlash drafter engine over the parity fixtures' tiny
 // Qwen3, through its torch-free facade).  A write is answered with its

@@ -1,5 +1,5 @@
 // Drafter protocol (messages/drafter.hpp): the real drafter actor of
-// actors/workers.cpp, scheduled on CAF's deterministic test coordinator,
+// actors/drafter.cpp, scheduled on CAF's deterministic test coordinator,
 // training a 1-layer DFlash drafter against the parity fixtures' tiny
 // Qwen3 on the CPU.  Work items (a real staged batch and the target
 // engine's real features) become step reports to the coordinator; snapshot

@@ -7,7 +7,7 @@
 ///
 /// The fakes behave like the real workers where the coordinator can tell:
 /// - prefetch packs only against credits, discovers the end of an epoch only
-///   while it holds a credit (as actors/workers.cpp's pump does), packs
+///   while it holds a credit (as actors/prefetch.cpp's pump does), packs
 ///   re-issued samples first, and frees a batch only on `release`;
 /// - target turns each batch into a work item (or holds batches until `go`);
 /// - drafter follows a script per work item (ok, non-finite, die, hang) and
@@ -27,7 +27,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "support.hpp"
 
 namespace tandem::test {

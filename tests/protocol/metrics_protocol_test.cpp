@@ -7,7 +7,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "actors/runtime.hpp"  // before dsl.hpp (its `inject` macro)
+#include "actors/spawn.hpp"  // before dsl.hpp (its `inject` macro)
 #include "support.hpp"
 
 #include "dsl.hpp"

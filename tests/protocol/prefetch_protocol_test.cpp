@@ -1,5 +1,5 @@
 // Prefetch protocol (messages/prefetch.hpp): the real prefetch actor of
-// actors/workers.cpp, scheduled on CAF's deterministic test coordinator,
+// actors/prefetch.cpp, scheduled on CAF's deterministic test coordinator,
 // with its real CPU engine over a dataset written by the test.  Asserts the
 // credit discipline (never a batch without a credit), that an epoch hands
 // out each of this rank's samples once and then says `exhausted`, re-issue,

@@ -12,7 +12,7 @@
 
 #include <utility>
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "support.hpp"
 
 #include "dsl.hpp"

@@ -1,5 +1,5 @@
 // Target protocol (messages/target.hpp): the real target actor of
-// actors/workers.cpp, scheduled on CAF's deterministic test coordinator,
+// actors/target.cpp, scheduled on CAF's deterministic test coordinator,
 // running the parity fixtures' tiny Qwen3 on the CPU.  A batch staged by a
 // real prefetch engine becomes a work item whose features descriptor names
 // the taps behind its handle; `release` frees them; failures end the actor

@@ -1,7 +1,7 @@
 #pragma once
 /// The worker suites' fixture (prefetch, target, drafter, checkpointer):
-/// the real actors of actors/workers.cpp spawned *scheduled*
-/// (`spawn_*<caf::no_spawn_options>`), so that the deterministic scheduler
+/// the real actors of actors/{prefetch,target,drafter,checkpointer}.cpp
+/// spawned *scheduled* (`spawn_*<caf::no_spawn_options>`), so that the deterministic scheduler
 /// drives them and their CPU engines run on the test thread, next to a
 /// recording coordinator.  Real engines through their torch-free facades:
 /// the tiny Qwen3 of the parity fixtures (tests/parity/FIXTURES.md) as the
@@ -10,7 +10,7 @@
 /// Include this before dsl.hpp: the DSL's `inject` macro would rewrite
 /// gpu::drafter_engine::inject.
 
-#include "actors/runtime.hpp"
+#include "actors/spawn.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"

@@ -1,0 +1,68 @@
+// The checkpointer (messages/checkpointer.hpp): writes snapshots under its
+// folder (write, fsync, rename: gpu::write_checkpoint) and keeps the newest
+// few.  Detached for its blocking file I/O.
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/default_handler.hpp"
+#include "actors/spawn.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+struct checkpointer_state {
+  static inline const char* name = "tandem.checkpointer";
+  std::filesystem::path dir;
+  int keep = 3;
+  std::vector<std::filesystem::path> written;
+};
+
+checkpointer_actor::behavior_type
+checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> self,
+                      std::filesystem::path dir, int keep) {
+  install_default_handler(self, checkpointer_state::name);
+  self->state.dir = std::move(dir);
+  self->state.keep = keep;
+  return {
+    [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
+      auto& s = self->state;
+      char name[32];
+      std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(snap.step));
+      auto target = s.dir / name;
+      try {
+        gpu::write_checkpoint(snap.handle, target, extra);
+      } catch (const std::exception& e) {
+        gpu::transport::release(snap.handle);
+        return make_error(errc::bad_input, std::string("checkpoint ") + target.string() + ": " + e.what());
+      }
+      gpu::transport::release(snap.handle);
+      s.written.push_back(target);
+      while (s.keep > 0 && static_cast<int>(s.written.size()) > s.keep) {
+        std::error_code ec;
+        std::filesystem::remove_all(s.written.front(), ec);
+        s.written.erase(s.written.begin());
+      }
+      return target.string();
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace
+
+template <caf::spawn_options Os>
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep) {
+  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep);
+}
+
+// Production (detached) and the deterministic test scheduler (scheduled).
+template checkpointer_actor spawn_checkpointer<caf::detached>(caf::actor_system&, std::filesystem::path, int);
+template checkpointer_actor spawn_checkpointer<caf::no_spawn_options>(caf::actor_system&, std::filesystem::path, int);
+
+} // namespace tandem

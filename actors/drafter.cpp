@@ -1,0 +1,185 @@
+// The drafter actor (messages/drafter.hpp), one per GPU: one training step
+// per work item, its data-parallel group, snapshots and heartbeats; injected
+// faults (fault_plan) fire here.  Detached; its engine is built inside the
+// behaviour, on its own thread.
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/default_handler.hpp"
+#include "actors/spawn.hpp"
+#include "actors/time.hpp"
+#include "gpu/error.hpp"
+#include "gpu/nccl/communicator.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+struct drafter_state {
+  static inline const char* name = "tandem.drafter";
+  int32_t index = 0;
+  std::optional<gpu::drafter_engine> engine;
+  coordinator_actor coordinator;
+  clock_type::time_point idle_since = clock_type::now();
+  std::shared_ptr<fault_plan> faults;
+};
+
+/// Applies an injected fault due at `next_step`, if any (once per run).
+void apply_faults(drafter_state& s, int64_t next_step) {
+  if (!s.faults)
+    return;
+  for (auto& f : s.faults->entries) {
+    if (f->drafter != s.index || f->at_step != next_step || f->fired.exchange(true))
+      continue;
+    spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
+    if (f->kind == "throw")
+      s.engine->inject(gpu::fault::throw_in_step);
+    else if (f->kind == "nan")
+      s.engine->inject(gpu::fault::nan_loss);
+    else if (f->kind == "hang")
+      std::this_thread::sleep_for(std::chrono::duration<double>(s.faults->hang_s));
+  }
+}
+
+drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<drafter_state> self,
+                                              int32_t index, gpu::drafter_engine_options opts,
+                                              std::string restore_from,
+                                              coordinator_actor coordinator,
+                                              std::shared_ptr<fault_plan> faults) {
+  install_default_handler(self, drafter_state::name);
+  auto& st = self->state;
+  st.index = index;
+  st.coordinator = coordinator;
+  st.faults = std::move(faults);
+  try {
+    st.engine.emplace(opts);
+    if (!restore_from.empty())
+      st.engine->restore(restore_from);
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
+    return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
+            [](const group_spec&) { return int64_t{0}; }, [](snapshot_atom) { return snapshot_desc{}; },
+            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}};
+  }
+  st.idle_since = clock_type::now();
+  return {
+    [self](const work_item& w) {
+      auto& s = self->state;
+      const double wait = ms_since(s.idle_since);
+      apply_faults(s, s.engine->step() + 1);
+      // A failed step ends the actor with the reason; the coordinator
+      // (its supervisor) restarts it from the newest checkpoint.
+      gpu::step_result r;
+      try {
+        r = s.engine->train_step(w.batch.handle, w.features.handle, w.contribute);
+      } catch (const gpu::error& e) {
+        if (s.engine->group_broken()) {
+          // The step's collective did not complete: a peer failed, not this
+          // drafter.  Leave the group and wait for the next one; the
+          // coordinator decides from the reported step whether these
+          // weights are where training continues.
+          spdlog::warn("drafter {}: step {}: {} (leaving the group)", s.index, s.engine->step() + 1, e.what());
+          s.engine->leave_group(std::chrono::seconds(2));
+          step_report rep;
+          rep.drafter = s.index;
+          // Where this drafter's state is: the update skipped (the step
+          // before) or applied (the collective had completed).
+          try {
+            rep.step = s.engine->sync_step();
+          } catch (const std::exception& x) {
+            self->quit(make_error(errc::device_failure, "step " + std::to_string(s.engine->step() + 1)
+                                                          + ": reading the update count after the group failed: "
+                                                          + x.what()));
+            return;
+          }
+          rep.batch_id = w.batch.batch_id;
+          rep.finite = false;
+          rep.contributed = w.contribute;
+          rep.group_failed = true;
+          s.idle_since = clock_type::now();
+          self->send(s.coordinator, rep);
+          return;
+        }
+        self->quit(make_error(e.code(), "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        return;
+      } catch (const std::exception& e) {
+        self->quit(make_error(errc::device_failure,
+                              "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        return;
+      }
+      step_report rep;
+      rep.drafter = s.index;
+      rep.step = r.step;
+      rep.batch_id = w.batch.batch_id;
+      rep.loss = r.loss;
+      rep.accuracy = r.accuracy;
+      rep.grad_norm = r.grad_norm;
+      rep.lr = r.lr;
+      rep.scored_tokens = r.scored_tokens;
+      rep.real_tokens = w.batch.real_tokens;
+      rep.finite = r.finite;
+      rep.compute_ms = r.compute_ms;
+      rep.tflop = r.tflop;
+      rep.wait_ms = wait;
+      rep.contributed = w.contribute;
+      s.idle_since = clock_type::now();
+      self->send(s.coordinator, rep);
+    },
+    [self](group_id_atom) -> caf::result<std::vector<uint8_t>> {
+      try {
+        return gpu::nccl::new_unique_id();
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), "drafter " + std::to_string(self->state.index) + ": " + e.what());
+      }
+    },
+    [self](const group_spec& g) -> caf::result<int64_t> {
+      auto& s = self->state;
+      try {
+        s.engine->leave_group(std::chrono::seconds(2));  // the previous group, if any
+        s.engine->join_group(g.nccl_id, g.rank, g.world, seconds_to<std::chrono::milliseconds>(g.timeout_s));
+        spdlog::info("drafter {}: joined data-parallel group {} as rank {} of {} at step {}", s.index,
+                     g.generation, g.rank, g.world, s.engine->step());
+        s.idle_since = clock_type::now();
+        return s.engine->step();
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), "drafter " + std::to_string(s.index) + ": group "
+                                      + std::to_string(g.generation) + ": " + e.what());
+      }
+    },
+    [self](snapshot_atom) -> snapshot_desc {
+      auto& s = self->state;
+      snapshot_desc d;
+      d.drafter = s.index;
+      d.step = s.engine->step();
+      d.handle = s.engine->snapshot();
+      return d;
+    },
+    [self](heartbeat_atom) -> int64_t { return self->state.engine->step(); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace
+
+template <caf::spawn_options Os>
+drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
+                            std::string restore_from, coordinator_actor coordinator,
+                            std::shared_ptr<fault_plan> faults) {
+  return sys.spawn<Os>(drafter_behavior, index, std::move(opts), std::move(restore_from),
+                       std::move(coordinator), std::move(faults));
+}
+
+// Production (detached) and the deterministic test scheduler (scheduled).
+template drafter_actor spawn_drafter<caf::detached>(caf::actor_system&, int32_t, gpu::drafter_engine_options,
+                                                    std::string, coordinator_actor,
+                                                    std::shared_ptr<fault_plan>);
+template drafter_actor spawn_drafter<caf::no_spawn_options>(caf::actor_system&, int32_t, gpu::drafter_engine_options,
+                                                            std::string, coordinator_actor,
+                                                            std::shared_ptr<fault_plan>);
+
+} // namespace tandem

@@ -1,0 +1,108 @@
+// The prefetch actor (messages/prefetch.hpp), one per target GPU: reads and
+// packs the shards, stages batches into its device and sends them to the
+// coordinator while credit lasts.  Detached; its engine is built inside the
+// behaviour, on its own thread.
+#include <optional>
+#include <unordered_set>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/default_handler.hpp"
+#include "actors/spawn.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+struct prefetch_state {
+  static inline const char* name = "tandem.prefetch";
+  int32_t index = 0;
+  std::optional<gpu::prefetch_engine> engine;
+  coordinator_actor coordinator;
+  int32_t device = -1;
+  int32_t credit = 0;
+  int64_t epoch = -1;
+  bool exhausted = true;
+};
+
+prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer<prefetch_state> self,
+                                                int32_t index, gpu::prefetch_engine_options opts,
+                                                coordinator_actor coordinator) {
+  install_default_handler(self, prefetch_state::name);
+  auto& st = self->state;
+  st.index = index;
+  st.coordinator = coordinator;
+  st.device = opts.device;
+  try {
+    st.engine.emplace(opts);  // on this actor's own thread
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+    return {[](shutdown_atom) {}, [](epoch_atom, int64_t, const std::vector<int64_t>&) {},
+            [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
+            [](release_atom, uint64_t) {}};
+  }
+  // Packs and sends batches while credit lasts.
+  auto pump = [self] {
+    auto& s = self->state;
+    while (s.credit > 0 && !s.exhausted) {
+      auto b = s.engine->next();
+      if (!b) {
+        s.exhausted = true;
+        self->send(s.coordinator, exhausted_atom::value, s.index, s.epoch);
+        break;
+      }
+      batch_desc d;
+      d.epoch = s.epoch;
+      d.source = s.index;
+      d.sample_ids = std::move(b->sample_ids);
+      d.rows = b->rows;
+      d.seq_len = b->seq_len;
+      d.real_tokens = b->real_tokens;
+      d.where.device = s.device;
+      d.handle = b->handle;
+      --s.credit;
+      self->send(s.coordinator, std::move(d));
+    }
+  };
+  return {
+    [self, pump](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
+      auto& s = self->state;
+      s.epoch = epoch;
+      s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
+      s.exhausted = false;
+      pump();
+    },
+    [self, pump](credit_atom, int32_t n) {
+      self->state.credit += n;
+      pump();
+    },
+    [self, pump](reissue_atom, const std::vector<int64_t>& ids) {
+      auto& s = self->state;
+      s.engine->reissue(ids);
+      if (s.exhausted) {  // the epoch ran out here, but these must still go
+        s.exhausted = false;
+      }
+      pump();
+    },
+    [self](release_atom, uint64_t handle) { self->state.engine->release(handle); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace
+
+template <caf::spawn_options Os>
+prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
+                              gpu::prefetch_engine_options opts, coordinator_actor coordinator) {
+  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator));
+}
+
+// Production (detached) and the deterministic test scheduler (scheduled).
+template prefetch_actor spawn_prefetch<caf::detached>(caf::actor_system&, int32_t,
+                                                      gpu::prefetch_engine_options, coordinator_actor);
+template prefetch_actor spawn_prefetch<caf::no_spawn_options>(caf::actor_system&, int32_t,
+                                                              gpu::prefetch_engine_options, coordinator_actor);
+
+} // namespace tandem

@@ -1,0 +1,101 @@
+#pragma once
+/// Spawning the training actors (DESIGN.md §3).  GPU-owning actors are
+/// spawned detached (one private thread each; all their device work on it)
+/// and build their engines inside the behaviour, never in a constructor.
+/// Protocols: messages/{prefetch,target,drafter,checkpointer,metrics,coordinator,
+/// supervisor}.hpp.
+///
+/// The spawn functions of the detached actors take their spawn options as a
+/// template argument: `caf::detached` (the default) in production, and
+/// `caf::no_spawn_options` under CAF's deterministic test scheduler, which
+/// does not drive detached actors (tests/protocol/).  Each actor's file
+/// (actors/prefetch.cpp, target.cpp, drafter.cpp, checkpointer.cpp)
+/// instantiates both.
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/spawn_options.hpp>
+
+#include "gpu/engine/drafter_engine.hpp"
+#include "gpu/engine/prefetch_engine.hpp"
+#include "gpu/engine/target_engine.hpp"
+#include "launch/options.hpp"
+#include "messages/checkpointer.hpp"
+#include "messages/coordinator.hpp"
+#include "messages/drafter.hpp"
+#include "messages/metrics.hpp"
+#include "messages/prefetch.hpp"
+#include "messages/supervisor.hpp"
+#include "messages/target.hpp"
+
+namespace tandem {
+
+template <caf::spawn_options Os = caf::detached>
+prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
+                              gpu::prefetch_engine_options opts, coordinator_actor coordinator);
+
+template <caf::spawn_options Os = caf::detached>
+target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
+                          coordinator_actor coordinator);
+
+/// Injected faults (config `[[faults.inject]]`, `--fault`): each fires once
+/// per run, whichever incarnation of its drafter reaches its step first.
+/// Test and demonstration machinery, shared by the drafter's incarnations.
+struct fault_plan {
+  struct entry {
+    int32_t drafter = 0;
+    std::string kind;       ///< "throw", "nan", "hang"
+    int64_t at_step = 0;    ///< fires when the drafter is about to take this step
+    std::atomic<bool> fired{false};
+  };
+  std::vector<std::unique_ptr<entry>> entries;
+  double hang_s = 0;        ///< how long "hang" blocks (beyond the step timeout)
+};
+
+/// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
+template <caf::spawn_options Os = caf::detached>
+drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_engine_options opts,
+                            std::string restore_from, coordinator_actor coordinator,
+                            std::shared_ptr<fault_plan> faults = nullptr);
+
+/// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`.
+template <caf::spawn_options Os = caf::detached>
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
+
+/// metrics_options: launch/options.hpp (plain data, filled by the launch plan).
+metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);
+
+/// The coordinator's settings (launch/options.hpp) and the wiring of a
+/// running system.
+struct coordinator_options : coordinator_settings {
+  /// Aborts the communicators of a broken data-parallel group (its NCCL
+  /// unique id) that live in this process, so that survivors blocked in its
+  /// init or collective stop at once instead of after group_timeout_s
+  /// (DESIGN.md §3).  tandem run sets gpu::nccl::abort_group; unset, the
+  /// survivors wait for their deadline.
+  std::function<void(const std::vector<uint8_t>& group_id, const std::string& why)> abort_group;
+  supervisor_actor supervisor;       ///< restarts failed drafters (spawn_supervisor)
+};
+
+/// The supervisor's policy (launch/options.hpp) and how it respawns.
+struct supervisor_options : supervisor_settings {
+  /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
+  std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
+};
+
+/// Spawns the supervisor (messages/supervisor.hpp); it learns what to watch
+/// from the coordinator's supervise message when the run starts.
+supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opts);
+
+/// Spawns the coordinator.  It learns its peers from the run request
+/// (messages/coordinator.hpp), since they need its handle to be spawned.
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_options opts);
+
+} // namespace tandem

@@ -1,0 +1,83 @@
+// The target actor (messages/target.hpp), one per GPU: the frozen target's
+// forward pass; sends the batch with its tapped features' descriptor to the
+// coordinator.  Detached; its engine is built inside the behaviour, on its
+// own thread.
+#include <optional>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/default_handler.hpp"
+#include "actors/spawn.hpp"
+#include "actors/time.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+struct target_state {
+  static inline const char* name = "tandem.target";
+  int32_t index = 0;
+  std::optional<gpu::target_engine> engine;
+  coordinator_actor coordinator;
+};
+
+target_actor::behavior_type target_behavior(target_actor::stateful_pointer<target_state> self,
+                                            int32_t index, gpu::target_engine_options opts,
+                                            coordinator_actor coordinator) {
+  install_default_handler(self, target_state::name);
+  self->state.index = index;
+  self->state.coordinator = coordinator;
+  try {
+    self->state.engine.emplace(opts);
+  } catch (const std::exception& e) {
+    self->quit(make_error(errc::bad_input, "target " + std::to_string(index) + ": " + e.what()));
+    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}};
+  }
+  return {
+    [self](batch_desc& batch) {
+      auto& s = self->state;
+      auto t0 = clock_type::now();
+      work_item w;
+      w.features.batch_id = batch.batch_id;
+      w.features.target = s.index;
+      try {
+        w.features.handle = s.engine->forward(batch.handle);
+      } catch (const std::exception& e) {
+        self->quit(make_error(errc::device_failure, "target " + std::to_string(s.index)
+                                                      + ", batch " + std::to_string(batch.batch_id)
+                                                      + ": " + e.what()));
+        return;
+      }
+      w.features.forward_ms = ms_since(t0);
+      // The descriptor names what is behind the handle (descriptors.hpp):
+      // the taps [rows, seq_len, n·D] on this target's device.
+      const auto& info = s.engine->info();
+      w.features.shape = {batch.rows, batch.seq_len,
+                          static_cast<int64_t>(info.tap_ids.size()) * info.hidden_size};
+      w.features.where.device = info.device;
+      w.features.dtype = info.dtype;
+      w.batch = std::move(batch);
+      self->send(s.coordinator, std::move(w));
+    },
+    [self](release_atom, uint64_t handle) { gpu::transport::release(handle); },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+} // namespace
+
+template <caf::spawn_options Os>
+target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
+                          coordinator_actor coordinator) {
+  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator));
+}
+
+// Production (detached) and the deterministic test scheduler (scheduled).
+template target_actor spawn_target<caf::detached>(caf::actor_system&, int32_t, gpu::target_engine_options,
+                                                  coordinator_actor);
+template target_actor spawn_target<caf::no_spawn_options>(caf::actor_system&, int32_t, gpu::target_engine_options,
+                                                          coordinator_actor);
+
+} // namespace tandem
