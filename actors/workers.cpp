@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/runtime.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
 

@@ -8,23 +8,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/adamw.hpp"
 #include "gpu/engine/checkpoint_io.hpp"
 #include "gpu/engine/engine_common.hpp"
 #include "gpu/engine/graph.hpp"
-#include "gpu/error.hpp"
-#include "gpu/hf_config.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/linear.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/nccl/communicator.hpp"
-#include "gpu/flops.hpp"
+#include "gpu/models/flops.hpp"
 #include "gpu/nccl/flat_bucket.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
+#include "gpu/device/shape_text.hpp"
 
 namespace tandem::gpu {
 

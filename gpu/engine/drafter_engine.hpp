@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 
@@ -71,7 +71,7 @@ struct step_result {
   int64_t scored_tokens = 0;  ///< Σ m
   bool finite = true;         ///< false: non-finite loss or grad norm; nothing was updated
   double compute_ms = 0;      ///< wall time of the step, results read back
-  double tflop = 0;           ///< its useful work (gpu/flops.hpp; Σ anchor_j at its expectation)
+  double tflop = 0;           ///< its useful work (gpu/models/flops.hpp; Σ anchor_j at its expectation)
 };
 
 /// Failures to inject (tests of the supervision paths).

@@ -4,10 +4,10 @@
 
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/engine_common.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 namespace tandem::gpu {
 

@@ -5,8 +5,8 @@
 
 #include "build_info.hpp"
 #include "commands.hpp"
-#include "gpu/bench.hpp"
-#include "gpu/error.hpp"
+#include "bench/bench.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::cli {
 
@@ -30,7 +30,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--seconds", opts->seconds, "prefetch_pack: seconds of packing")
     ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--reference", opts->reference,
-                "drafter_step: also time the PyTorch reference (tools/bench/reference_step.py, "
+                "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
   cmd->add_option("--engine", opts->engine,
                   "drafter_step on CUDA, for A/B comparisons: fused (the default engine), flat (no "
@@ -47,7 +47,7 @@ void add_bench(CLI::App& app, int& exit_code) {
     const char* env = std::getenv("TANDEM_PYTHON");
     opts->python = env && *env ? env : build::python;
     opts->reference_script =
-      (std::filesystem::path(build::source_dir) / "tools" / "bench" / "reference_step.py").string();
+      (std::filesystem::path(build::source_dir) / "bench" / "reference_step.py").string();
     try {
       gpu::run_bench(*opts, [](const std::string& line) {
         std::printf("%s\n", line.c_str());

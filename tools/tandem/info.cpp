@@ -4,7 +4,7 @@
 
 #include "build_info.hpp"
 #include "commands.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 
 namespace tandem::cli {
 

@@ -18,7 +18,7 @@
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/nccl/communicator.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 

@@ -1,4 +1,4 @@
-#include "gpu/bench.hpp"
+#include "bench/bench.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -14,17 +14,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/data/bench.hpp"
-#include "gpu/dflash_objective.hpp"
+#include "bench/data_bench.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/drafter_engine.hpp"
-#include "gpu/error.hpp"
-#include "gpu/flops.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/models/flops.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -725,7 +725,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     c10::cuda::CUDACachingAllocator::emptyCache();  // leave the GPU's memory to the reference
 #endif
 
-  // The PyTorch reference, in its own process (tools/bench/reference_step.py).
+  // The PyTorch reference, in its own process (bench/reference_step.py).
   auto ref_line = [&] {
     auto j = base_line("drafter_step_reference", o, dev, size);
     j["shapes"] = shapes;  // the reference's own attention, CE and optimizer are top-level fields
