@@ -660,7 +660,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     {"head_dim", s.target.head_dim}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
     {"taps", taps}, {"chunk_rows", 2048}, {"attention", attention},
     {"optimizer", "clip + fused AdamW, fp32 masters"}, {"dtype", c10::toString(dtype)},
-    {"engine", o.engine}};
+    {"engine", "fused"}};  // the engine's one layout (flat buffers, in-place weight gradients)
 
   auto run_mode = [&](bool graphs) {
     drafter_engine_options eo;
@@ -673,8 +673,6 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     eo.chunk_rows = 2048;
     eo.tap_ids = taps;
     eo.capture_graphs = graphs;
-    eo.flat_optimizer = o.engine != "foreach";
-    eo.fused_linear = o.engine == "fused";
     eo.seed = 6;
     drafter_engine engine(eo);
     // Graphed: step 1 runs eagerly (the capture's warm-up), step 2 captures.

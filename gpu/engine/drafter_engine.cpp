@@ -198,7 +198,7 @@ struct drafter_engine::impl {
       names.push_back(name);
       masters.push_back(*p);
     }
-    if (mixed() && device.is_cuda() && opts.flat_optimizer) {
+    if (mixed() && device.is_cuda()) {
       make_flat();
       return;
     }
@@ -335,10 +335,8 @@ struct drafter_engine::impl {
                        const at::Tensor& doc_lengths, const at::Tensor& taps,
                        bool fail_after_backward = false) {
     const auto s = tokens.size(1);
-    if (flat.grad.defined() && opts.fused_linear)
+    if (flat.grad.defined())
       at::_foreach_zero_(flat.vector_grads);  // the matrices' are written by their GEMMs
-    else if (flat.grad.defined())
-      flat.grad.zero_();
     else
       for (auto& p : params)
         p.mutable_grad().zero_();
@@ -351,7 +349,7 @@ struct drafter_engine::impl {
     // flat gradient buffer by their GEMMs (gpu/models/linear.hpp): no zeroing
     // of the matrices, no separate add.
     std::optional<weight_grad_accumulation> in_place;
-    const bool in_place_grads = flat.grad.defined() && opts.fused_linear;
+    const bool in_place_grads = flat.grad.defined();
     if (in_place_grads)
       in_place.emplace(flat.writes);
     auto out = dflash_objective(model, cfg, blocks, lm_head, objective);

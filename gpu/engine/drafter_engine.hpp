@@ -44,12 +44,12 @@ struct drafter_engine_options {
   int64_t total_steps = 0;           ///< cosine to 0 after warmup; ≤ 0: constant lr
   bool capture_graphs = true;        ///< CUDA: the whole step as one captured graph (the
                                      ///< first step runs eagerly as its warm-up); ignored on the CPU
-  /// CUDA, bf16/fp16 only; for A/B benchmarks (`tandem bench --engine`), both on by default:
-  /// flat_optimizer: masters, moments, model and gradients in flat buffers, the update in
-  /// two kernels (gpu/kernels/adamw_flat.hpp), else the foreach chain;
-  /// fused_linear: (flat only) weight gradients written by their GEMMs (gpu/models/linear.hpp).
-  bool flat_optimizer = true;
-  bool fused_linear = true;
+  // The gradient layout follows the device and dtype, with no switch: on CUDA
+  // with a bf16/fp16 model, masters, moments, model and gradients live in flat
+  // buffers, the update is two kernels (gpu/kernels/adamw_flat.hpp) and the
+  // weight gradients are written by their GEMMs (gpu/models/linear.hpp); on
+  // the CPU (and for fp32 models) plain LibTorch tensors and the foreach
+  // AdamW.  The A/B variants measured against it: gpu/dev/grad_layouts.patch.
 };
 
 struct drafter_info {

@@ -32,10 +32,6 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--reference", opts->reference,
                 "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
-  cmd->add_option("--engine", opts->engine,
-                  "drafter_step on CUDA, for A/B comparisons: fused (the default engine), flat (no "
-                  "in-place weight gradients), foreach (neither flat buffers nor in-place gradients)")
-    ->capture_default_str()->check(CLI::IsMember({"fused", "flat", "foreach"}));
   cmd->add_option("--profile-steps", opts->profile_steps,
                   "drafter_step: eager steps profiled after timing for the per-kernel-class "
                   "GPU time (kernel_ms); 0 turns it off")
