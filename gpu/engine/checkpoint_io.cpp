@@ -1,4 +1,5 @@
 #include "gpu/engine/checkpoint_io.hpp"
+#include "gpu/engine/checkpoint.hpp"
 
 #include <cerrno>
 #include <cstdio>

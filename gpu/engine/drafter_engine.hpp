@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/engine/checkpoint.hpp"
 #include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
@@ -192,20 +193,5 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
-
-/// Writes the snapshot `snap` (from drafter_engine::snapshot; not released)
-/// as `dir`: first `dir`.tmp/ {weights.safetensors (z-lab names, fp32),
-/// optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>, step),
-/// state.json}, each fsynced, then swapped into place atomically (an
-/// existing `dir` is replaced; a crash leaves either the old or the new
-/// checkpoint).  `extra_json` (the runtime's cursor and ledger; JSON text or
-/// "") is stored verbatim in state.json.  Any thread.  Throws
-/// gpu::error(bad_input) on failure, naming the path.
-void write_checkpoint(transport::handle snap, const std::filesystem::path& dir,
-                      const std::string& extra_json);
-
-/// The `extra_json` a checkpoint was written with, verbatim.  Throws
-/// gpu::error(bad_input) naming the file for a missing or malformed state.json.
-std::string read_checkpoint_extra(const std::filesystem::path& dir);
 
 } // namespace tandem::gpu

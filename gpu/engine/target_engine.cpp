@@ -63,19 +63,4 @@ transport::handle target_engine::forward(transport::handle batch) {
   return transport::publish(std::move(p));
 }
 
-transport::handle publish_batch(const data::packed_batch& b) {
-  transport::payload p;
-  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
-  return transport::publish(std::move(p));
-}
-
-transport::handle publish_batch(const data::device_batch& b) {
-  transport::payload p;
-  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
-#ifdef TANDEM_HAVE_CUDA
-  p.ready = b.ready;
-#endif
-  return transport::publish(std::move(p));
-}
-
 } // namespace tandem::gpu
