@@ -78,15 +78,16 @@ struct drafter_engine::impl {
   at::Tensor lm_head;                ///< [V, D] target's, frozen, dtype (= embed when tied)
   dflash_weights master;             ///< fp32, what the optimizer updates
   dflash_weights model;              ///< dtype, what forward/backward use (= master on fp32)
-  std::vector<std::string> names;    ///< z-lab names, dflash_parameters order
-  std::vector<at::Tensor> masters;   ///< master's tensors in that order
-  std::vector<at::Tensor> params;    ///< model's tensors in that order
-  std::vector<at::Tensor> fp32_grads;  ///< the optimizer's gradients (= params' grads on fp32; unused when flat)
+  std::vector<std::string> names;    ///< z-lab names, dflash_parameters order (P of them)
+  std::vector<at::Tensor> masters;   ///< P fp32 tensors, master's in that order (shapes: dflash.hpp)
+  std::vector<at::Tensor> params;    ///< P dtype tensors, model's in that order
+  std::vector<at::Tensor> fp32_grads;  ///< P fp32, like masters: the optimizer's gradients (= params'
+                                       ///< grads on fp32; unused when flat)
   /// Flat mode (CUDA, bf16/fp16 model): every parameter is a view of one
   /// buffer per role, at the same offsets (each slot padded to 8 elements),
   /// and the optimizer's update is one pass over them (adamw::step_flat).
   struct flat_buffers {
-    at::Tensor master;  ///< [N] fp32: masters[i] are views
+    at::Tensor master;  ///< [N] fp32: masters[i] are views (N = Σ numel rounded up to 8)
     at::Tensor model;   ///< [N] dtype: params[i] are views (leaves)
     at::Tensor grad;    ///< [N] dtype: params[i].grad() are views (autograd accumulates in place)
     at::Tensor reduced; ///< [N] fp32: in a group, the averaged gradient (grad copied, all-reduced)
@@ -433,9 +434,21 @@ struct drafter_engine::impl {
 
 #ifdef TANDEM_HAVE_CUDA
   /// The captured step and its static inputs and output (graphed() only).
+  /// Its static tensors: the inputs, refilled (copy_) before every replay,
+  /// and the output the replay writes.  Everything else the graph touches
+  /// is this impl's and keeps its address for the engine's life: `flat`
+  /// (or masters / params / fp32_grads), `bucket` and `guard` / `aborted`
+  /// in a group, `poison`, `embed`, `lm_head`, the optimizer's state
+  /// (adamw.hpp) and `gen`.  B rows, S tokens, K documents a row at most,
+  /// n taps of width D.  A shape change means a new capture.
   struct step_graph {
     std::unique_ptr<captured_step> graph;
-    at::Tensor tokens, loss_mask, doc_lengths, taps, out;
+    at::Tensor tokens;       ///< [B, S] the batch's integer dtype (int32 from the packer)
+    at::Tensor loss_mask;    ///< [B, S] uint8
+    at::Tensor doc_lengths;  ///< [B, K] int64, each row's documents, then zeros
+    at::Tensor taps;         ///< [B, S, n*D] the features' dtype: the target's fused taps
+    at::Tensor out;          ///< [7] float32: step_body's [loss, accuracy, grad_norm, lr,
+                             ///< scored, skipped, step]
     bool warmed = false;  ///< one eager step has run on the graph's stream
   } sg;
 
