@@ -30,12 +30,18 @@ and a file in gpu/ outside every layer folder (a loose file at the root) is an
 error.  Quoted includes that name no file in the repository (generated headers
 such as build_info.hpp) are resolved beside the including file or skipped.
 Prints one line per violation and exits 1 when there is any, 0 otherwise.
+
+    python3 tests/layers/check_layers.py --self-test
+
+runs the check on a scratch tree that breaks each rule once and exits 0 only
+when every break is reported (the check can fail).
 """
 
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 # Layer of a file: the longest prefix that matches its repository path.
 LAYERS = {
@@ -114,6 +120,10 @@ def closure(layer):
 
 def tracked_files(root):
     try:
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        if os.path.realpath(top) != os.path.realpath(root):
+            raise OSError("not the root of a git work tree")
         out = subprocess.run(["git", "-C", root, "ls-files", "-co", "--exclude-standard"],
                              check=True, capture_output=True, text=True).stdout
         return [f for f in out.splitlines() if os.path.isfile(os.path.join(root, f))]
@@ -125,9 +135,7 @@ def tracked_files(root):
         return files
 
 
-def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
-                           os.path.join(os.path.dirname(__file__), "..", ".."))
+def check(root):
     files = set(tracked_files(root))
     errors, checked = [], 0
     for path in sorted(files):
@@ -166,6 +174,47 @@ def main():
                 elif to.startswith("gpu/") and layer in ("actors", "tools"):
                     why = "not one of gpu/'s torch-free facades"
                 errors.append(f"{path}:{line}: [{layer}] includes \"{inc}\" [{to}]: {why}")
+    return errors, checked
+
+
+def self_test():
+    """Each entry: a file and its one include, which the check must refuse."""
+    bad = {
+        "gpu/models/m.cpp": "gpu/engine/e.hpp",     # a model reaching the engine
+        "gpu/io/i.cpp": "gpu/models/m.hpp",         # a layer above
+        "gpu/engine/e.cpp": "bench/b.hpp",          # training reaching the bench
+        "actors/a.cpp": "gpu/engine/adamw.hpp",     # not a facade
+        "actors/b.cpp": "bench/b.hpp",              # actors reaching the bench
+        "gpu/loose.cpp": "gpu/device/error.hpp",    # a file at gpu/'s root
+    }
+    good = {"gpu/engine/f.cpp": "gpu/models/m.hpp", "actors/c.cpp": "gpu/engine/drafter_engine.hpp",
+            "tools/t.cpp": "bench/b.hpp", "bench/c.cpp": "gpu/engine/e.hpp"}
+    headers = ["gpu/engine/e.hpp", "gpu/models/m.hpp", "bench/b.hpp", "gpu/engine/adamw.hpp",
+               "gpu/device/error.hpp", "gpu/engine/drafter_engine.hpp"]
+    with tempfile.TemporaryDirectory() as root:
+        for path, inc in list(bad.items()) + list(good.items()) + [(h, None) for h in headers]:
+            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(root, path), "w") as f:
+                f.write(f'#include "{inc}"\n' if inc else "#pragma once\n")
+        errors, _ = check(root)
+    reported = {e.split(":", 1)[0] for e in errors}
+    missed = sorted(set(bad) - reported)
+    wrong = sorted(reported - set(bad))
+    for e in errors:
+        print("expected: " + e)
+    if missed or wrong:
+        print(f"check_layers --self-test: FAILED (missed {missed}, wrongly refused {wrong})")
+        return 1
+    print(f"check_layers --self-test: all {len(bad)} breaks reported, {len(good)} good includes accepted")
+    return 0
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                           os.path.join(os.path.dirname(__file__), "..", ".."))
+    errors, checked = check(root)
     for e in errors:
         print(e)
     print(f"check_layers: {checked} includes checked, {len(errors)} violation(s)")
