@@ -12,7 +12,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
 

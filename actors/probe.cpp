@@ -3,8 +3,8 @@
 #include <caf/all.hpp>
 
 #include "actors/default_handler.hpp"
-#include "gpu/error.hpp"
-#include "gpu/probe.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/probe.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {

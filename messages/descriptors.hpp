@@ -91,7 +91,7 @@ struct step_report {
   /// device: the step before (the update was skipped) or this one (the
   /// collective had completed, every rank's gradient is in).
   bool group_failed = false;
-  double tflop = 0;          ///< the step's useful work (gpu/flops.hpp), for MFU
+  double tflop = 0;          ///< the step's useful work (gpu/models/flops.hpp), for MFU
 };
 
 template <class Inspector>

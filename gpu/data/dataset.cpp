@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/data/sha256.hpp"
-#include "gpu/error.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/safetensors.hpp"
 
 namespace tandem::gpu::data {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu::data {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu::data {
 

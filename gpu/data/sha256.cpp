@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu::data {
 

@@ -1,6 +1,6 @@
 #include "gpu/data/staging.hpp"
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/adamw_flat.hpp"
 #endif

@@ -5,7 +5,7 @@
 
 #include "gpu/data/packer.hpp"
 #include "gpu/data/staging.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 

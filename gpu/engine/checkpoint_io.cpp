@@ -1,4 +1,5 @@
 #include "gpu/engine/checkpoint_io.hpp"
+#include "gpu/engine/checkpoint.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -10,9 +11,9 @@
 #include <unistd.h>
 
 #include "gpu/engine/drafter_engine.hpp"
-#include "gpu/error.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 namespace tandem::gpu {
 

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/pch.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 

@@ -10,23 +10,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/adamw.hpp"
 #include "gpu/engine/checkpoint_io.hpp"
 #include "gpu/engine/engine_common.hpp"
 #include "gpu/engine/graph.hpp"
-#include "gpu/error.hpp"
-#include "gpu/hf_config.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/linear.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/nccl/communicator.hpp"
-#include "gpu/flops.hpp"
+#include "gpu/models/flops.hpp"
 #include "gpu/nccl/flat_bucket.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
+#include "gpu/device/shape_text.hpp"
 
 namespace tandem::gpu {
 
@@ -119,15 +119,16 @@ struct drafter_engine::impl {
   at::Tensor lm_head;                ///< [V, D] target's, frozen, dtype (= embed when tied)
   dflash_weights master;             ///< fp32, what the optimizer updates
   dflash_weights model;              ///< dtype, what forward/backward use (= master on fp32)
-  std::vector<std::string> names;    ///< z-lab names, dflash_parameters order
-  std::vector<at::Tensor> masters;   ///< master's tensors in that order
-  std::vector<at::Tensor> params;    ///< model's tensors in that order
-  std::vector<at::Tensor> fp32_grads;  ///< the optimizer's gradients (= params' grads on fp32; unused when flat)
+  std::vector<std::string> names;    ///< z-lab names, dflash_parameters order (P of them)
+  std::vector<at::Tensor> masters;   ///< P fp32 tensors, master's in that order (shapes: dflash.hpp)
+  std::vector<at::Tensor> params;    ///< P dtype tensors, model's in that order
+  std::vector<at::Tensor> fp32_grads;  ///< P fp32, like masters: the optimizer's gradients (= params'
+                                       ///< grads on fp32; unused when flat)
   /// Flat mode (CUDA, bf16/fp16 model): every parameter is a view of one
   /// buffer per role, at the same offsets (each slot padded to 8 elements),
   /// and the optimizer's update is one pass over them (adamw::step_flat).
   struct flat_buffers {
-    at::Tensor master;  ///< [N] fp32: masters[i] are views
+    at::Tensor master;  ///< [N] fp32: masters[i] are views (N = Σ numel rounded up to 8)
     at::Tensor model;   ///< [N] dtype: params[i] are views (leaves)
     at::Tensor grad;    ///< [N] dtype: params[i].grad() are views (autograd accumulates in place)
     at::Tensor reduced; ///< [N] fp32: in a group, the averaged gradient (grad copied, all-reduced)
@@ -241,7 +242,7 @@ struct drafter_engine::impl {
       names.push_back(name);
       masters.push_back(*p);
     }
-    if (mixed() && device.is_cuda() && opts.flat_optimizer) {
+    if (mixed() && device.is_cuda()) {
       make_flat();
       return;
     }
@@ -378,10 +379,8 @@ struct drafter_engine::impl {
                        const at::Tensor& doc_lengths, const at::Tensor& taps,
                        bool fail_after_backward = false) {
     const auto s = tokens.size(1);
-    if (flat.grad.defined() && opts.fused_linear)
+    if (flat.grad.defined())
       at::_foreach_zero_(flat.vector_grads);  // the matrices' are written by their GEMMs
-    else if (flat.grad.defined())
-      flat.grad.zero_();
     else
       for (auto& p : params)
         p.mutable_grad().zero_();
@@ -394,7 +393,7 @@ struct drafter_engine::impl {
     // flat gradient buffer by their GEMMs (gpu/models/linear.hpp): no zeroing
     // of the matrices, no separate add.
     std::optional<weight_grad_accumulation> in_place;
-    const bool in_place_grads = flat.grad.defined() && opts.fused_linear;
+    const bool in_place_grads = flat.grad.defined();
     if (in_place_grads)
       in_place.emplace(flat.writes);
     auto out = dflash_objective(model, cfg, blocks, lm_head, objective);
@@ -484,9 +483,21 @@ struct drafter_engine::impl {
 
 #ifdef TANDEM_HAVE_CUDA
   /// The captured step and its static inputs and output (graphed() only).
+  /// Its static tensors: the inputs, refilled (copy_) before every replay,
+  /// and the output the replay writes.  Everything else the graph touches
+  /// is this impl's and keeps its address for the engine's life: `flat`
+  /// (or masters / params / fp32_grads), `bucket` and `guard` / `aborted`
+  /// in a group, `poison`, `embed`, `lm_head`, the optimizer's state
+  /// (adamw.hpp) and `gen`.  B rows, S tokens, K documents a row at most,
+  /// n taps of width D.  A shape change means a new capture.
   struct step_graph {
     std::unique_ptr<captured_step> graph;
-    at::Tensor tokens, loss_mask, doc_lengths, taps, out;
+    at::Tensor tokens;       ///< [B, S] the batch's integer dtype (int32 from the packer)
+    at::Tensor loss_mask;    ///< [B, S] uint8
+    at::Tensor doc_lengths;  ///< [B, K] int64, each row's documents, then zeros
+    at::Tensor taps;         ///< [B, S, n*D] the features' dtype: the target's fused taps
+    at::Tensor out;          ///< [7] float32: step_body's [loss, accuracy, grad_norm, lr,
+                             ///< scored, skipped, step]
     bool warmed = false;  ///< one eager step has run on the graph's stream
   } sg;
 

@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "gpu/transport.hpp"
+#include "gpu/engine/checkpoint.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 
@@ -50,12 +51,12 @@ struct drafter_engine_options {
   /// drafter's.  Only the weights are taken: the optimizer starts fresh at
   /// step 0.  A later restore() replaces them as usual.
   std::filesystem::path init_from;
-  /// CUDA, bf16/fp16 only; for A/B benchmarks (`tandem bench --engine`), both on by default:
-  /// flat_optimizer: masters, moments, model and gradients in flat buffers, the update in
-  /// two kernels (gpu/kernels/adamw_flat.hpp), else the foreach chain;
-  /// fused_linear: (flat only) weight gradients written by their GEMMs (gpu/models/linear.hpp).
-  bool flat_optimizer = true;
-  bool fused_linear = true;
+  // The gradient layout follows the device and dtype, with no switch: on CUDA
+  // with a bf16/fp16 model, masters, moments, model and gradients live in flat
+  // buffers, the update is two kernels (gpu/kernels/adamw_flat.hpp) and the
+  // weight gradients are written by their GEMMs (gpu/models/linear.hpp); on
+  // the CPU (and for fp32 models) plain LibTorch tensors and the foreach
+  // AdamW.  The A/B variants measured against it: gpu/dev/grad_layouts.patch.
 };
 
 struct drafter_info {
@@ -77,7 +78,7 @@ struct step_result {
   int64_t scored_tokens = 0;  ///< Σ m
   bool finite = true;         ///< false: non-finite loss or grad norm; nothing was updated
   double compute_ms = 0;      ///< wall time of the step, results read back
-  double tflop = 0;           ///< its useful work (gpu/flops.hpp; Σ anchor_j at its expectation)
+  double tflop = 0;           ///< its useful work (gpu/models/flops.hpp; Σ anchor_j at its expectation)
 };
 
 /// Failures to inject (tests of the supervision paths).
@@ -206,20 +207,5 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
-
-/// Writes the snapshot `snap` (from drafter_engine::snapshot; not released)
-/// as `dir`: first `dir`.tmp/ {weights.safetensors (z-lab names, fp32),
-/// optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>, step),
-/// state.json}, each fsynced, then swapped into place atomically (an
-/// existing `dir` is replaced; a crash leaves either the old or the new
-/// checkpoint).  `extra_json` (the runtime's cursor and ledger; JSON text or
-/// "") is stored verbatim in state.json.  Any thread.  Throws
-/// gpu::error(bad_input) on failure, naming the path.
-void write_checkpoint(transport::handle snap, const std::filesystem::path& dir,
-                      const std::string& extra_json);
-
-/// The `extra_json` a checkpoint was written with, verbatim.  Throws
-/// gpu::error(bad_input) naming the file for a missing or malformed state.json.
-std::string read_checkpoint_extra(const std::filesystem::path& dir);
 
 } // namespace tandem::gpu

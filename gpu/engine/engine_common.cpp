@@ -2,8 +2,8 @@
 
 #include <mutex>
 
-#include "gpu/error.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/shape_text.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

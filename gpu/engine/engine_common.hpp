@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gpu/pch.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu::detail {
 

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>

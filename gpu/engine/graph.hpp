@@ -66,9 +66,12 @@ public:
   void reset();
 
 private:
+  // No tensors here: the static buffers a graph touches belong to the
+  // engine that owns this captured_step, each with its shape comment
+  // (drafter_engine.cpp: impl::step_graph and the impl's fields).
   at::Device device_;
   c10::cuda::CUDAStream stream_;
-  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;  ///< null until capture(); its private memory pool
 };
 
 #endif

@@ -8,7 +8,7 @@
 #include "gpu/data/packer.hpp"
 #include "gpu/data/staging.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 namespace tandem::gpu {
 

@@ -1,7 +1,7 @@
 #pragma once
 /// The prefetch actor's engine: reads its rank's share of a dataset in the
 /// epoch's seeded order, packs static-shape batches, stages them onto the
-/// device and publishes them for the target (gpu/transport.hpp).
+/// device and publishes them for the target (gpu/transport/transport.hpp).
 /// Torch-free facade (actors/prefetch.cpp includes it).
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 

@@ -4,10 +4,10 @@
 
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/engine_common.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 namespace tandem::gpu {
 
@@ -59,21 +59,6 @@ transport::handle target_engine::forward(transport::handle batch) {
     p.ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
     p.ready->record(c10::cuda::getCurrentCUDAStream(m.device.index()));
   }
-#endif
-  return transport::publish(std::move(p));
-}
-
-transport::handle publish_batch(const data::packed_batch& b) {
-  transport::payload p;
-  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
-  return transport::publish(std::move(p));
-}
-
-transport::handle publish_batch(const data::device_batch& b) {
-  transport::payload p;
-  p.tensors = {b.tokens, b.loss_mask, b.doc_lengths};
-#ifdef TANDEM_HAVE_CUDA
-  p.ready = b.ready;
 #endif
   return transport::publish(std::move(p));
 }

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 

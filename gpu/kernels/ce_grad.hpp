@@ -1,7 +1,7 @@
 #pragma once
 /// Fused cross-entropy over a chunk of lm-head logits, with the logits'
 /// gradient written in place (the elementwise half of chunked_ce_fn in
-/// gpu/dflash_objective.cpp; the composite it replaces is there too).
+/// gpu/models/dflash_objective.cpp; the composite it replaces is there too).
 /// No LibTorch here: raw pointers, element strides and a stream; every
 /// temporary is the caller's (graph-capturable: no allocation, no sync).
 ///

@@ -464,7 +464,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
 }
 
 /// 12 / W blocks an SM: 3 of 4 warps fit 168 registers a thread (a few
-/// bytes spill); uncapped (180+ registers, 2 blocks) measured no faster.
+/// bytes spill; docs/bench.md, "Notes from the attention kernel's development").
 template <typename T, int D, int W, int BN, bool Wg>
 __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attention_fwd_args a) {
   constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
@@ -706,8 +706,7 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
     cp_async_commit();
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
-  // (Issuing the next copy after the tile's first wgmmas, as the key-major
-  // role does, measured slower here and in the forward: 1.31 -> 1.36 ms.)
+  // The next copy is issued before the tile's wgmmas (docs/bench.md).
   if (tiles > 0)
     load(qt.u_lo, 0);
   for (int t = 0; t < tiles; ++t) {
@@ -1155,9 +1154,9 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
 /// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × 64 queries, both operands in shared
 /// memory), Pᵀ and dSᵀ in registers, then dV += Pᵀ·dO and dK += dSᵀ·Q (A from
 /// registers, B N-major from the same stage).  Four stages, the next three
-/// items in flight (per-warpgroup stages and barriers, and two stages, were
-/// measured slower); inside an item, Pᵀ is computed while dPᵀ is still in the
-/// tensor cores, and dSᵀ while dV is.  The same blocks, order and roundings
+/// items in flight (the alternatives measured: docs/bench.md); inside an
+/// item, Pᵀ is computed while dPᵀ is still in the tensor cores, and dSᵀ
+/// while dV is.  The same blocks, order and roundings
 /// as dkv_body, so the same gradients up to the fp32 summation order inside
 /// the tensor cores.  Off sm_90a it runs dkv_body.
 template <typename T, int W>
@@ -1278,8 +1277,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       wg::commit();
     }
     // The next copy goes out while the tensor cores work (its stage is the
-    // one item it - 1 used: free since the barrier).  Issued before them, it
-    // delayed every item: 2.72 -> 2.13 ms for the key-major role alone.
+    // one item it - 1 used: free since the barrier; docs/bench.md).
     load_item(it + NS - 1, (it + NS - 1) % NS);
     if (meets) {
       const float* const lse = ld_s + buf * 128;
@@ -1367,10 +1365,7 @@ __device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, int
 }
 
 /// Both roles in one launch: first every key-major CTA (the long ones), then
-/// the query-major CTAs, which fill the machine behind them.  (Splitting
-/// the wgmma key-major tiles' block lists over two CTAs of a cluster, summed
-/// through distributed shared memory, measured no faster: 3.12 against
-/// 3.10 ms at S 3072, N 512, one document.)
+/// the query-major CTAs, which fill the machine behind them (docs/bench.md).
 
 template <typename T, int D, int W, int BN, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W)
@@ -1447,11 +1442,8 @@ constexpr int fwd_bn = 64;
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
-/// per CTA).
-/// Measured on an H200 at Qwen3-8B shapes (G = 4; docs/bench.md): the
-/// forward is fastest with 4 (0.62 ms against 0.78 with 8), the backward
-/// with 8 (1.94 ms against 2.05 with 4: the key-major CTAs then cover 128
-/// keys and fit one wave better).  Variant bit 0 swaps both choices.
+/// per CTA): 4 in the forward, 8 in the backward at G = 4 (the fastest
+/// measured; docs/bench.md).  Variant bit 0 swaps both choices.
 int forward_warps(int group, int variant) {
   return (group > 4 || (variant & 1)) ? 8 : 4;
 }
@@ -1529,8 +1521,7 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
   const int group = a.shape.heads / a.shape.kv_heads;
   if constexpr (D == 128) {
     // wgmma: two warpgroups a CTA (one with variant bit 0 and G = 4: two
-    // CTAs an SM, measured slower: 3.60 against 3.19 ms at S 3072, N 512,
-    // one document); variant bit 7 keeps the query-major role on mma.sync.
+    // CTAs an SM; docs/bench.md); variant bit 7 keeps the query-major role on mma.sync.
     // (The key-major role keeps a block list in shared memory: past ~2700
     // blocks a row it no longer fits, and mma.sync takes over.)
     if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024) {

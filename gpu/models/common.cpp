@@ -1,9 +1,9 @@
 #include "gpu/models/common.hpp"
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/fused_ops.hpp"
 #include "gpu/models/linear.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/device/shape_text.hpp"
 
 namespace tandem::gpu {
 

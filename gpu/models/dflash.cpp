@@ -2,10 +2,10 @@
 
 #include <fstream>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/linear.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/io/safetensors.hpp"
 
 namespace tandem::gpu {
 

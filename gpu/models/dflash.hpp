@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/hf_config.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/models/common.hpp"
 
 namespace tandem::gpu {

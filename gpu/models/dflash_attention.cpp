@@ -1,6 +1,6 @@
 #include "gpu/models/dflash_attention.hpp"
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/common.hpp"
 
 #ifdef TANDEM_HAVE_CUDA

@@ -2,7 +2,7 @@
 
 #include <climits>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/norm_rope.hpp"

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "gpu/error.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/safetensors.hpp"
 
 namespace tandem::gpu {
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <utility>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 #if defined(TANDEM_HAVE_NCCL) && defined(TANDEM_HAVE_CUDA)
 #define TANDEM_NCCL_ENABLED 1

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "gpu/error.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/shape_text.hpp"
 
 namespace tandem::gpu::nccl {
 

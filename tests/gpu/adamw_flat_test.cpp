@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/engine/adamw.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/pch.hpp"
 #include "tests/gpu/fixtures.hpp"
 

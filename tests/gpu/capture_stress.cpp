@@ -20,7 +20,7 @@
 #include "gpu/engine/graph.hpp"
 #include "gpu/engine/target_engine.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 using namespace tandem::gpu;
 

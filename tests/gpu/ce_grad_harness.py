@@ -8,7 +8,7 @@ Versions: torch 2.11 (+cu130), nvcc 13.0, sm_90a (H100/H200).
           (static cudart; rebuilt on the GPU host when it does not load there), as
           fused_ops_harness.py does.
   run:    python tests/gpu/ce_grad_harness.py [--bench] [--rows R] [--vocab V]
-          checks the kernel against the composite of chunked_ce_fn (gpu/dflash_objective.cpp:
+          checks the kernel against the composite of chunked_ce_fn (gpu/models/dflash_objective.cpp:
           logits.float(), logsumexp, gather, argmax, sub/exp, scatter_add, mul, cast back) on the
           same bf16/fp16/fp32 logits, and against float64, then (--bench) times kernel vs
           composite at [2048, 151936] bf16 (the elementwise part only: the logits are given).
@@ -90,7 +90,7 @@ def kernel(logits, labels, weight, mask, write_grad=True, ctas=0):
 
 
 def composite(logits, y, w, mask):
-    """chunked_ce_fn's composite on one chunk (gpu/dflash_objective.cpp), per row."""
+    """chunked_ce_fn's composite on one chunk (gpu/models/dflash_objective.cpp), per row."""
     lf = logits.to(torch.float32, copy=True)  # the C++ path's .to(kFloat) is of a temporary
     l = torch.logsumexp(lf, 1)
     picked = lf.gather(1, y.unsqueeze(1)).squeeze(1)

@@ -9,7 +9,7 @@
 // runs the same checks on the kernel alone, plus timings.
 #include <gtest/gtest.h>
 
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/pch.hpp"
 
 #ifdef TANDEM_HAVE_CUDA

@@ -29,11 +29,11 @@
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
 #include "tests/gpu/fixtures.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 using namespace tandem::gpu;
 using namespace tandem::gpu::test;

@@ -153,7 +153,7 @@ def kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout, variant=0
 # ---- reference ---------------------------------------------------------------------------
 
 def dense_mask(lo, hi, keep, S, N):
-    """[B, 1, Q, S+Q] bool: the layout of gpu/dflash_objective.cpp with keep applied to
+    """[B, 1, Q, S+Q] bool: the layout of gpu/models/dflash_objective.cpp with keep applied to
     the whole row (a padding block sees nothing)."""
     dev = lo.device
     Q = N * BS

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/pch.hpp"
 #include "tests/gpu/fixtures.hpp"

@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/engine/batch.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
 #include "messages/errors.hpp"

@@ -19,7 +19,7 @@
 #include "gpu/engine/target_engine.hpp"
 #include "gpu/pch.hpp"
 #include "tests/gpu/fixtures.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 using namespace tandem::gpu;
 using namespace tandem::gpu::test;

@@ -1,7 +1,7 @@
 // Communication layer of the GPU engine: the NCCL communicator of one rank
 // (gpu/nccl/communicator.hpp), the flat gradient bucket with on-device norm
 // and clip (gpu/nccl/flat_bucket.hpp) and peer-to-peer feature copies within
-// a node (gpu/transport_peer.hpp).
+// a node (gpu/transport/peer.hpp).
 //
 // nccl_cpu.* / peer_cpu.*  run everywhere (no GPU needed).
 // nccl.*  / peer.*         need CUDA devices (1 or 2, said per test) and NCCL;
@@ -27,13 +27,13 @@
 #include <gtest/gtest.h>
 
 #include "gpu/engine/graph.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/nccl/flat_bucket.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/runtime.hpp"
-#include "gpu/transport_peer.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/device/runtime.hpp"
+#include "gpu/transport/peer.hpp"
+#include "gpu/transport/tensors.hpp"
 #include "tests/gpu/fixtures.hpp"
 
 #ifdef TANDEM_HAVE_CUDA

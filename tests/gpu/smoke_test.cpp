@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "actors/probe.hpp"
-#include "gpu/probe.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/probe.hpp"
+#include "gpu/device/runtime.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu/data/bench.hpp"
+#include "bench/data_bench.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/staging.hpp"

@@ -1,4 +1,4 @@
-// Feature transport across nodes by NCCL send/recv (gpu/transport_nccl.hpp).
+// Feature transport across nodes by NCCL send/recv (gpu/transport/nccl.hpp).
 //
 // transport_nccl_cpu.*  specs and their checks; runs everywhere (no GPU).
 // transport_nccl.*      2 CUDA devices and NCCL, one thread per rank, each
@@ -24,11 +24,11 @@
 #include <gtest/gtest.h>
 
 #include "gpu/engine/batch.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport_nccl.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/nccl.hpp"
+#include "gpu/transport/tensors.hpp"
 #include "tests/gpu/fixtures.hpp"
 
 namespace nccl = tandem::gpu::nccl;

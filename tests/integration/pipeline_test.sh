@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bench/pipeline.py (the end-to-end benchmark that reports the seed
+# bench/pipeline.py (the end-to-end benchmark that reports the seed
 # topology, issue 7) at --size tiny on the CPU: a complete run gives a full
 # JSON line; --timeout gives a partial one ("complete": false) with the steps
 # so far; an injected throw appears in "recoveries"; on made-up metrics, the wait
@@ -20,7 +20,7 @@ check() {  # check NAME PYTHON-EXPRESSION-ON-j
 }
 pipe() {  # pipe OUT ARGS...
   local out="$1"; shift
-  "$python" "$src/tools/bench/pipeline.py" --tandem "$tandem" --size tiny --target-device cpu \
+  "$python" "$src/bench/pipeline.py" --tandem "$tandem" --size tiny --target-device cpu \
     --drafter-device cpu --work "$work/w" "$@" > "$out" 2> "$out.err"
 }
 
@@ -44,7 +44,7 @@ check "the wait for the recovery is reported apart from the data wait" \
 # failure after step 6, after which each drafter's first step waited 5 s for the recovery.
 # Steps 3-10 are measured (--skip 2): 16 reports, 14 of them with 1 ms of data wait; each
 # step's 49.45 TFLOP in 100 ms is 494.5 TFLOP/s, half the 989 peak.
-"$python" - "$src/tools/bench" > "$work/synthetic.json" <<'EOF'
+"$python" - "$src/bench" > "$work/synthetic.json" <<'EOF'
 import json, sys, types
 sys.path.insert(0, sys.argv[1])
 import pipeline

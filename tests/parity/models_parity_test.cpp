@@ -6,12 +6,12 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu/dflash_objective.hpp"
-#include "gpu/hf_config.hpp"
+#include "gpu/models/dflash_objective.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/io/safetensors.hpp"
 #include "tolerances.hpp"
 
 using namespace tandem::gpu;

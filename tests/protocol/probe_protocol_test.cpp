@@ -8,7 +8,7 @@
 #include "dsl.hpp"
 
 #include "actors/probe.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 

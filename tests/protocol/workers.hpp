@@ -14,7 +14,7 @@
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 #include "support.hpp"
 
 namespace tandem::test {

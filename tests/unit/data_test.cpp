@@ -25,14 +25,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "gpu/data/bench.hpp"
+#include "bench/data_bench.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/data/order.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/sha256.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/common.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/io/safetensors.hpp"
 #include "tests/unit/expect_error.hpp"
 #include "tests/unit/files.hpp"
 

@@ -17,11 +17,11 @@
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
 #include "tests/unit/expect_error.hpp"
 
 using namespace tandem::gpu;

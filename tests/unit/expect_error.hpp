@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::test {
 

@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "gpu/error.hpp"
-#include "gpu/hf_config.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "tests/unit/expect_error.hpp"
 #include "tests/unit/files.hpp"
 

@@ -3,7 +3,7 @@
 // LibTorch cross-entropy (forward and gradient) for several chunk sizes.
 #include <gtest/gtest.h>
 
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/pch.hpp"
 
 using namespace tandem::gpu;

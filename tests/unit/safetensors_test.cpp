@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu/error.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/safetensors.hpp"
 #include "tests/unit/expect_error.hpp"
 #include "tests/unit/files.hpp"
 

@@ -4,7 +4,7 @@
 #   8 GPUs: 5 targets (cuda:0-4) + 3 data-parallel drafters (cuda:5-7);
 #   4 GPUs: 2 targets + 2 drafters;
 #   2 GPUs: 1 target on cuda:0 + 2 drafters on cuda:0 and cuda:1 (cuda:0 shared).
-# One JSON line each (tools/bench/pipeline.py): samples/s, per-drafter compute
+# One JSON line each (bench/pipeline.py): samples/s, per-drafter compute
 # and data wait, and the recovery from the kill.  Logs go to $OUT.
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
@@ -18,7 +18,7 @@ esac
 steps=${SEED_STEPS:-80}
 # The run stops after SEED_TIMEOUT s (default 480) with a partial line rather than
 # none: at 8b the setup, the checkpoints (12.6 GB each) and the restart take minutes.
-timeout 560 $TANDEM_PYTHON tools/bench/pipeline.py --tandem build/bin/tandem --size 8b \
+timeout 560 $TANDEM_PYTHON bench/pipeline.py --tandem build/bin/tandem --size 8b \
   --timeout ${SEED_TIMEOUT:-480} \
   --target-device $t --drafter-device $d --steps $steps --work /tmp/seed \
   --fault drafter=1,kind=throw,at_step=$((steps / 2)) --set checkpoint.every_steps=20 \

@@ -6,8 +6,8 @@
 #include "build_info.hpp"
 #include "commands.hpp"
 #include "resources.hpp"
-#include "gpu/bench.hpp"
-#include "gpu/error.hpp"
+#include "bench/bench.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::cli {
 
@@ -31,12 +31,8 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--seconds", opts->seconds, "prefetch_pack: seconds of packing")
     ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--reference", opts->reference,
-                "drafter_step: also time the PyTorch reference (tools/bench/reference_step.py, "
+                "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
-  cmd->add_option("--engine", opts->engine,
-                  "drafter_step on CUDA, for A/B comparisons: fused (the default engine), flat (no "
-                  "in-place weight gradients), foreach (neither flat buffers nor in-place gradients)")
-    ->capture_default_str()->check(CLI::IsMember({"fused", "flat", "foreach"}));
   cmd->add_option("--profile-steps", opts->profile_steps,
                   "drafter_step: eager steps profiled after timing for the per-kernel-class "
                   "GPU time (kernel_ms); 0 turns it off")
@@ -47,7 +43,7 @@ void add_bench(CLI::App& app, int& exit_code) {
     opts->git_commit = build::git_commit;
     const char* env = std::getenv("TANDEM_PYTHON");
     opts->python = env && *env ? env : build::python;
-    opts->reference_script = resource("tools/bench/reference_step.py").string();
+    opts->reference_script = resource("bench/reference_step.py").string();
     try {
       gpu::run_bench(*opts, [](const std::string& line) {
         std::printf("%s\n", line.c_str());

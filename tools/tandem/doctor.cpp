@@ -7,7 +7,7 @@
 
 #include "actors/probe.hpp"
 #include "commands.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 #include "messages/registry.hpp"
 
 namespace tandem::cli {

@@ -5,7 +5,7 @@
 #include "build_info.hpp"
 #include "commands.hpp"
 #include "resources.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 
 namespace tandem::cli {
 

@@ -17,7 +17,7 @@
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 #include "launch/plan.hpp"
 #include "launch/run_config.hpp"
 #include "messages/errors.hpp"

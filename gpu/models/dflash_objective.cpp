@@ -1,10 +1,10 @@
-#include "gpu/dflash_objective.hpp"
+#include "gpu/models/dflash_objective.hpp"
 
 #include <array>
 #include <climits>
 #include <cmath>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/ce_grad.hpp"

@@ -1,6 +1,6 @@
 #include "gpu/pch.hpp"
 
-#include "gpu/safetensors.hpp"
+#include "gpu/io/safetensors.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/error.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/shape_text.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; Tandem reads it in place on little-endian hosts only"

@@ -1,10 +1,10 @@
-#include "gpu/transport_tensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 #include <mutex>
 #include <unordered_map>
 
-#include "gpu/error.hpp"
-#include "gpu/transport_peer.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/transport/peer.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -64,7 +64,7 @@ std::vector<at::Tensor> acquire(handle h, const at::Device& device) {
         out.push_back(t);
       } else if (t.is_cuda() && t.is_contiguous()) {
         // Another GPU of this process: a peer copy on a copy stream of the
-        // consumer, ordered by events (gpu/transport_peer.hpp).
+        // consumer, ordered by events (gpu/transport/peer.hpp).
         auto copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
         out.push_back(fetch(t, p->ready, device, copy_stream, stream).tensor);
       } else {

@@ -1,11 +1,11 @@
 #pragma once
-/// The tensor side of gpu/transport.hpp (gpu/ only).
+/// The tensor side of gpu/transport/transport.hpp (gpu/ only).
 
 #include <memory>
 #include <vector>
 
 #include "gpu/pch.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu::transport {
 

@@ -1,12 +1,12 @@
-#include "gpu/transport_peer.hpp"
+#include "gpu/transport/peer.hpp"
 
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "gpu/error.hpp"
-#include "gpu/shape_text.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/shape_text.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,10 +1,10 @@
-#include "gpu/probe.hpp"
+#include "gpu/device/probe.hpp"
 
 #include <chrono>
 #include <sstream>
 #include <thread>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/pch.hpp"
 
 #ifdef TANDEM_HAVE_CUDA

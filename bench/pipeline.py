@@ -4,7 +4,7 @@
 synthetic token data, and one JSON line: samples/s, tokens/s, step time, the drafters'
 data-wait share (overall and per drafter).
 
-    python tools/bench/pipeline.py --tandem build/bin/tandem [--work DIR] [--steps 60]
+    python bench/pipeline.py --tandem build/bin/tandem [--work DIR] [--steps 60]
                                    [--target-device cuda:0[,cuda:1...]]
                                    [--drafter-device cuda:1[,cuda:2...]]
                                    [--size 8b|tiny] [--keep] [--timeout S]
@@ -141,7 +141,7 @@ def make_data(out, vocab, samples, lo, hi):
                       "num_tokens": str(len(tokens))})
     with open(shard, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    manifest = {"format": "tandem.dataset.v1", "created_by": "tools/bench/pipeline.py",
+    manifest = {"format": "tandem.dataset.v1", "created_by": "bench/pipeline.py",
                 "tokenizer": {"source": "synthetic", "vocab_size": vocab, "sha256": "",
                               "chat_template_sha256": None},
                 "options": {}, "inputs": [],

@@ -1,12 +1,12 @@
-#include "gpu/transport_nccl.hpp"
+#include "gpu/transport/nccl.hpp"
 
 #include <algorithm>
 #include <utility>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 #include "gpu/nccl/flat_bucket.hpp"
-#include "gpu/shape_text.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/device/shape_text.hpp"
+#include "gpu/transport/tensors.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

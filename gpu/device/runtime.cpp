@@ -1,4 +1,4 @@
-#include "gpu/runtime.hpp"
+#include "gpu/device/runtime.hpp"
 
 #include <torch/headeronly/version.h>
 #include <torch/cuda.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu {
 

@@ -1,6 +1,6 @@
 #include "gpu/pch.hpp"
 
-#include "gpu/hf_config.hpp"
+#include "gpu/io/hf_config.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu {
 

@@ -5,7 +5,7 @@
 /// N·Bs·V logits never exist at once.  Everything stays on the device: no
 /// host synchronisation, so the whole step can be captured in a graph.
 
-#include "gpu/hf_config.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/models/common.hpp"
 #include "gpu/models/dflash.hpp"
 

@@ -20,7 +20,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
-#include "gpu/error.hpp"
+#include "gpu/device/error.hpp"
 
 namespace tandem::gpu {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "gpu/hf_config.hpp"
+#include "gpu/io/hf_config.hpp"
 
 namespace tandem::gpu {
 

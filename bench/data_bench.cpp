@@ -1,6 +1,6 @@
 #include "gpu/pch.hpp"
 
-#include "gpu/data/bench.hpp"
+#include "bench/data_bench.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,8 @@
 #include "gpu/data/order.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/sha256.hpp"
-#include "gpu/error.hpp"
-#include "gpu/safetensors.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/io/safetensors.hpp"
 
 namespace tandem::gpu::data {
 

@@ -1,8 +1,8 @@
 #pragma once
 /// Feature transport across nodes by NCCL send/recv (DESIGN.md §3: "the
 /// drafter pulls the payload GPU-to-GPU, peer copy within a node, NCCL
-/// send/recv across nodes").  The third leg beside gpu/transport_tensors.hpp
-/// (one process) and gpu/transport_peer.hpp (GPUs of one node).  gpu/ only.
+/// send/recv across nodes").  The third leg beside gpu/transport/tensors.hpp
+/// (one process) and gpu/transport/peer.hpp (GPUs of one node).  gpu/ only.
 ///
 /// Both sides hold a rank of one transport communicator (gpu/nccl/
 /// communicator.hpp; NOT the drafters' gradient communicator, whose captured
@@ -69,7 +69,7 @@
 
 #include "gpu/nccl/communicator.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/transport.hpp"
+#include "gpu/transport/transport.hpp"
 #include "messages/descriptors.hpp"
 
 namespace tandem::gpu::transport {

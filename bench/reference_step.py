@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-SHAPES = {  # must match drafter_step_shapes() in gpu/bench.cpp
+SHAPES = {  # must match drafter_step_shapes() in bench/bench.cpp
     "tiny": dict(V=4096, D=256, I=768, H=4, K=2, hd=64, L=2, target_layers=8, S=512, N=32, Bs=16),
     "8b": dict(V=151936, D=4096, I=12288, H=32, K=8, hd=128, L=5, target_layers=36, S=3072, N=512, Bs=16),
 }

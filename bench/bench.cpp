@@ -1,4 +1,4 @@
-#include "gpu/bench.hpp"
+#include "bench/bench.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -14,17 +14,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpu/data/bench.hpp"
-#include "gpu/dflash_objective.hpp"
+#include "bench/data_bench.hpp"
+#include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/drafter_engine.hpp"
-#include "gpu/error.hpp"
-#include "gpu/flops.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/models/flops.hpp"
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
-#include "gpu/safetensors.hpp"
-#include "gpu/transport_tensors.hpp"
+#include "gpu/io/safetensors.hpp"
+#include "gpu/transport/tensors.hpp"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -660,7 +660,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     {"head_dim", s.target.head_dim}, {"layers", s.draft_layers}, {"vocab", s.target.vocab_size},
     {"taps", taps}, {"chunk_rows", 2048}, {"attention", attention},
     {"optimizer", "clip + fused AdamW, fp32 masters"}, {"dtype", c10::toString(dtype)},
-    {"engine", o.engine}};
+    {"engine", "fused"}};  // the engine's one layout (flat buffers, in-place weight gradients)
 
   auto run_mode = [&](bool graphs) {
     drafter_engine_options eo;
@@ -673,8 +673,6 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     eo.chunk_rows = 2048;
     eo.tap_ids = taps;
     eo.capture_graphs = graphs;
-    eo.flat_optimizer = o.engine != "foreach";
-    eo.fused_linear = o.engine == "fused";
     eo.seed = 6;
     drafter_engine engine(eo);
     // Graphed: step 1 runs eagerly (the capture's warm-up), step 2 captures.
@@ -725,7 +723,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     c10::cuda::CUDACachingAllocator::emptyCache();  // leave the GPU's memory to the reference
 #endif
 
-  // The PyTorch reference, in its own process (tools/bench/reference_step.py).
+  // The PyTorch reference, in its own process (bench/reference_step.py).
   auto ref_line = [&] {
     auto j = base_line("drafter_step_reference", o, dev, size);
     j["shapes"] = shapes;  // the reference's own attention, CE and optimizer are top-level fields

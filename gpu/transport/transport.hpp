@@ -10,7 +10,7 @@
 /// send/recv (GPU-engine issue).
 ///
 /// This header is torch-free: actors hold and release handles.  Publishing
-/// and acquiring tensors is in gpu/transport_tensors.hpp (gpu/ only).
+/// and acquiring tensors is in gpu/transport/tensors.hpp (gpu/ only).
 
 #include <cstddef>
 #include <cstdint>

@@ -20,8 +20,7 @@ struct bench_options {
   double seconds = 3.0;            ///< prefetch_pack: how long to pack
   bool reference = false;          ///< drafter_step: also run the PyTorch reference
   std::string python;              ///< drafter_step --reference: the interpreter
-  std::string reference_script;    ///< drafter_step --reference: tools/bench/reference_step.py
-  std::string engine = "fused";    ///< drafter_step: "foreach", "flat" or "fused" (see drafter_engine_options)
+  std::string reference_script;    ///< drafter_step --reference: bench/reference_step.py
   int profile_steps = 3;           ///< drafter_step (eager): steps profiled for kernel_ms; 0: none
   std::string trace_dir;           ///< also save those steps' Chrome trace there ("": don't)
 };
