@@ -1,6 +1,6 @@
 // The metrics actor: a JSON line per logged step and per event (the typed
 // run_events' line schema is here, event_line), and a terminal progress line
-// (step, loss, accuracy, tokens/s, data wait, ETA).
+// (step, recent and moving-average loss, accuracy, tokens/s, data wait, ETA).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -154,10 +154,13 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
             const auto left = static_cast<int64_t>(per_step * static_cast<double>(s.opts.total_steps - r.step));
             eta = std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s";
           }
-          std::fprintf(stderr, "%sstep %lld%s  loss %.4f (avg %.4f)  acc %.3f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
+          // "recent": the mean over the reports since the last line (what
+          // training does now); "ema": the slow moving average (0.9 decay,
+          // seeded with the first loss, so it lags well behind early on).
+          std::fprintf(stderr, "%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
                        s.tty ? "\r" : "", static_cast<long long>(r.step),
                        s.opts.total_steps > 0 ? ("/" + std::to_string(s.opts.total_steps)).c_str() : "",
-                       s.ema_loss, s.loss_sum / s.steps, s.acc_sum / s.steps, tok_s,
+                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, tok_s,
                        100.0 * wait_share, eta.c_str(), s.tty ? "   " : "\n");
           std::fflush(stderr);
           s.last_progress = clock_type::now();
