@@ -269,7 +269,7 @@ void on_group_report(self_ptr self, const step_report& r) {
       resolve_group_failure(self);
       return;
     case group_step::report_kind::wait:
-      // A survivor of a rank that failed inside this step waits for the others.
+      // More reports due (a survivor of a failed rank: the other survivors').
       if (!failing && s.group->collective_failed()
           && s.busy.size() == static_cast<size_t>(s.group->reports_due())) {
         // Every rank still busy kept its peers' collective from completing.
