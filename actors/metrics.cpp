@@ -1,5 +1,6 @@
-// The metrics actor: a JSON line per logged step and per event, and a
-// terminal progress line (step, loss, accuracy, tokens/s, data wait, ETA).
+// The metrics actor: a JSON line per logged step and per event (the typed
+// run_events' line schema is here, event_line), and a terminal progress line
+// (step, recent and moving-average loss, accuracy, tokens/s, data wait, ETA).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,9 +11,63 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
-#include "actors/runtime.hpp"
+#include "actors/default_handler.hpp"
+#include "actors/metrics_lines.hpp"
+#include "actors/spawn.hpp"
 
 namespace tandem {
+
+namespace {
+
+/// One line's fields per kind; the names are the schema of metrics.jsonl
+/// (messages/metrics.hpp): never rename one.
+struct line_writer {
+  using result_type = nlohmann::json;
+  nlohmann::json operator()(const epoch_event& x) const {
+    return {{"event", "epoch"}, {"epoch", x.epoch}, {"samples", x.samples},
+            {"already_committed", x.already_committed}};
+  }
+  nlohmann::json operator()(const checkpoint_event& x) const {
+    return {{"event", "checkpoint"}, {"step", x.step}, {"dir", x.dir},
+            {"committed_now", x.committed_now}, {"committed", x.committed}};
+  }
+  nlohmann::json operator()(const checkpoint_discarded_event& x) const {
+    return {{"event", "checkpoint_discarded"}, {"step", x.step}, {"dir", x.dir}};
+  }
+  nlohmann::json operator()(const group_formed_event& x) const {
+    return {{"event", "group_formed"}, {"generation", x.generation}, {"world", x.world},
+            {"root", x.root}, {"step", x.step}};
+  }
+  nlohmann::json operator()(const group_step_abandoned_event& x) const {
+    return {{"event", "group_step_abandoned"}, {"drafter", x.drafter}};
+  }
+  nlohmann::json operator()(const drafter_failed_event& x) const {
+    return {{"event", "drafter_failed"},    {"drafter", x.drafter},
+            {"reason", x.reason},           {"restore_step", x.restore_step},
+            {"steps_lost", x.steps_lost},   {"restore_from", x.restore_from},
+            {"samples_reissued", x.samples_reissued}, {"checkpoint", x.checkpoint},
+            {"restart", x.restart},         {"budget", x.budget},
+            {"backoff_s", x.backoff_s}};
+  }
+  nlohmann::json operator()(const budget_exhausted_event& x) const {
+    return {{"event", "budget_exhausted"}, {"drafter", x.drafter}, {"report", x.report}};
+  }
+  nlohmann::json operator()(const drafter_restarted_event& x) const {
+    return {{"event", "drafter_restarted"}, {"drafter", x.drafter}, {"step", x.step}, {"from", x.from}};
+  }
+  nlohmann::json operator()(const escalated_event& x) const {
+    return {{"event", "escalated"}, {"reason", x.reason}, {"step", x.step}};
+  }
+  nlohmann::json operator()(const end_event& x) const {
+    return {{"event", "end"}, {"reason", x.reason}, {"steps", x.steps}, {"checkpoint", x.checkpoint}};
+  }
+};
+
+} // namespace
+
+nlohmann::json event_line(const run_event& e) {
+  return caf::visit(line_writer{}, e);
+}
 
 namespace {
 
@@ -33,11 +88,23 @@ struct metrics_state {
   bool tty = false;
 };
 
-void write_line(metrics_state& s, const nlohmann::json& j) {
+void write_line(metrics_state& s, nlohmann::json j) {
+  if (!s.opts.run_name.empty())
+    j["run"] = s.opts.run_name;  // run.name: which run a line belongs to, when logs are merged
   if (s.jsonl.is_open()) {
     s.jsonl << j.dump() << '\n';
     s.jsonl.flush();
   }
+}
+
+/// An event's line: stamped with the time, written, and shown on stderr.
+void write_event(metrics_state& s, nlohmann::json j) {
+  j["time_s"] = std::chrono::duration<double>(clock_type::now() - s.start).count();
+  write_line(s, j);
+  if (s.opts.progress && s.tty)
+    std::fprintf(stderr, "\n");
+  if (s.opts.progress)
+    std::fprintf(stderr, "%s\n", j.dump().c_str());
 }
 
 } // namespace
@@ -46,6 +113,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
   auto behavior = [](metrics_actor::stateful_pointer<metrics_state> self,
                      metrics_options o) -> metrics_actor::behavior_type {
     auto& s = self->state;
+    install_default_handler(self, metrics_state::name);
     s.opts = std::move(o);
     s.tty = isatty(fileno(stderr)) != 0;
     if (!s.opts.jsonl.empty()) {
@@ -90,10 +158,14 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
             const auto left = static_cast<int64_t>(per_step * static_cast<double>(s.opts.total_steps - r.step));
             eta = std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s";
           }
-          std::fprintf(stderr, "%sstep %lld%s  loss %.4f (avg %.4f)  acc %.3f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
-                       s.tty ? "\r" : "", static_cast<long long>(r.step),
+          // "recent": the mean over the reports since the last line (what
+          // training does now); "ema": the slow moving average (0.9 decay,
+          // seeded with the first loss, so it lags well behind early on).
+          std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
+                       s.tty ? "\r" : "", s.opts.run_name.empty() ? "" : (s.opts.run_name + ": ").c_str(),
+                       static_cast<long long>(r.step),
                        s.opts.total_steps > 0 ? ("/" + std::to_string(s.opts.total_steps)).c_str() : "",
-                       s.ema_loss, s.loss_sum / s.steps, s.acc_sum / s.steps, tok_s,
+                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, tok_s,
                        100.0 * wait_share, eta.c_str(), s.tty ? "   " : "\n");
           std::fflush(stderr);
           s.last_progress = clock_type::now();
@@ -102,17 +174,12 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           s.drafters.clear();
         }
       },
+      [self](const run_event& e) { write_event(self->state, event_line(e)); },
       [self](event_atom, const std::string& json) {
-        auto& s = self->state;
         auto j = nlohmann::json::parse(json, nullptr, false);
         if (j.is_discarded())
           j = {{"event", "text"}, {"text", json}};
-        j["time_s"] = std::chrono::duration<double>(clock_type::now() - s.start).count();
-        write_line(s, j);
-        if (s.opts.progress && s.tty)
-          std::fprintf(stderr, "\n");
-        if (s.opts.progress)
-          std::fprintf(stderr, "%s\n", j.dump().c_str());
+        write_event(self->state, std::move(j));
       },
       [self](shutdown_atom) {
         if (self->state.opts.progress && self->state.tty)

@@ -21,25 +21,42 @@
 ///
 /// run_atom:    the launcher's request, carrying the peers it spawned;
 ///              answered with a run_summary when the run ends (or an error
-///              naming what failed).
-/// stop_atom:   SIGINT/SIGTERM: stop issuing work, let the drafter finish
-///              its step, write a checkpoint, answer the run request.
+///              naming what failed).  A stop that arrives before it makes
+///              it answer at once (stop_reason "signal").
+/// stop_atom:   SIGINT/SIGTERM: stop issuing work and granting credit, let
+///              the drafters finish their steps (and restarts in progress
+///              come up), write a checkpoint if anything is new, answer the
+///              run request.
 /// status_atom: a JSON text of the ledger, step and queues (shell, tests).
-/// tick_atom:   the coordinator's own timer (the step-timeout watchdog and
-///              heartbeats).
+/// tick_atom:   the coordinator's own timer, first after 1 s, then every
+///              250 ms: the step watchdog and the heartbeats
+///              (messages/drafter.hpp, "Liveness").
+/// Events (checkpoints, epochs, failures, restarts, the end) go to the
+/// metrics actor as typed run_events (messages/metrics.hpp).
+///
 /// Supervision (with the supervisor, messages/supervisor.hpp): a drafter
 /// that dies (exception, CUDA error; the supervisor's drafter_down), reports
 /// a non-finite loss, overruns step_timeout_s or misses a heartbeat is
-/// rolled back here — training after the restore point goes back to
-/// pending in the ledger and its samples are re-issued; targets keep
-/// running — and the supervisor is asked to restart it from that point;
-/// its new incarnation arrives as drafter_up.  When the supervisor refuses
-/// (the restart budget is spent) the run request is answered with that error.
-/// When it escalates the death of a worker it does not restart (a target,
-/// prefetch, checkpointer or metrics actor), the run stops as for a signal —
-/// steps in progress finish, a checkpoint is written — and then the run
-/// request is answered with an error naming the worker and the checkpoint.
-/// The other messages come from the actors named above, asynchronously.
+/// marked down and its incarnation forgotten; training rolls back to the
+/// restore point — training after it goes back to pending in the ledger and
+/// its samples are re-issued (the batches in flight are released and their
+/// credit returned); targets keep running — and the supervisor is asked to
+/// restart it from the newest checkpoint; its new incarnation arrives as
+/// drafter_up.  The restore point is the newest checkpoint, or with
+/// data-parallel drafters the survivors' state when they hold the ledger's
+/// step (a failure between group steps, a step every rank skipped, or one
+/// whose survivors report the step before or after it:
+/// messages/drafter.hpp).  A checkpoint written from a snapshot taken
+/// before a rollback to an older checkpoint is discarded (neither restore
+/// point nor commit).  When the supervisor refuses (the restart budget is
+/// spent) the run request is answered with that error.  When it escalates
+/// the death of a worker it does not restart (a target, prefetch,
+/// checkpointer or metrics actor), the run stops as for a signal — steps in
+/// progress finish, a checkpoint is written — and then the run request is
+/// answered with an error naming the worker and the checkpoint.
+/// The other messages come from the actors named above, asynchronously,
+/// and may arrive at any time; a report from a replaced incarnation is
+/// ignored.
 
 #include <cstdint>
 #include <string>

@@ -32,14 +32,49 @@
 /// batches are left) trains on a copy of another rank's batch with its loss
 /// scaled by 0: the rank joins the all-reduce with a zero gradient, as
 /// PyTorch DDP's Join does for uneven inputs (the average still divides by
-/// N).  A step whose collective cannot complete (a rank died) ends after
-/// runtime.group_timeout_s with a report marked group_failed instead of
-/// killing the survivor: its weights are reset by the next group's
-/// broadcast from a rank restored from the newest checkpoint.
+/// N).
+///
+/// A rank that fails inside a group step (actors/coordinator_group.cpp,
+/// resolve_group_failure; since commit 2767db8):
+///   1. the coordinator aborts the group's communicators in this process
+///      (coordinator_options::abort_group), so survivors blocked in the
+///      collective stop at once rather than after runtime.group_timeout_s;
+///   2. each survivor's update is guarded on the device (skipped when the
+///      abort flag is up or a one-element all-reduce does not sum to N), it
+///      leaves the group and sends a step_report marked group_failed whose
+///      `step` is the update count its state holds (read back, sync_step):
+///      the step before (update skipped) or the step itself (the collective
+///      had completed, every rank's gradient is in);
+///   3. once every survivor has reported, the coordinator decides: all of
+///      them at the step before or the step itself ("known") — training
+///      continues from a survivor at the furthest of the two (restore from
+///      peers: no step lost; the step counts if one applied it), and the
+///      next group's rank 0 is such a survivor, whose broadcast overwrites
+///      the restarted rank; any other state (or no survivor) — every rank
+///      goes back to the newest checkpoint, the restarted rank (restored
+///      from it) is the next rank 0.
+/// A failure between group steps (the group at rest) leaves the survivors
+/// at the ledger's step: the same restore from peers, nothing rolled back
+/// but the batches in flight.  A report of a step already handled is
+/// ignored (a metrics line group_step_abandoned when it says group_failed).
+///
+/// Liveness, as the coordinator checks it (its tick, every 250 ms):
+///   * a busy drafter is inside its step: a step running longer than
+///     runtime.step_timeout_s is a hang (while the group is broken or a rank
+///     failed inside the step, max(step_timeout_s, group_timeout_s + 10):
+///     a survivor's collective returns only after its own deadline);
+///   * an idle drafter (no heartbeat outstanding) is asked a heartbeat once
+///     runtime.heartbeat_s has passed since it was last asked (or came up);
+///     no answer within heartbeat_s is a failure of that incarnation, unless
+///     it was replaced meanwhile.  heartbeat_s = 0: never asked.  No
+///     heartbeats while a group is being formed (joining blocks the
+///     drafters' threads);
+///   * forming a group asks every drafter a heartbeat first, answered
+///     within step_timeout_s (a restarted one answers once restored).
+/// A failure is a failure of that incarnation only: its later messages are
+/// ignored (the coordinator compares the sender with the live incarnation).
 /// A step that throws kills the actor: the supervisor sees the down message
-/// and restarts it.  An idle drafter that does not answer a heartbeat within
-/// runtime.heartbeat_s counts as failed too (a busy one is watched by
-/// runtime.step_timeout_s instead: its thread is inside the step).  A non-finite loss is reported (finite = false) without
+/// and restarts it.  A non-finite loss is reported (finite = false) without
 /// applying the update.  Work items are handled one at a time, so a
 /// snapshot request never arrives mid-step.
 

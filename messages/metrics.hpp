@@ -3,14 +3,45 @@
 /// progress.
 ///
 ///   anyone               metrics
-///     | -- step_report --> |  a line per report, progress every `every_s`
-///     | -- (event, json) > |  any other event as a JSON object line
+///     | -- step_report --> |  a line per logged report, progress every `every_s`
+///     | -- run_event ----> |  a line {"event": <kind>, <its fields>, "time_s"}
+///     | -- (event, json) > |  free-form: any JSON object as a line (text that
+///     |                    |  is not JSON becomes {"event":"text","text":…})
 ///     | -- (shutdown) ---> |  flushes and quits
+///
+/// None of them is answered; all may arrive at any time (mid-step too).
+///
+/// The run's events are typed: `run_event` is one of the structs below, and
+/// metrics.jsonl spells each as the line shown (actors/metrics.cpp writes
+/// it; tools/bench/pipeline.py and tests/integration/*.sh read these names,
+/// so a field is never renamed, only added).  "time_s" (seconds since the
+/// metrics actor started) is added to every line.
+///
+///   kind                  line fields (besides "event" and "time_s")
+///   epoch                 epoch, samples, already_committed
+///   checkpoint            step, dir, committed_now, committed
+///   checkpoint_discarded  step, dir
+///   group_formed          generation, world, root, step
+///   group_step_abandoned  drafter
+///   drafter_failed        drafter, reason, restore_step, steps_lost, restore_from,
+///                         samples_reissued, checkpoint, restart, budget, backoff_s
+///   budget_exhausted      drafter, report
+///   drafter_restarted     drafter, step, from
+///   escalated             reason, step
+///   end                   reason, steps, checkpoint
+///
+/// Room for more: a new kind is a new struct APPENDED to `run_event`'s
+/// alternatives (the alternative's index is on the wire: never reorder) and
+/// a row here and in actors/metrics.cpp.  Kinds foreseen: actor state
+/// changes, node joins and losses, restore tiers, control-endpoint actions.
 
+#include <cstdint>
 #include <string>
 
+#include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
+#include <caf/variant.hpp>
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
@@ -19,8 +50,155 @@ namespace tandem {
 
 using event_atom = caf::atom_constant<caf::atom("event")>;
 
+/// "epoch": epoch `epoch` starts over `samples`, `already_committed` of
+/// them committed by the run resumed from.
+struct epoch_event {
+  int64_t epoch = 0;
+  int64_t samples = 0;
+  int64_t already_committed = 0;
+};
+
+/// "checkpoint": the snapshot of the weights after `step` is in `dir`; it
+/// committed `committed_now` samples, `committed` in the epoch so far.
+struct checkpoint_event {
+  int64_t step = 0;
+  std::string dir;
+  int64_t committed_now = 0;
+  int64_t committed = 0;
+};
+
+/// "checkpoint_discarded": written, but a drafter failure rolled training
+/// back past it: neither a restore point nor a commit.
+struct checkpoint_discarded_event {
+  int64_t step = 0;
+  std::string dir;
+};
+
+/// "group_formed": data-parallel group `generation` of `world` ranks is up;
+/// drafter `root` (rank 0) broadcast its state of `step`.
+struct group_formed_event {
+  int64_t generation = 0;
+  int32_t world = 0;
+  int32_t root = 0;
+  int64_t step = 0;
+};
+
+/// "group_step_abandoned": drafter `drafter` reported a step whose
+/// collective failed after the failure was already handled.
+struct group_step_abandoned_event {
+  int32_t drafter = 0;
+};
+
+/// "drafter_failed": drafter `drafter` failed (`reason`); training went
+/// back to `restore_step` (`steps_lost` steps), restored from "peers" or
+/// "checkpoint" (`restore_from`), `samples_reissued` samples re-issued;
+/// `checkpoint` is what its next incarnation loads.  The supervisor's plan:
+/// the `restart`-th restart of `budget`, after `backoff_s`.
+struct drafter_failed_event {
+  int32_t drafter = 0;
+  std::string reason;
+  int64_t restore_step = 0;
+  int64_t steps_lost = 0;
+  std::string restore_from;
+  int64_t samples_reissued = 0;
+  std::string checkpoint;
+  int64_t restart = 0;
+  int64_t budget = 0;
+  double backoff_s = 0;
+};
+
+/// "budget_exhausted": the supervisor refused to restart `drafter`
+/// (`report`, its error); the run fails.
+struct budget_exhausted_event {
+  int32_t drafter = 0;
+  std::string report;
+};
+
+/// "drafter_restarted": drafter `drafter`'s new incarnation is up at the
+/// run's `step`, restored `from` a checkpoint folder (or "fresh weights").
+struct drafter_restarted_event {
+  int32_t drafter = 0;
+  int64_t step = 0;
+  std::string from;
+};
+
+/// "escalated": a worker that is not restarted ended (`reason`) at `step`;
+/// the run stops as for a signal.
+struct escalated_event {
+  std::string reason;
+  int64_t step = 0;
+};
+
+/// "end": the run ended (`reason`: max_steps, epochs, signal, escalated)
+/// after `steps` steps; `checkpoint` is the newest ("" if none).
+struct end_event {
+  std::string reason;
+  int64_t steps = 0;
+  std::string checkpoint;
+};
+
+/// One of the run's events.  Append only (see above).
+using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discarded_event,
+                               group_formed_event, group_step_abandoned_event,
+                               drafter_failed_event, budget_exhausted_event,
+                               drafter_restarted_event, escalated_event, end_event>;
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
+  return f(caf::meta::type_name("tandem.epoch_event"), x.epoch, x.samples, x.already_committed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, checkpoint_event& x) {
+  return f(caf::meta::type_name("tandem.checkpoint_event"), x.step, x.dir, x.committed_now,
+           x.committed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, checkpoint_discarded_event& x) {
+  return f(caf::meta::type_name("tandem.checkpoint_discarded_event"), x.step, x.dir);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, group_formed_event& x) {
+  return f(caf::meta::type_name("tandem.group_formed_event"), x.generation, x.world, x.root, x.step);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, group_step_abandoned_event& x) {
+  return f(caf::meta::type_name("tandem.group_step_abandoned_event"), x.drafter);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drafter_failed_event& x) {
+  return f(caf::meta::type_name("tandem.drafter_failed_event"), x.drafter, x.reason, x.restore_step,
+           x.steps_lost, x.restore_from, x.samples_reissued, x.checkpoint, x.restart, x.budget,
+           x.backoff_s);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, budget_exhausted_event& x) {
+  return f(caf::meta::type_name("tandem.budget_exhausted_event"), x.drafter, x.report);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, drafter_restarted_event& x) {
+  return f(caf::meta::type_name("tandem.drafter_restarted_event"), x.drafter, x.step, x.from);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, escalated_event& x) {
+  return f(caf::meta::type_name("tandem.escalated_event"), x.reason, x.step);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, end_event& x) {
+  return f(caf::meta::type_name("tandem.end_event"), x.reason, x.steps, x.checkpoint);
+}
+
 using metrics_actor = caf::typed_actor<
   caf::reacts_to<step_report>,
+  caf::reacts_to<run_event>,
   caf::reacts_to<event_atom, std::string>,
   caf::reacts_to<shutdown_atom>>;
 

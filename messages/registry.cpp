@@ -5,6 +5,7 @@
 #include "messages/coordinator.hpp"
 #include "messages/descriptors.hpp"
 #include "messages/errors.hpp"
+#include "messages/metrics.hpp"
 #include "messages/probe.hpp"
 #include "messages/supervisor.hpp"
 
@@ -35,6 +36,7 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<restart_plan>("tandem.restart_plan");
   cfg.add_message_type<drafter_actor>("tandem.drafter_handle");
   cfg.add_message_type<coordinator_actor>("tandem.coordinator_handle");
+  cfg.add_message_type<run_event>("tandem.run_event");
 }
 
 } // namespace tandem

@@ -62,6 +62,8 @@ assert epoch["samples"] == 550, epoch
 (end,) = events("end", run)
 assert end["reason"] == "max_steps" and end["steps"] == 60, end
 assert any(c["step"] == 60 for c in events("checkpoint", run)), events("checkpoint", run)
+# run.name (default: the config file's stem) is in every line.
+assert all(r.get("run") == "default" for r in run), [r for r in run if r.get("run") != "default"][:1]
 EOF
 # Logged losses: the first (step 5) against the mean of the last three.
 check_run 0 <<'EOF'
@@ -75,7 +77,7 @@ EOF
 data_listing > "$work/data.first"
 
 # Again, to step 70: the prepared data is reused, training resumes.
-run --set train.max_steps=70 --resume > "$work/second.log" 2>&1 || { cat "$work/second.log"; echo "FAIL: second run"; exit 1; }
+run --set train.max_steps=70 --set run.name=resumed --resume > "$work/second.log" 2>&1 || { cat "$work/second.log"; echo "FAIL: second run"; exit 1; }
 # Reused: not one file of the data set was written again.
 data_listing > "$work/data.second"
 check cmp -s "$work/data.first" "$work/data.second"
@@ -89,6 +91,7 @@ assert end["reason"] == "max_steps" and end["steps"] == 70, end
 (at_60,) = [c for c in events("checkpoint", runs[0]) if c["step"] == 60]
 (epoch,) = events("epoch", run)
 assert epoch["already_committed"] == at_60["committed"] > 0, (epoch, at_60)
+assert all(r.get("run") == "resumed" for r in run), "run.name set on the command line"
 EOF
 
 # A mistyped key and a missing target name the file and the field.

@@ -578,6 +578,29 @@ CAF_TEST(stop waits for the step in progress then checkpoints and answers) {
   check_handles_released();
 }
 
+CAF_TEST(with checkpoint_on_stop false a stop ends without a checkpoint) {
+  // checkpoint.on_signal = false: the step in progress finishes, nothing is
+  // written, and the ledger commits nothing beyond the last durable state.
+  setup s;
+  s.opts.checkpoint_on_stop = false;
+  w->script = {act::hang};
+  start(s);
+  sched.run();
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  CAF_CHECK(!w->summary);  // the drafter is mid-step
+  self->send(drafter(), go_atom::value);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 1);
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "");
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 0);
+  CAF_CHECK(w->written.empty());
+  check_handles_released();
+}
+
 CAF_TEST(a stop that arrives while an epoch-end checkpoint is being written ends the run) {
   // The epoch's last step is trained and its checkpoint is being written
   // when SIGTERM comes: the stop waits for that checkpoint, which already

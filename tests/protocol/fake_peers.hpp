@@ -27,6 +27,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/metrics_lines.hpp"
 #include "actors/spawn.hpp"
 #include "support.hpp"
 
@@ -453,6 +454,7 @@ fake_checkpointer(fake_checkpointer_actor::stateful_pointer<fake_checkpointer_st
 inline metrics_actor::behavior_type fake_metrics(metrics_actor::pointer self, world_ptr w) {
   return {
     [w](const step_report& r) { w->reports.push_back(r); },
+    [w](const run_event& e) { w->events.push_back(event_line(e)); },
     [w](event_atom, const std::string& json) { w->events.push_back(nlohmann::json::parse(json)); },
     [self](shutdown_atom) { self->quit(); },
   };

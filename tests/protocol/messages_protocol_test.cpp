@@ -12,6 +12,7 @@
 #include "dsl.hpp"
 #include "support.hpp"
 
+#include "actors/metrics_lines.hpp"
 #include "messages/probe.hpp"
 #include "messages/supervisor.hpp"
 
@@ -28,6 +29,7 @@ const std::set<std::string> tested_types{
   "tandem.snapshot_desc", "tandem.run_summary", "tandem.int64_list",
   "tandem.coordinator_peers", "tandem.group_spec", "tandem.bytes",
   "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
+  "tandem.run_event",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -176,6 +178,41 @@ CAF_TEST(run_summary and probe_report round trip) {
   CAF_CHECK(contains(caf::deep_to_string(p), "tandem.probe_report"));
 }
 
+CAF_TEST(every kind of run_event round trips) {
+  // Equal means the same metrics.jsonl line (actors/metrics_lines.hpp: every field).
+  drafter_failed_event f;
+  f.drafter = 1;
+  f.reason = "drafter 1 died at step 7: boom";
+  f.restore_step = 4;
+  f.steps_lost = 2;
+  f.restore_from = "checkpoint";
+  f.samples_reissued = 12;
+  f.checkpoint = "ckpt/step-4";
+  f.restart = 1;
+  f.budget = 3;
+  f.backoff_s = 0.5;
+  const std::vector<std::pair<run_event, std::string>> cases{
+    {epoch_event{2, 100, 40}, "tandem.epoch_event"},
+    {checkpoint_event{8, "ckpt/step-8", 16, 64}, "tandem.checkpoint_event"},
+    {checkpoint_discarded_event{8, "ckpt/step-8"}, "tandem.checkpoint_discarded_event"},
+    {group_formed_event{3, 2, 1, 9}, "tandem.group_formed_event"},
+    {group_step_abandoned_event{1}, "tandem.group_step_abandoned_event"},
+    {drafter_failed_event(f), "tandem.drafter_failed_event"},
+    {budget_exhausted_event{0, "budget spent"}, "tandem.budget_exhausted_event"},
+    {drafter_restarted_event{1, 4, "fresh weights"}, "tandem.drafter_restarted_event"},
+    {escalated_event{"target 0 ended", 5}, "tandem.escalated_event"},
+    {end_event{"signal", 10, "ckpt/step-10"}, "tandem.end_event"},
+  };
+  for (const auto& [e, name] : cases) {
+    CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));
+    CAF_CHECK_EQUAL(event_line(through_message(e)), event_line(e));
+    auto text = caf::deep_to_string(e);
+    CAF_MESSAGE(name << ": " << text);
+    TANDEM_CHECK_MSG(contains(text, name), text << " lacks " << name);
+  }
+  CAF_CHECK_EQUAL(tested_types.count("tandem.run_event"), 1u);
+}
+
 CAF_TEST(the int64 list and coordinator_peers round trip) {
   std::vector<int64_t> ids{0, -1, 1ll << 40};
   CAF_CHECK(roundtrip(ids) == ids);
@@ -241,6 +278,7 @@ CAF_TEST(every protocol message serializes as a message) {
   // checkpointer, metrics
   check(caf::make_message(snapshot_desc{0, 5, 9}, std::string("{\"ledger\":{}}")));
   check(caf::make_message(event_atom::value, std::string("{\"event\":\"x\"}")));
+  check(caf::make_message(run_event{end_event{"signal", 3, ""}}));
   // replies
   check(caf::make_message(run_summary{}));
   check(caf::make_message(restart_plan{2, 3, 0.5}));

@@ -110,6 +110,59 @@ CAF_TEST(events are JSON lines with a time and text that is not JSON is wrapped)
   run();
 }
 
+CAF_TEST(typed run events are written with the line schema of messages metrics hpp) {
+  auto m = spawn();
+  drafter_failed_event f;
+  f.drafter = 1;
+  f.reason = "drafter 1 died at step 7: boom";
+  f.restore_step = 4;
+  f.steps_lost = 2;
+  f.restore_from = "peers";
+  f.samples_reissued = 12;
+  f.checkpoint = "ckpt/step-4";
+  f.restart = 1;
+  f.budget = 3;
+  f.backoff_s = 0.5;
+  const std::vector<run_event> events{
+    epoch_event{2, 100, 40},
+    checkpoint_event{8, "ckpt/step-8", 16, 64},
+    checkpoint_discarded_event{6, "ckpt/step-6"},
+    group_formed_event{3, 2, 1, 9},
+    group_step_abandoned_event{1},
+    drafter_failed_event(f),
+    budget_exhausted_event{0, "budget spent"},
+    drafter_restarted_event{1, 4, "fresh weights"},
+    escalated_event{"target 0 ended", 5},
+    end_event{"signal", 10, "ckpt/step-10"},
+  };
+  for (const auto& e : events)
+    self->send(m, e);
+  run();  // (CAF's expect() cannot name a caf::variant: its tuple picks the variant's converting constructor)
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), events.size());
+  for (auto& j : l) {
+    CAF_CHECK(j["time_s"].is_number());
+    j.erase("time_s");
+  }
+  using nlohmann::json;
+  CAF_CHECK_EQUAL(l[0], json::parse(R"({"event":"epoch","epoch":2,"samples":100,"already_committed":40})"));
+  CAF_CHECK_EQUAL(l[1], json::parse(R"({"event":"checkpoint","step":8,"dir":"ckpt/step-8","committed_now":16,"committed":64})"));
+  CAF_CHECK_EQUAL(l[2], json::parse(R"({"event":"checkpoint_discarded","step":6,"dir":"ckpt/step-6"})"));
+  CAF_CHECK_EQUAL(l[3], json::parse(R"({"event":"group_formed","generation":3,"world":2,"root":1,"step":9})"));
+  CAF_CHECK_EQUAL(l[4], json::parse(R"({"event":"group_step_abandoned","drafter":1})"));
+  CAF_CHECK_EQUAL(l[5], json::parse(R"({"event":"drafter_failed","drafter":1,"reason":"drafter 1 died at step 7: boom",
+    "restore_step":4,"steps_lost":2,"restore_from":"peers","samples_reissued":12,"checkpoint":"ckpt/step-4",
+    "restart":1,"budget":3,"backoff_s":0.5})"));
+  CAF_CHECK_EQUAL(l[6], json::parse(R"({"event":"budget_exhausted","drafter":0,"report":"budget spent"})"));
+  CAF_CHECK_EQUAL(l[7], json::parse(R"({"event":"drafter_restarted","drafter":1,"step":4,"from":"fresh weights"})"));
+  CAF_CHECK_EQUAL(l[8], json::parse(R"({"event":"escalated","reason":"target 0 ended","step":5})"));
+  CAF_CHECK_EQUAL(l[9], json::parse(R"({"event":"end","reason":"signal","steps":10,"checkpoint":"ckpt/step-10"})"));
+  CAF_CHECK(l[5]["restart"].is_number_integer());
+  CAF_CHECK(l[5]["backoff_s"].is_number_float());
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
 CAF_TEST(a resumed run appends to the JSON lines file) {
   fs::create_directories(jsonl.parent_path());
   std::ofstream(jsonl) << R"({"event":"end","reason":"signal"})" << '\n';

@@ -1,0 +1,351 @@
+// The coordinator's routing: batches prefetch -> target -> drafter against
+// credits, the sample ledger's accounting of steps, checkpoints, epochs and
+// the run's end (actors/coordinator_state.hpp).
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/coordinator_state.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem::coord {
+
+void event(self_ptr self, run_event e) {
+  self->send(self->state.peers.metrics, std::move(e));
+}
+
+void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t features_handle) {
+  auto& s = self->state;
+  if (batch_handle)
+    self->send(s.peers.prefetch[static_cast<size_t>(source)], release_atom::value, batch_handle);
+  if (features_handle)
+    self->send(s.peers.targets[static_cast<size_t>(source)], release_atom::value, features_handle);
+}
+
+/// Whether no more batches of this epoch can arrive: every prefetch is
+/// exhausted and every batch in flight has its features (is queued).
+bool epoch_tail(self_ptr self) {
+  auto& s = self->state;
+  for (bool e : s.exhausted)
+    if (!e)
+      return false;
+  return s.queue.size() == s.in_flight.size();
+}
+
+void dispatch(self_ptr self) {
+  auto& s = self->state;
+  if (s.grouped()) {
+    dispatch_group(self);
+    return;
+  }
+  while (!s.stopping() && !s.idle.empty() && !s.queue.empty()) {
+    auto d = s.idle.front();
+    s.idle.pop_front();
+    s.busy.insert(d);
+    s.slot(d).dispatched = self->clock().now();
+    self->send(s.peers.drafters[static_cast<size_t>(d)], std::move(s.queue.front()));
+    s.queue.pop_front();
+  }
+}
+
+/// Answers the run request with `err` (once).
+void fail(self_ptr self, const caf::error& err) {
+  auto& s = self->state;
+  if (s.running()) {
+    s.phase = s.stopping() ? run_phase::stopped : run_phase::answered;
+    s.promise.deliver(err);
+  }
+}
+
+namespace {
+
+std::string ledger_json(self_ptr self) {
+  auto& s = self->state;
+  // The checkpoint holds the weights after s.step (the drafter is idle when
+  // a checkpoint is asked for), so its ledger commits what they include.
+  return nlohmann::json{{"ledger", nlohmann::json::parse(s.ledger->save(s.step))},
+                        {"step", s.step},
+                        {"epoch", s.epoch}}
+    .dump();
+}
+
+/// Which drafter to snapshot: drafter 0, or with data-parallel drafters the
+/// first that is up and holds the ledger's state (drafter 0 may be down
+/// for a restart after a step its survivors completed).
+int32_t snapshot_source(self_ptr self) {
+  auto& s = self->state;
+  if (s.grouped())
+    for (size_t d = 0; d < s.drafters.size(); ++d)
+      if (!s.drafters[d].down && s.drafters[d].clean)
+        return static_cast<int32_t>(d);
+  return 0;  // a single drafter (or none fit: the request fails and the continuations wait)
+}
+
+/// The checkpoint of `snap` is written in `dir`: it becomes the restore
+/// point and commits what it holds, unless a rollback made it stale.
+void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lineage,
+                           const std::string& dir) {
+  auto& s = self->state;
+  s.checkpoint = checkpoint_phase::none;
+  if (s.lineage != lineage) {
+    // A drafter failed after this snapshot and the run rolled back past it:
+    // these weights are not the ones training continues from, so they must
+    // not become the restore point nor commit samples.  The continuations
+    // wait for the next checkpoint; look again whether one is due now.
+    spdlog::warn("checkpoint {} (step {}) predates a drafter failure: not used", dir, snap.step);
+    event(self, checkpoint_discarded_event{snap.step, dir});
+    try_complete(self);
+    maybe_end_epoch(self);
+    return;
+  }
+  const auto committed = s.ledger->durable(snap.step);
+  s.durable_step = snap.step;
+  s.summary.checkpoint = dir;
+  event(self, checkpoint_event{snap.step, dir, committed, s.ledger->state_counts().committed});
+  auto todo = std::move(s.after_checkpoint);
+  s.after_checkpoint.clear();
+  for (auto& f : todo)
+    f();
+  // A stop that came while this checkpoint was written waited for it (an
+  // epoch end's continuation does not look again).
+  try_complete(self);
+}
+
+} // namespace
+
+/// Snapshot a drafter holding the ledger's state, write it, mark the ledger
+/// durable; then run the continuations queued meanwhile.
+void checkpoint(self_ptr self, std::function<void()> then) {
+  auto& s = self->state;
+  if (then)
+    s.after_checkpoint.push_back(std::move(then));
+  if (s.checkpointing())
+    return;
+  s.checkpoint = checkpoint_phase::snapshot;
+  const auto extra = ledger_json(self);
+  const auto lineage = s.lineage;
+  self->request(s.peers.drafters[static_cast<size_t>(snapshot_source(self))], std::chrono::minutes(10),
+                snapshot_atom::value)
+    .then(
+      [self, extra, lineage](const snapshot_desc& snap) {
+        self->state.checkpoint = checkpoint_phase::writing;
+        self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
+          .then([self, snap, lineage](const std::string& dir) { on_checkpoint_written(self, snap, lineage, dir); },
+                [self](const caf::error& err) { fail(self, err); });
+      },
+      [self](const caf::error& err) {
+        // The drafter died before answering: supervision restarts it, and
+        // the continuations wait for the next checkpoint.
+        self->state.checkpoint = checkpoint_phase::none;
+        spdlog::warn("checkpoint: snapshot failed: {}", self->system().render(err));
+      });
+}
+
+/// Answers the run request with the summary (or the escalation's error).
+void deliver(self_ptr self) {
+  auto& s = self->state;
+  if (!s.running())
+    return;
+  s.phase = s.stopping() ? run_phase::stopped : run_phase::answered;
+  s.summary.steps = s.step;
+  s.summary.samples_committed = s.ledger->state_counts().committed;
+  event(self, end_event{s.summary.stop_reason, s.step, s.summary.checkpoint});
+  if (!s.escalated.empty()) {
+    // The run stopped for a worker it cannot replace; its training is safe.
+    s.promise.deliver(make_error(
+      errc::device_failure,
+      s.escalated + "; the run stopped after step " + std::to_string(s.step)
+        + (s.summary.checkpoint.empty() ? std::string(" with no checkpoint")
+                                        : ", checkpoint " + s.summary.checkpoint
+                                            + " holds it (tandem run --resume continues)")));
+    return;
+  }
+  s.promise.deliver(s.summary);
+}
+
+/// When stopping: once no drafter is mid-step, write the last checkpoint
+/// (if there is anything new) and answer the run request.
+void try_complete(self_ptr self) {
+  auto& s = self->state;
+  if (!s.stopping() || !s.busy.empty() || s.checkpointing()
+      || (s.group && s.group->current() == group_step::phase::forming))
+    return;
+  for (const auto& d : s.drafters)
+    if (d.down)
+      return;  // its restart calls back here
+  // Everything not trained is abandoned: its samples stay uncommitted and
+  // a resumed run issues them again.
+  for (auto& [id, f] : s.in_flight) {
+    if (f.features_handle)
+      release(self, f.source, f.batch_handle, f.features_handle);
+    else
+      s.abandoned.insert(id);  // still at its target: released when it comes back
+  }
+  s.in_flight.clear();
+  s.queue.clear();
+  // A stop request (a signal) writes one last checkpoint unless
+  // checkpoint.on_signal is false; then the ledger commits only what the
+  // newest durable checkpoint holds, and a resumed run repeats the rest.
+  const bool wanted = s.summary.stop_reason != "signal" || s.opts.checkpoint_on_stop;
+  if (wanted && s.step > s.durable_step)
+    checkpoint(self, [self] { deliver(self); });
+  else
+    deliver(self);
+}
+
+void finish(self_ptr self, const std::string& reason) {
+  auto& s = self->state;
+  if (s.stopping())
+    return;
+  // From running; a run already answered with an error stops as before
+  // (what is in flight drains) but answers nothing again.
+  s.phase = s.running() ? run_phase::stopping : run_phase::stopped;
+  s.summary.stop_reason = reason;
+  try_complete(self);
+}
+
+void start_epoch(self_ptr self, const std::vector<int64_t>& done) {
+  auto& s = self->state;
+  s.exhausted.assign(s.peers.prefetch.size(), false);
+  event(self, epoch_event{s.epoch, s.ledger->num_samples(), static_cast<int64_t>(done.size())});
+  for (auto& p : s.peers.prefetch)
+    self->send(p, epoch_atom::value, s.epoch, done);
+}
+
+namespace {
+
+/// Every prefetch is exhausted and nothing of the epoch is left anywhere.
+bool epoch_drained(self_ptr self) {
+  auto& s = self->state;
+  for (bool e : s.exhausted)
+    if (!e)
+      return false;
+  return s.in_flight.empty() && s.queue.empty() && s.busy.empty();
+}
+
+} // namespace
+
+void maybe_end_epoch(self_ptr self) {
+  auto& s = self->state;
+  if (s.stopping() || s.checkpointing() || !epoch_drained(self))
+    return;
+  checkpoint(self, [self, e = s.epoch] {
+    auto& s = self->state;
+    if (s.epoch != e || s.stopping() || !epoch_drained(self))
+      return;  // already handled (a continuation can run late after a failure)
+    if (!s.ledger->epoch_complete()) {
+      fail(self, make_error(errc::bad_input,
+                            "epoch " + std::to_string(s.epoch) + " ended with "
+                              + std::to_string(s.ledger->state_counts().committed) + " of "
+                              + std::to_string(s.ledger->num_samples())
+                              + " samples committed (ledger and data disagree)"));
+      return;
+    }
+    ++s.summary.epochs_completed;
+    if (s.epoch + 1 >= s.opts.epochs) {
+      finish(self, "epochs");
+      return;
+    }
+    s.ledger->next_epoch();
+    ++s.epoch;
+    start_epoch(self, {});
+  });
+}
+
+/// After a step's accounting: the run's end, a checkpoint, the next work.
+void after_step(self_ptr self) {
+  auto& s = self->state;
+  if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
+    finish(self, "max_steps");
+    return;
+  }
+  if (s.stopping()) {
+    try_complete(self);
+    return;
+  }
+  if (s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
+    checkpoint(self, [self] { maybe_end_epoch(self); });
+  dispatch(self);
+  maybe_end_epoch(self);
+}
+
+/// The batch is trained into the weights of step `step`: retire it.
+void retire(self_ptr self, int64_t batch_id, int64_t step) {
+  auto& s = self->state;
+  auto it = s.in_flight.find(batch_id);
+  if (it != s.in_flight.end()) {
+    release(self, it->second.source, it->second.batch_handle, it->second.features_handle);
+    if (!s.stopping())
+      self->send(s.peers.prefetch[static_cast<size_t>(it->second.source)], credit_atom::value,
+                 int32_t{1});
+    s.in_flight.erase(it);
+  }
+  s.ledger->trained(batch_id, step);
+}
+
+/// A prefetch's batch: issue its samples in the ledger, send it to its target.
+void on_batch(self_ptr self, batch_desc& batch) {
+  auto& s = self->state;
+  if (s.stopping()) {
+    release(self, batch.source, batch.handle, 0);
+    return;
+  }
+  batch.batch_id = s.ledger->issue(batch.sample_ids);
+  for (auto id : batch.sample_ids)
+    s.sample_source[id] = batch.source;
+  s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens};
+  self->send(s.peers.targets[static_cast<size_t>(batch.source)], std::move(batch));
+}
+
+/// A target's features: queue the work for a drafter.
+void on_work_item(self_ptr self, work_item& w) {
+  auto& s = self->state;
+  if (s.abandoned.erase(w.batch.batch_id) > 0) {
+    release(self, w.batch.source, w.batch.handle, w.features.handle);
+    return;
+  }
+  auto it = s.in_flight.find(w.batch.batch_id);
+  if (it == s.in_flight.end() || s.stopping()) {
+    release(self, w.batch.source, w.batch.handle, w.features.handle);
+    if (it != s.in_flight.end())
+      s.in_flight.erase(it);
+    try_complete(self);
+    return;
+  }
+  it->second.features_handle = w.features.handle;
+  s.queue.push_back(std::move(w));
+  dispatch(self);
+}
+
+/// A drafter's report (a single drafter; data-parallel ones: on_group_report).
+void on_step_report(self_ptr self, const step_report& r) {
+  auto& s = self->state;
+  if (r.drafter < 0 || static_cast<size_t>(r.drafter) >= s.drafters.size()
+      || self->current_sender() != s.slot(r.drafter).addr)
+    return;  // a replaced incarnation's late report
+  if (s.grouped()) {
+    on_group_report(self, r);
+    return;
+  }
+  if (!r.finite) {
+    self->send(s.peers.metrics, r);
+    on_drafter_failure(self, r.drafter, "drafter " + std::to_string(r.drafter)
+                                          + ": non-finite loss or gradient at step "
+                                          + std::to_string(s.step + 1));
+    return;
+  }
+  s.busy.erase(r.drafter);
+  s.idle.push_back(r.drafter);
+  retire(self, r.batch_id, r.step);
+  s.step = r.step;
+  if (!s.have_first_loss) {
+    s.summary.first_loss = r.loss;
+    s.have_first_loss = true;
+  }
+  s.summary.last_loss = r.loss;
+  self->send(s.peers.metrics, r);
+  after_step(self);
+}
+
+} // namespace tandem::coord

@@ -1,0 +1,174 @@
+#pragma once
+/// The coordinator's state and the functions of its behaviour (private to
+/// actors/coordinator*.cpp; peers see only messages/coordinator.hpp).
+///
+///   coordinator.cpp           the behaviour (one handler a message) and spawn
+///   coordinator_routing.cpp   batches prefetch → target → drafter, steps,
+///                             checkpoints, epochs, the run's end
+///   coordinator_group.cpp     data-parallel drafters: forming the group, the
+///                             group step's reports (actors/group_step.hpp decides)
+///   coordinator_failures.cpp  drafter failures: rollback, restarts, the
+///                             watchdog and heartbeats, new incarnations
+///
+/// The run's phase (run_phase):
+///
+///   before_run ── stop ──▶ stop_before_run ── run ──▶ answered ("signal", at once)
+///       │ run
+///       ▼
+///    running ── finish ──▶ stopping ── deliver, fail ──▶ stopped
+///       │ fail
+///       ▼
+///    answered
+///
+/// `answered`: the run request got its answer (an error) while running; the
+/// coordinator still routes what arrives, as it always did, but answers
+/// nothing again.  Once `stopping` (and `stopped`), no work is dispatched
+/// and no credit granted.
+///
+/// One actor owns all of it (the coordinator, cooperative: handlers only move
+/// descriptors and counters); continuations capture `self` and values, and
+/// compare a lineage or generation counter before they act.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/group_step.hpp"
+#include "actors/ledger.hpp"
+#include "actors/spawn.hpp"
+#include "actors/time.hpp"
+
+namespace tandem::coord {
+
+/// A batch in flight, from its prefetch until its drafter trained it.
+struct flight {
+  int32_t source = 0;         ///< prefetch (and target) index
+  uint64_t batch_handle = 0;
+  uint64_t features_handle = 0;
+  int64_t real_tokens = 0;
+};
+
+/// What the coordinator knows of drafter j (peers.drafters[j] is its handle).
+/// Times are the actor clock's (self->clock().now()), the clock that also
+/// fires the watchdog tick and the heartbeats: steady_clock in production,
+/// the deterministic clock in protocol tests.
+struct drafter_slot {
+  caf::actor_addr addr;                       ///< the live incarnation (none while down)
+  bool down = false;                          ///< failed, waiting for its restart
+  caf::actor_clock::time_point dispatched{};  ///< when its step started
+  int64_t restore_point = 0;                  ///< the step its next incarnation is restored to
+                                              ///< (the checkpoint named in its restart)
+  caf::actor_clock::time_point last_heartbeat{};  ///< last asked (idle drafters)
+  bool heartbeat_pending = false;             ///< asked, no answer yet
+  /// Holds the state the ledger's step says (restored to it or never
+  /// diverged): it may lead the next data-parallel group, or be snapshotted.
+  bool clean = true;
+  step_report report;                         ///< its report of the group step in flight
+};
+
+enum class run_phase : uint8_t {
+  before_run,       ///< no run request yet
+  stop_before_run,  ///< a stop came first: the run request is answered at once
+  running,
+  stopping,         ///< finishing the steps in flight, then a last checkpoint
+  answered,         ///< the run request is answered (not stopping: an error, or a stop before the run)
+  stopped,          ///< the run request is answered after stopping
+};
+
+/// The checkpoint in progress (one at a time).
+enum class checkpoint_phase : uint8_t {
+  none,
+  snapshot,  ///< a drafter is copying its state off the device
+  writing,   ///< the checkpointer is writing it
+};
+
+struct coordinator_state {
+  static inline const char* name = "tandem.coordinator";
+  coordinator_options opts;
+  coordinator_peers peers;
+  std::optional<sample_ledger> ledger;
+  caf::typed_response_promise<run_summary> promise;
+  run_phase phase = run_phase::before_run;
+  run_summary summary;
+  std::string escalated;                ///< a worker that is not restarted ended: why ("" = none)
+  bool have_first_loss = false;
+
+  // Routing.
+  std::map<int64_t, flight> in_flight;  ///< by batch id
+  std::deque<work_item> queue;          ///< features ready, waiting for a drafter
+  std::deque<int32_t> idle;             ///< drafters without work
+  std::set<int32_t> busy;
+  std::vector<bool> exhausted;          ///< per prefetch, this epoch
+  int64_t epoch = 0;
+  int64_t step = 0;
+
+  // Checkpoints.
+  int64_t durable_step = -1;
+  checkpoint_phase checkpoint = checkpoint_phase::none;
+  std::vector<std::function<void()>> after_checkpoint;
+
+  // Failures.
+  std::vector<drafter_slot> drafters;            ///< by drafter index
+  std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
+  std::set<int64_t> abandoned;                   ///< rolled back while at a target
+  int64_t lineage = 0;                           ///< rollbacks to a checkpoint so far (a snapshot older than one is stale)
+
+  /// Data-parallel drafters (more than one): one NCCL group, lockstep steps.
+  std::optional<group_step> group;
+
+  bool running() const { return phase == run_phase::running || phase == run_phase::stopping; }
+  bool stopping() const { return phase == run_phase::stopping || phase == run_phase::stopped; }
+  bool checkpointing() const { return checkpoint != checkpoint_phase::none; }
+  bool grouped() const { return peers.drafters.size() > 1; }
+  drafter_slot& slot(int32_t d) { return drafters[static_cast<size_t>(d)]; }
+};
+
+using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+
+/// The behaviour (coordinator.cpp).
+coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator_options opts);
+
+// -- coordinator_routing.cpp ---------------------------------------------------
+void event(self_ptr self, run_event e);
+void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t features_handle);
+bool epoch_tail(self_ptr self);
+void dispatch(self_ptr self);
+void fail(self_ptr self, const caf::error& err);
+void checkpoint(self_ptr self, std::function<void()> then);
+void deliver(self_ptr self);
+void try_complete(self_ptr self);
+void finish(self_ptr self, const std::string& reason);
+void start_epoch(self_ptr self, const std::vector<int64_t>& done);
+void maybe_end_epoch(self_ptr self);
+void retire(self_ptr self, int64_t batch_id, int64_t step);
+void after_step(self_ptr self);
+void on_step_report(self_ptr self, const step_report& r);
+void on_work_item(self_ptr self, work_item& w);
+void on_batch(self_ptr self, batch_desc& batch);
+
+// -- coordinator_group.cpp -----------------------------------------------------
+void dispatch_group(self_ptr self);
+bool group_at_rest(self_ptr self);
+void maybe_form_group(self_ptr self);
+void abort_group(self_ptr self, const std::string& why);
+void on_group_report(self_ptr self, const step_report& r);
+void resolve_group_failure(self_ptr self);
+void count_group_step(self_ptr self, int64_t step, const std::vector<step_report>& reports);
+
+// -- coordinator_failures.cpp --------------------------------------------------
+void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason,
+                        bool peers_hold_state = false);
+void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, bool peers_hold_state);
+void ask_heartbeat(self_ptr self, int32_t d, caf::actor_clock::time_point now);
+void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh);
+void on_tick(self_ptr self);
+
+} // namespace tandem::coord
