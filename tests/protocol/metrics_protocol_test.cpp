@@ -195,11 +195,31 @@ CAF_TEST(a message outside the protocol is answered with an error and metrics ca
   run();
   CAF_REQUIRE(a->error.has_value());
   CAF_MESSAGE(sys.render(*a->error));
+  CAF_CHECK(is(*a->error, errc::unexpected_message));
+  CAF_CHECK(contains(sys.render(*a->error), "tandem.metrics cannot handle"));
   self->send(m, event_atom::value, std::string(R"({"event":"after"})"));
   run();
   auto l = lines();
   CAF_REQUIRE_EQUAL(l.size(), 1u);
   CAF_CHECK_EQUAL(l[0]["event"], "after");
+  self->send(m, shutdown_atom::value);
+  run();
+}
+
+CAF_TEST(run name is in every line when set) {
+  metrics_options o;
+  o.jsonl = jsonl;
+  o.progress = false;
+  o.run_name = "exp-7";
+  o.log_every = 1;
+  auto m = spawn_metrics(sys, o);
+  self->send(m, report(1));
+  self->send(m, run_event{end_event{"max_steps", 1, ""}});
+  run();
+  auto l = lines();
+  CAF_REQUIRE_EQUAL(l.size(), 2u);
+  for (const auto& j : l)
+    CAF_CHECK_EQUAL(j.value("run", ""), "exp-7");
   self->send(m, shutdown_atom::value);
   run();
 }

@@ -244,4 +244,14 @@ CAF_TEST(after shutdown the drafters are shut down and nothing is restarted or r
   CAF_CHECK(log->escalated.empty());
 }
 
+CAF_TEST(an unexpected message is answered with unexpected_message) {
+  start(options());
+  auto a = ask<std::string>(sys, caf::actor_cast<caf::actor>(sup), std::string("hello"));
+  sched.run();
+  CAF_REQUIRE(a->error.has_value());
+  CAF_CHECK(is(*a->error, errc::unexpected_message));
+  CAF_CHECK(contains(sys.render(*a->error), "tandem.supervisor cannot handle"));
+  CAF_CHECK(log->down.empty());  // it keeps supervising
+}
+
 CAF_TEST_FIXTURE_SCOPE_END()
