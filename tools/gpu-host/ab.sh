@@ -7,15 +7,18 @@
 #   TANDEM_DEVBIN=.devbin-before tools/gpu-host/pack   # here, at the old commit
 #   tools/gpu-host/pack                                # here, at the new one
 #   bash tools/gpu-host/ab.sh .devbin-before .devbin    # there, both carried
+# ROUNDS="2 3" runs those rounds only (a second call continuing a first);
+# the summary reads every line in $OUT/ab.jsonl, so concatenate the calls'
+# files and run the summary (the Python at the end) over them.
 set -o pipefail
-A=${1:-.devbin-before}; B=${2:-.devbin}; ROUNDS=${ROUNDS:-3}
+A=${1:-.devbin-before}; B=${2:-.devbin}; ROUNDS=${ROUNDS:-1 2 3}
 OUT=${OUT:-/tmp}
 cases=("drafter_step --size tiny --warmup 5 --iters 30"
        "drafter_step --size 8b --warmup 3 --iters 10"
        "drafter_step_eager --size 8b --warmup 2 --iters 5"
        "target_forward --size 8b --warmup 2 --iters 10"
        "dflash_attention --size 8b --warmup 3 --iters 20")
-for r in $(seq "$ROUNDS"); do
+for r in $ROUNDS; do
   for tag in A B; do
     dev=$A; [[ $tag == B ]] && dev=$B
     TANDEM_DEVBIN=$dev source tools/gpu-host/env.sh > /dev/null
@@ -28,7 +31,7 @@ for l in sys.stdin:
         j = json.loads(l); j["build"] = sys.argv[1]; j["round"] = int(sys.argv[2]); print(json.dumps(j))' "$tag" "$r" \
         >> "$OUT/ab.jsonl"
     done
-    echo "round $r build $tag done: $(wc -l < "$OUT/ab.jsonl") lines"
+    echo "round $r build $tag done at $(date +%T): $(wc -l < "$OUT/ab.jsonl") lines"
   done
 done
 python3 - "$OUT/ab.jsonl" <<'PY' | tee "$OUT/ab.txt"
