@@ -144,7 +144,7 @@ void ask_heartbeat(self_ptr self, int32_t d, caf::actor_clock::time_point now) {
   auto& s = self->state;
   const auto di = static_cast<size_t>(d);
   auto& slot = s.drafters[di];
-  if (slot.down || slot.heartbeat_pending || !s.peers.drafters[di]
+  if (slot.down || slot.heartbeat_pending || slot.snapshot_pending || !s.peers.drafters[di]
       || std::chrono::duration<double>(now - slot.last_heartbeat).count() < s.opts.heartbeat_s)
     return;
   slot.heartbeat_pending = true;
@@ -184,6 +184,7 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   slot.addr = fresh.address();
   slot.down = false;
   slot.heartbeat_pending = false;
+  slot.snapshot_pending = false;
   slot.last_heartbeat = self->clock().now();
   s.idle.push_back(d);
   if (s.grouped())  // restored from the checkpoint its restart named: the ledger's state only if nothing came after it

@@ -35,7 +35,7 @@ void dispatch_group(self_ptr self) {
   auto& s = self->state;
   const auto world = s.peers.drafters.size();
   if (s.stopping() || s.group->current() != group_step::phase::ready || s.idle.size() != world
-      || s.queue.empty())
+      || s.queue.empty() || s.snapshot_pending())
     return;
   if (s.queue.size() < world && !epoch_tail(self))
     return;

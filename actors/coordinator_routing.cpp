@@ -41,6 +41,8 @@ void dispatch(self_ptr self) {
   }
   while (!s.stopping() && !s.idle.empty() && !s.queue.empty()) {
     auto d = s.idle.front();
+    if (s.slot(d).snapshot_pending)
+      break;  // its thread is copying a snapshot; dispatched once it answers
     s.idle.pop_front();
     s.busy.insert(d);
     s.slot(d).dispatched = self->clock().now();
@@ -125,18 +127,33 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   s.checkpoint = checkpoint_phase::snapshot;
   const auto extra = ledger_json(self);
   const auto lineage = s.lineage;
-  self->request(s.peers.drafters[static_cast<size_t>(snapshot_source(self))], std::chrono::minutes(10),
-                snapshot_atom::value)
+  const auto src = snapshot_source(self);
+  s.slot(src).snapshot_pending = true;
+  const auto addr = s.slot(src).addr;
+  // The drafter is busy while it copies (not asked for heartbeats); this
+  // deadline is what watches it then.
+  auto answered = [self, src, addr] {
+    auto& slot = self->state.slot(src);
+    if (slot.addr == addr) {
+      slot.snapshot_pending = false;
+      slot.last_heartbeat = self->clock().now();  // it answered: alive now
+    }
+    dispatch(self);
+  };
+  self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
-      [self, extra, lineage](const snapshot_desc& snap) {
+      [self, extra, lineage, answered](const snapshot_desc& snap) {
+        answered();
         self->state.checkpoint = checkpoint_phase::writing;
         self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
           .then([self, snap, lineage](const std::string& dir) { on_checkpoint_written(self, snap, lineage, dir); },
                 [self](const caf::error& err) { fail(self, err); });
       },
-      [self](const caf::error& err) {
-        // The drafter died before answering: supervision restarts it, and
-        // the continuations wait for the next checkpoint.
+      [self, answered](const caf::error& err) {
+        // The drafter died before answering (supervision restarts it) or
+        // overran the deadline (heartbeats judge it from here on); the
+        // continuations wait for the next checkpoint.
+        answered();
         self->state.checkpoint = checkpoint_phase::none;
         spdlog::warn("checkpoint: snapshot failed: {}", self->system().render(err));
       });

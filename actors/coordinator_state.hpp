@@ -68,6 +68,11 @@ struct drafter_slot {
                                               ///< (the checkpoint named in its restart)
   caf::actor_clock::time_point last_heartbeat{};  ///< last asked (idle drafters)
   bool heartbeat_pending = false;             ///< asked, no answer yet
+  /// Asked for a snapshot, no answer yet: its thread is copying its state,
+  /// busy and not dead.  No heartbeat is asked of it and no work sent to it
+  /// meanwhile; the snapshot request's own deadline (snapshot_timeout)
+  /// watches it instead (messages/drafter.hpp, "Liveness").
+  bool snapshot_pending = false;
   /// Holds the state the ledger's step says (restored to it or never
   /// diverged): it may lead the next data-parallel group, or be snapshotted.
   bool clean = true;
@@ -129,9 +134,20 @@ struct coordinator_state {
   bool checkpointing() const { return checkpoint != checkpoint_phase::none; }
   bool grouped() const { return peers.drafters.size() > 1; }
   drafter_slot& slot(int32_t d) { return drafters[static_cast<size_t>(d)]; }
+  bool snapshot_pending() const {
+    for (const auto& d : drafters)
+      if (d.snapshot_pending)
+        return true;
+    return false;
+  }
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+
+/// The deadline of a snapshot request: a drafter copying its state is busy,
+/// not asked for heartbeats, and judged by this (a 12.6 GB snapshot at 8B
+/// takes ~15 s on an H200 host; far slower disks or hosts stay well inside).
+inline constexpr auto snapshot_timeout = std::chrono::minutes(10);
 
 /// The behaviour (coordinator.cpp).
 coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator_options opts);

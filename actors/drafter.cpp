@@ -34,7 +34,8 @@ void apply_faults(drafter_state& s, int64_t next_step) {
   if (!s.faults)
     return;
   for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || f->at_step != next_step || f->fired.exchange(true))
+    if (f->drafter != s.index || f->kind == "slow_snapshot" || f->at_step != next_step
+        || f->fired.exchange(true))
       continue;
     spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
     if (f->kind == "throw")
@@ -43,6 +44,21 @@ void apply_faults(drafter_state& s, int64_t next_step) {
       s.engine->inject(gpu::fault::nan_loss);
     else if (f->kind == "hang")
       std::this_thread::sleep_for(std::chrono::duration<double>(s.faults->hang_s));
+  }
+}
+
+/// A "slow_snapshot" fault armed for the snapshot about to be taken (the
+/// first one at or after its step).
+void apply_snapshot_faults(drafter_state& s) {
+  if (!s.faults)
+    return;
+  for (auto& f : s.faults->entries) {
+    if (f->drafter != s.index || f->kind != "slow_snapshot" || s.engine->step() < f->at_step
+        || f->fired.exchange(true))
+      continue;
+    spdlog::warn("drafter {}: injected fault 'slow_snapshot' at step {}: the snapshot copies for {} s",
+                 s.index, s.engine->step(), s.faults->slow_snapshot_s);
+    s.engine->slow_next_snapshot(s.faults->slow_snapshot_s);
   }
 }
 
@@ -156,7 +172,9 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       snapshot_desc d;
       d.drafter = s.index;
       d.step = s.engine->step();
+      apply_snapshot_faults(s);
       d.handle = s.engine->snapshot();
+      s.idle_since = clock_type::now();  // the copy was work, not a wait for data
       return d;
     },
     [self](heartbeat_atom) -> int64_t { return self->state.engine->step(); },

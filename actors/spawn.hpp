@@ -57,6 +57,7 @@ struct fault_plan {
   };
   std::vector<std::unique_ptr<entry>> entries;
   double hang_s = 0;        ///< how long "hang" blocks (beyond the step timeout)
+  double slow_snapshot_s = 0;  ///< how long "slow_snapshot" keeps the snapshot copying
 };
 
 /// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).

@@ -18,6 +18,7 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
 
   auto faults = std::make_shared<fault_plan>();
   faults->hang_s = plan.hang_s;
+  faults->slow_snapshot_s = plan.slow_snapshot_s;
   for (const auto& f : plan.faults) {
     auto e = std::make_unique<fault_plan::entry>();
     e->drafter = static_cast<int32_t>(f.drafter);

@@ -111,6 +111,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
   }
   p.faults = c.faults;
   p.hang_s = 2 * c.runtime.step_timeout_s + 1;
+  p.slow_snapshot_s = 2 * c.runtime.heartbeat_s + 1;
   return p;
 }
 
@@ -182,6 +183,7 @@ std::string to_json(const launch_plan& p) {
   for (const auto& f : p.faults)
     j["faults"].push_back(f.to_string());
   j["hang_s"] = p.hang_s;
+  j["slow_snapshot_s"] = p.slow_snapshot_s;
   j["restore_from"] = p.restore_from;
   j["checkpoint_on_signal"] = p.checkpoint_on_signal;
   return j.dump(2);

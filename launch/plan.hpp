@@ -73,6 +73,8 @@ struct launch_plan {
   std::vector<gpu::drafter_engine_options> drafters;   ///< [i] for drafter i, every incarnation
   std::vector<fault_spec> faults;     ///< injected faults (tests and demonstrations)
   double hang_s = 0;                  ///< how long an injected "hang" blocks
+  double slow_snapshot_s = 0;         ///< how long an injected "slow_snapshot" copies (past
+                                      ///< two heartbeat deadlines)
   std::string restore_from;           ///< the drafters' first checkpoint ("" = fresh or init_from)
   bool checkpoint_on_signal = true;   ///< checkpoint.on_signal
 };

@@ -604,8 +604,8 @@ const section_def sections[] = {
 };
 
 const char* const fault_keys[] = {"drafter", "kind", "at_step"};
-const std::vector<std::string> fault_kinds{"throw", "nan", "hang"};
-constexpr std::string_view fault_usage = "drafter=N,kind=throw|nan|hang,at_step=S";
+const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot"};
+constexpr std::string_view fault_usage = "drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=S";
 
 const field_def* find_field(std::string_view section, std::string_view key) {
   for (auto& f : fields)
@@ -956,7 +956,7 @@ fault_spec parse_fault(const std::string& spec) {
   f.at_step = integer("at_step");
   f.kind = values["kind"];
   if (std::find(fault_kinds.begin(), fault_kinds.end(), f.kind) == fault_kinds.end())
-    throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", got " +
+    throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", \"slow_snapshot\", got " +
                        quote(f.kind));
   return f;
 }
@@ -1019,7 +1019,7 @@ std::string to_toml(const run_config& c) {
     out << "\n";
     if (s.name == "faults") {
       comment(std::string("[faults]: ") + std::string(s.doc) + ", one per failure:");
-      comment("drafter (its index), kind (\"throw\", \"nan\" or \"hang\"), at_step (global step)");
+      comment("drafter (its index), kind (\"throw\", \"nan\", \"hang\" or \"slow_snapshot\"), at_step (global step)");
       if (c.faults.empty()) out << "# (none)\n";
       for (auto& f : c.faults)
         out << "[[faults.inject]]\ndrafter = " << f.drafter << "\nkind = " << quote(f.kind)

@@ -16,7 +16,7 @@
 ///   config/tiny.toml:12:1: unknown key 'train.learning_rate' (did you mean 'train.lr'?)
 ///   config/tiny.toml:7:11: 'data.seq_len' must be a positive integer, got -5
 ///   --set data.seq_len=abc: 'data.seq_len' must be a positive integer, got "abc"
-///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", got "oops"
+///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", "slow_snapshot", got "oops"
 ///
 /// Plain C++: no CAF, no LibTorch, and toml++ only inside run_config.cpp.
 /// launch/plan.hpp turns a run_config into the options of every actor.
@@ -43,7 +43,9 @@ public:
 struct fault_spec {
   int64_t drafter = 0;  ///< index of the drafter that fails (placement.drafters order)
   std::string kind;     ///< "throw" (an exception), "nan" (a non-finite loss),
-                        ///< "hang" (its step never ends; step_timeout_s catches it)
+                        ///< "hang" (its step never ends; step_timeout_s catches it),
+                        ///< "slow_snapshot" (the first snapshot taken at or after
+                        ///< at_step copies slowly: the drafter is busy, not dead)
   int64_t at_step = 0;  ///< the global optimizer step at which it fails
 
   /// The `--fault` form: "drafter=0,kind=nan,at_step=5".
@@ -181,7 +183,7 @@ run_config load_run_config(const std::filesystem::path& toml_file,
 run_config parse_run_config(std::string_view toml_text, const std::filesystem::path& source,
                             const std::vector<std::string>& overrides = {});
 
-/// A `--fault` argument: "drafter=N,kind=throw|nan|hang,at_step=S" (all
+/// A `--fault` argument: "drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=S" (all
 /// three, any order).  Throws config_error.
 fault_spec parse_fault(const std::string& spec);
 

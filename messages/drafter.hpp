@@ -70,7 +70,13 @@
 ///     heartbeats while a group is being formed (joining blocks the
 ///     drafters' threads);
 ///   * forming a group asks every drafter a heartbeat first, answered
-///     within step_timeout_s (a restarted one answers once restored).
+///     within step_timeout_s (a restarted one answers once restored);
+///   * a drafter asked for a snapshot is busy copying its state (12.6 GB at
+///     8B): it is asked no heartbeat and sent no work until it answers, and
+///     the snapshot request's own deadline (snapshot_timeout, 10 minutes,
+///     actors/coordinator_state.hpp) watches it; its answer counts as a
+///     heartbeat.  An outstanding request is accounted for, never taken
+///     for silence.
 /// A failure is a failure of that incarnation only: its later messages are
 /// ignored (the coordinator compares the sender with the live incarnation).
 /// A step that throws kills the actor: the supervisor sees the down message

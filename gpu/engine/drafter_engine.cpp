@@ -142,6 +142,7 @@ struct drafter_engine::impl {
   drafter_info info;
   int64_t applied = 0;               ///< host mirror of the optimizer's update count
   bool nan_armed = false, throw_armed = false;
+  mutable double slow_snapshot_s = 0;  ///< > 0: the next snapshot copies for this long (a fault)
   at::Tensor poison;                 ///< [] float32 on the device: the loss's factor — 1, NaN (an
                                      ///< injected nan fault), 0 (a rank that does not contribute)
   /// Data-parallel group (join_group, world > 1).  Once joined, fp32_grads
@@ -779,6 +780,13 @@ struct drafter_engine::impl {
     for (const auto& v : optimizer->exp_avg_sq())
       parts.exp_avg_sq.push_back(cpu(v));
     parts.step = cpu(optimizer->step_count());
+    if (slow_snapshot_s > 0) {  // an injected slow_snapshot: copy again until the time is up
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(slow_snapshot_s);
+      slow_snapshot_s = 0;
+      while (std::chrono::steady_clock::now() < until)
+        for (size_t i = 0; i < masters.size(); ++i)
+          parts.weights[i] = cpu(masters[i]);
+    }
     return publish_snapshot(parts);
   }
 
@@ -931,6 +939,10 @@ void drafter_engine::inject(fault f) {
     case fault::nan_loss: impl_->nan_armed = true; break;
     case fault::throw_in_step: impl_->throw_armed = true; break;
   }
+}
+
+void drafter_engine::slow_next_snapshot(double seconds) {
+  impl_->slow_snapshot_s = seconds;
 }
 
 transport::handle drafter_engine::snapshot() const {

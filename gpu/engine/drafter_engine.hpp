@@ -178,6 +178,12 @@ public:
   /// Arms a fault for the next train_step.
   void inject(fault f);
 
+  /// Fault injection (kind "slow_snapshot"): the next snapshot() keeps
+  /// copying the weights to the host, on the calling thread, until `seconds`
+  /// have passed — a real copy that is slow, as a large drafter's is on a
+  /// host whose pinned memory grows slowly, not a sleep beside it.
+  void slow_next_snapshot(double seconds);
+
   /// Publishes CPU fp32 copies of the master weights and the optimizer
   /// state plus the engine's state (step, generator, options), for
   /// write_checkpoint on another thread.  The caller owns the handle.  The

@@ -4,6 +4,7 @@
 #   1. two epochs train, the loss falls, every epoch commits every sample;
 #   2. injected faults (throw, nan, hang) each end in a restart from the
 #      newest checkpoint and the run completes with an exact ledger;
+#   2b. a drafter busy with a slow snapshot is not taken for dead;
 #   3. past the restart budget the run stops with a report naming the drafter;
 #   4. SIGTERM finishes the step, writes a checkpoint and exits 0;
 #   5. stop at step 20 + --resume gives the uninterrupted run's losses for
@@ -38,6 +39,24 @@ check both_epochs_exact "$s"
 check grep -q '"reason":"drafter 0 hung' "$work/faults/metrics.jsonl"
 check grep -q 'non-finite loss' "$work/faults/metrics.jsonl"
 check grep -q 'injected fault (throw_in_step)' "$work/faults/metrics.jsonl"
+
+# 2b. Busy is not dead (issue 19): snapshots that copy for 2 x heartbeat_s
+# + 1 = 3 s on the drafter's thread, one mid-run (step 20) and the last one
+# (step 30, max_steps: nothing else to do, the case that lost a whole 8B run
+# on an H200).  The coordinator asks no heartbeat of, and sends no work to, a
+# drafter it is waiting on for a snapshot, so nothing fails and the final
+# checkpoint holds step 30 (before: "missed its heartbeat" and a rollback to
+# step 20, a step-20 checkpoint rewritten, success reported).  ~10 s.
+run busy --set runtime.heartbeat_s=1 --set train.max_steps=30 \
+    --fault drafter=0,kind=slow_snapshot,at_step=20 --fault drafter=0,kind=slow_snapshot,at_step=30 \
+    > "$work/busy.log" 2>&1 || { cat "$work/busy.log"; fail "slow snapshot run"; }
+s=$(summary "$work/busy/metrics.jsonl"); echo "slow snapshot: $s"
+check test "$(grep -c "injected fault 'slow_snapshot'" "$work/busy.log")" = 2
+check test "$(field "$s" failed)" = 0
+check test "$(field "$s" end)" = max_steps
+check test "$(field "$s" last_step)" = 30
+check test "$(field "$s" last_checkpoint)" = 30
+check "$python" -c 'import json,sys; c=[j["step"] for j in map(json.loads, open(sys.argv[1])) if j["event"] == "checkpoint"]; assert c == [20, 30], c' "$work/busy/metrics.jsonl"
 
 # 3. Restart budget.
 if run budget --set supervision.restart_budget=1 --fault drafter=0,kind=throw,at_step=5 \

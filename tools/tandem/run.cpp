@@ -146,7 +146,7 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_flag("--resume", opts->resume, "Continue from the newest checkpoint of this run");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
   cmd->add_option("--fault", opts->faults,
-                  "Inject a fault: drafter=N,kind=throw|nan|hang,at_step=K (repeatable)");
+                  "Inject a fault: drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=K (repeatable)");
   cmd->callback([opts, &exit_code] {
     try {
       exit_code = run_training(*opts);
