@@ -81,16 +81,7 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
   auto back = s.ledger->rollback(keep_state ? s.step : s.durable_step);
   const int64_t lost_steps = s.step - restore_step;
   s.step = restore_step;
-  std::vector<int32_t> credit(s.peers.prefetch.size(), 0);
-  for (auto& [id, fl] : s.in_flight) {
-    ++credit[static_cast<size_t>(fl.source)];
-    if (fl.features_handle)
-      release(self, fl.source, fl.batch_handle, fl.features_handle);
-    else
-      s.abandoned.insert(id);  // still at its target: released when it comes back
-  }
-  s.in_flight.clear();
-  s.queue.clear();
+  auto credit = drop_in_flight(self);
   std::vector<std::vector<int64_t>> reissue(s.peers.prefetch.size());
   for (auto id : back) {
     auto it = s.sample_source.find(id);

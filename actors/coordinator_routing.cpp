@@ -23,6 +23,21 @@ void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t feat
     self->send(s.peers.targets[static_cast<size_t>(source)], release_atom::value, features_handle);
 }
 
+std::vector<int32_t> drop_in_flight(self_ptr self) {
+  auto& s = self->state;
+  std::vector<int32_t> per_source(s.peers.prefetch.size(), 0);
+  for (auto& [id, f] : s.in_flight) {
+    ++per_source[static_cast<size_t>(f.source)];
+    if (f.features_handle)
+      release(self, f.source, f.batch_handle, f.features_handle);
+    else
+      s.abandoned.insert(id);  // still at its target: released when it comes back
+  }
+  s.in_flight.clear();
+  s.queue.clear();
+  return per_source;
+}
+
 /// Whether no more batches of this epoch can arrive: every prefetch is
 /// exhausted and every batch in flight has its features (is queued).
 bool epoch_tail(self_ptr self) {
@@ -193,14 +208,7 @@ void try_complete(self_ptr self) {
       return;  // its restart calls back here
   // Everything not trained is abandoned: its samples stay uncommitted and
   // a resumed run issues them again.
-  for (auto& [id, f] : s.in_flight) {
-    if (f.features_handle)
-      release(self, f.source, f.batch_handle, f.features_handle);
-    else
-      s.abandoned.insert(id);  // still at its target: released when it comes back
-  }
-  s.in_flight.clear();
-  s.queue.clear();
+  drop_in_flight(self);
   // A stop request (a signal) writes one last checkpoint unless
   // checkpoint.on_signal is false; then the ledger commits only what the
   // newest durable checkpoint holds, and a resumed run repeats the rest.

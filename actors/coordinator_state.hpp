@@ -155,6 +155,10 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
 // -- coordinator_routing.cpp ---------------------------------------------------
 void event(self_ptr self, run_event e);
 void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t features_handle);
+/// Drops every batch in flight and the queue (a rollback or the run's end):
+/// handles whose features are back are released, the rest when they come
+/// back.  The number dropped per prefetch (the credits they held).
+std::vector<int32_t> drop_in_flight(self_ptr self);
 bool epoch_tail(self_ptr self);
 void dispatch(self_ptr self);
 void fail(self_ptr self, const caf::error& err);
