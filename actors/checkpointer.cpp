@@ -1,6 +1,8 @@
 // The checkpointer (messages/checkpointer.hpp): writes snapshots under its
-// folder (write, fsync, rename: gpu::write_checkpoint) and keeps the newest
-// few.  Detached for its blocking file I/O.
+// folder (write, fsync, rename, then `latest`: gpu::write_checkpoint) and
+// keeps the newest `keep` complete ones in the folder, those of earlier
+// processes of the run included (gpu::rotate_checkpoints; never the one just
+// written).  Detached for its blocking file I/O.
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -20,7 +22,6 @@ struct checkpointer_state {
   static inline const char* name = "tandem.checkpointer";
   std::filesystem::path dir;
   int keep = 3;
-  std::vector<std::filesystem::path> written;
 };
 
 checkpointer_actor::behavior_type
@@ -39,15 +40,14 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
         gpu::write_checkpoint(snap.handle, target, extra);
       } catch (const std::exception& e) {
         gpu::transport::release(snap.handle);
-        return make_error(errc::bad_input, std::string("checkpoint ") + target.string() + ": " + e.what());
+        const std::string what = e.what();
+        return make_error(errc::bad_input, what.find(target.string()) != std::string::npos
+                                             ? "checkpoint: " + what  // it names the path already
+                                             : "checkpoint " + target.string() + ": " + what);
       }
       gpu::transport::release(snap.handle);
-      s.written.push_back(target);
-      while (s.keep > 0 && static_cast<int>(s.written.size()) > s.keep) {
-        std::error_code ec;
-        std::filesystem::remove_all(s.written.front(), ec);
-        s.written.erase(s.written.begin());
-      }
+      for (const auto& old : gpu::rotate_checkpoints(s.dir, s.keep, target))
+        spdlog::debug("checkpoint {} removed (checkpoint.keep = {})", old.string(), s.keep);
       return target.string();
     },
     [self](shutdown_atom) { self->quit(); },

@@ -107,6 +107,9 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     o.eps = c.train.eps;
     o.total_steps = p.schedule_steps;
     o.capture_graphs = c.runtime.capture_graphs;
+    // Data-parallel drafters restore from a live peer instead.
+    o.memory_every = p.placement.drafters.size() == 1 ? c.checkpoint.memory_every : 0;
+    o.memory_slot = d.index;
     p.drafters.push_back(o);
   }
   p.faults = c.faults;
@@ -178,7 +181,8 @@ std::string to_json(const launch_plan& p) {
        {"seed", o.seed}, {"lr", o.lr}, {"warmup_ratio", o.warmup_ratio},
        {"weight_decay", o.weight_decay}, {"grad_clip", o.grad_clip}, {"beta1", o.beta1},
        {"beta2", o.beta2}, {"eps", o.eps}, {"total_steps", o.total_steps},
-       {"capture_graphs", o.capture_graphs}, {"init_from", o.init_from.string()}});
+       {"capture_graphs", o.capture_graphs}, {"init_from", o.init_from.string()},
+       {"memory_every", o.memory_every}, {"memory_slot", o.memory_slot}});
   j["faults"] = json::array();
   for (const auto& f : p.faults)
     j["faults"].push_back(f.to_string());

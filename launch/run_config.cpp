@@ -536,6 +536,11 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.checkpoint.keep = v.positive(); },
    [](const rc& c) { return w_int(c.checkpoint.keep); },
    "newest snapshots kept; older ones are deleted"},
+  {"checkpoint", "memory_every", kind::integer, false,
+   [](rc& c, const vr& v) { c.checkpoint.memory_every = v.non_negative(); },
+   [](const rc& c) { return w_int(c.checkpoint.memory_every); },
+   "steps between restore points in device memory (a single drafter's masters and moments "
+   "copied on its device; a failure in this process restores them); 0 = none"},
   {"checkpoint", "on_signal", kind::boolean, false,
    [](rc& c, const vr& v) { c.checkpoint.on_signal = v.boolean(); },
    [](const rc& c) { return w_bool(c.checkpoint.on_signal); },
@@ -604,8 +609,8 @@ const section_def sections[] = {
 };
 
 const char* const fault_keys[] = {"drafter", "kind", "at_step"};
-const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot"};
-constexpr std::string_view fault_usage = "drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=S";
+const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot"};
+constexpr std::string_view fault_usage = "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S";
 
 const field_def* find_field(std::string_view section, std::string_view key) {
   for (auto& f : fields)
@@ -956,7 +961,7 @@ fault_spec parse_fault(const std::string& spec) {
   f.at_step = integer("at_step");
   f.kind = values["kind"];
   if (std::find(fault_kinds.begin(), fault_kinds.end(), f.kind) == fault_kinds.end())
-    throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", \"slow_snapshot\", got " +
+    throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", \"slow_snapshot\", \"throw_in_snapshot\", got " +
                        quote(f.kind));
   return f;
 }
@@ -1019,7 +1024,8 @@ std::string to_toml(const run_config& c) {
     out << "\n";
     if (s.name == "faults") {
       comment(std::string("[faults]: ") + std::string(s.doc) + ", one per failure:");
-      comment("drafter (its index), kind (\"throw\", \"nan\", \"hang\" or \"slow_snapshot\"), at_step (global step)");
+      comment("drafter (its index), kind (\"throw\", \"nan\", \"hang\", \"slow_snapshot\" or \"throw_in_snapshot\"), "
+              "at_step (global step)");
       if (c.faults.empty()) out << "# (none)\n";
       for (auto& f : c.faults)
         out << "[[faults.inject]]\ndrafter = " << f.drafter << "\nkind = " << quote(f.kind)

@@ -16,7 +16,7 @@
 ///   config/tiny.toml:12:1: unknown key 'train.learning_rate' (did you mean 'train.lr'?)
 ///   config/tiny.toml:7:11: 'data.seq_len' must be a positive integer, got -5
 ///   --set data.seq_len=abc: 'data.seq_len' must be a positive integer, got "abc"
-///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", "slow_snapshot", got "oops"
+///   --fault drafter=0,kind=oops,at_step=5: 'kind' must be one of "throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot", got "oops"
 ///
 /// Plain C++: no CAF, no LibTorch, and toml++ only inside run_config.cpp.
 /// launch/plan.hpp turns a run_config into the options of every actor.
@@ -133,6 +133,8 @@ struct run_config {
     int64_t every_steps = 100;  ///< every_steps: steps between snapshots; 0 = none periodic
     int64_t keep = 3;           ///< keep: newest snapshots kept (≥ 1)
     bool on_signal = true;      ///< on_signal: snapshot on SIGINT/SIGTERM before exiting
+    int64_t memory_every = 1;   ///< memory_every: steps between restore points in device memory
+                                ///< (a single drafter; 0 = none)
   } checkpoint;
 
   /// [supervision]: restarting failed drafters.

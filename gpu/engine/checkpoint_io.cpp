@@ -4,12 +4,20 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <tuple>
 #include <sstream>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "gpu/engine/crc32c.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/io/safetensors.hpp"
@@ -30,8 +38,58 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-/// Writes `text` to `p` and fsyncs it.
-void write_synced(const fs::path& p, const std::string& text) {
+/// Deletes `p` and everything below it (no error when it is absent).  Not
+/// std::filesystem::remove_all: libtorch.so exports its own copy, built
+/// against a newer libstdc++ (see tests/unit/files.hpp).
+void remove_tree(const fs::path& p) {
+  ::nftw(
+    p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); }, 16,
+    FTW_DEPTH | FTW_PHYS);
+}
+
+/// The step in a checkpoint folder's name (step-<k>), or -1.
+int64_t step_of(const fs::path& dir) {
+  const auto name = dir.filename().string();
+  if (name.rfind("step-", 0) != 0 || name.size() == 5)
+    return -1;
+  int64_t k = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || k > (int64_t{1} << 55))
+      return -1;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
+
+/// Fault injection for the crash tests (tests/unit/checkpoint_crash_test.cpp,
+/// tests/integration/checkpoint_test.sh): TANDEM_CHECKPOINT_CRASH=POINT or
+/// POINT:STEP kills the process with SIGKILL when a checkpoint write reaches
+/// POINT (of a checkpoint of step STEP or later: which steps are written
+/// depends on how fast the writes are, checkpoints coalesce).  Points, in
+/// write order:
+/// weights (weights.safetensors written in the .tmp folder), optimizer,
+/// state (state.json written, before its fsync), before_swap (the .tmp
+/// folder complete and durable), after_swap (in place, `latest` not yet
+/// updated), after_latest.
+void crash_point(const char* point, const fs::path& dir) {
+  const char* want = std::getenv("TANDEM_CHECKPOINT_CRASH");
+  if (want == nullptr || *want == '\0')
+    return;
+  const std::string w = want;
+  const auto colon = w.find(':');
+  if (w.substr(0, colon) != point)
+    return;
+  if (colon != std::string::npos && step_of(dir) < std::atoll(w.c_str() + colon + 1))
+    return;
+  std::fprintf(stderr, "TANDEM_CHECKPOINT_CRASH: killed at '%s' writing %s\n", point, dir.c_str());
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+/// Writes `text` to `p` and fsyncs it (`crash`: the crash point just before
+/// the fsync, or nullptr).
+void write_synced(const fs::path& p, const std::string& text, const char* crash = nullptr,
+                  const fs::path& crash_dir = {}) {
   const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     fail(p, "cannot create: " + errno_text());
@@ -47,6 +105,8 @@ void write_synced(const fs::path& p, const std::string& text) {
     }
     done += static_cast<size_t>(n);
   }
+  if (crash != nullptr)
+    crash_point(crash, crash_dir);
   if (::fsync(fd) != 0) {
     const auto e = errno_text();
     ::close(fd);
@@ -79,7 +139,7 @@ void swap_into_place(const fs::path& tmp, const fs::path& dir) {
   // Linux: swap both names in one step, so `dir` always names a complete
   // checkpoint; then drop the old one (now at `tmp`).
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    fs::remove_all(tmp, ec);
+    remove_tree(tmp);
     return;
   }
   if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP && errno != EOPNOTSUPP)
@@ -88,12 +148,12 @@ void swap_into_place(const fs::path& tmp, const fs::path& dir) {
   // crash between the two renames leaves both complete, as `dir`.old and
   // `dir`.tmp).
   const fs::path old = dir.string() + ".old";
-  fs::remove_all(old, ec);
+  remove_tree(old);
   if (::rename(dir.c_str(), old.c_str()) != 0)
     fail(dir, "cannot move aside to " + old.string() + ": " + errno_text());
   if (::rename(tmp.c_str(), dir.c_str()) != 0)
     fail(dir, "cannot rename " + tmp.string() + " to it: " + errno_text());
-  fs::remove_all(old, ec);
+  remove_tree(old);
 }
 
 fs::path without_trailing_slash(fs::path p) {
@@ -191,22 +251,201 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
   }
   optim["step"] = t[1].reshape({});
 
+  // A CRC-32C of every tensor's bytes, so that a resume can tell a complete
+  // checkpoint from one whose bytes changed (verify_checkpoint).
+  // Bytes on disk: data, headers, state.json, a page per file and `latest`.
+  uint64_t bytes_needed = 2 * text.size() + 4 * 4096;
+  auto& sums = state["checksums"];
+  for (const auto& [file, tensors] : {std::pair{"weights.safetensors", &weights},
+                                      std::pair{"optimizer.safetensors", &optim}}) {
+    auto& f = sums[file];
+    f = json::object();
+    for (const auto& [name, x] : *tensors) {
+      const auto c = x.contiguous();
+      const auto n = static_cast<size_t>(c.numel()) * c.element_size();
+      f[name] = crc32c_hex(crc32c(c.data_ptr(), n));
+      bytes_needed += n + name.size() + 96;  // data + its header entry
+    }
+  }
+
   const fs::path tmp = dir.string() + ".tmp";
+  const auto parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  // Disk space: the new checkpoint is written next to the previous ones
+  // before any of them goes; fail before writing rather than half-way.
+  auto out_of_space = [&](const std::string& how) {
+    remove_tree(tmp);  // give back what the attempt took; the previous checkpoints stay
+    const auto avail = available_bytes(parent);
+    fail(dir, how + ": the checkpoint needs " + std::to_string(bytes_needed) + " bytes ("
+                + human_bytes(bytes_needed) + "), " + std::to_string(avail) + " bytes (" + human_bytes(avail)
+                + ") are free on the file system of " + parent.string()
+                + "; the previous checkpoints are intact (free space or set checkpoint.dir to a larger disk, "
+                  "then tandem run --resume)");
+  };
   try {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // a crashed earlier attempt
-    if (!dir.parent_path().empty())
-      fs::create_directories(dir.parent_path());
+    remove_tree(tmp);  // a crashed earlier attempt
+    fs::create_directories(parent);
+    // (TANDEM_CHECKPOINT_SKIP_SPACE_CHECK=1: the tests' way to reach a real
+    // ENOSPC half-way through a write.)
+    const char* skip = std::getenv("TANDEM_CHECKPOINT_SKIP_SPACE_CHECK");
+    if ((skip == nullptr || std::string(skip) != "1") && available_bytes(parent) < bytes_needed)
+      out_of_space("not enough disk space");
     fs::create_directory(tmp);
-    save_safetensors(tmp / "weights.safetensors", weights, {{"format", "pt"}});
-    save_safetensors(tmp / "optimizer.safetensors", optim, {{"format", "tandem"}});
-    write_synced(tmp / "state.json", state.dump(2) + "\n");
-    fsync_dir(tmp);
+    try {
+      save_safetensors(tmp / "weights.safetensors", weights, {{"format", "pt"}});
+      crash_point("weights", dir);
+      save_safetensors(tmp / "optimizer.safetensors", optim, {{"format", "tandem"}});
+      crash_point("optimizer", dir);
+      write_synced(tmp / "state.json", state.dump(2) + "\n", "state", dir);
+      fsync_dir(tmp);
+    } catch (const error& e) {
+      if (std::string(e.what()).find(std::strerror(ENOSPC)) != std::string::npos
+          || std::string(e.what()).find(std::strerror(EDQUOT)) != std::string::npos)
+        out_of_space(std::string("disk full (") + e.what() + ")");
+      remove_tree(tmp);
+      throw;
+    }
+    crash_point("before_swap", dir);
     swap_into_place(tmp, dir);
-    fsync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+    fsync_dir(parent);
+    crash_point("after_swap", dir);
+    write_latest(parent, dir.filename().string());
+    crash_point("after_latest", dir);
   } catch (const fs::filesystem_error& e) {
+    remove_tree(tmp);
+    if (e.code() == std::errc::no_space_on_device)
+      out_of_space(std::string("disk full (") + e.what() + ")");
     fail(dir, std::string("cannot write checkpoint: ") + e.what());
   }
+}
+
+void write_latest(const fs::path& root, const std::string& name) {
+  const auto tmp = root / "latest.tmp";
+  write_synced(tmp, name + "\n");
+  if (::rename(tmp.c_str(), (root / "latest").c_str()) != 0)
+    fail(root / "latest", "cannot rename " + tmp.string() + " over it: " + errno_text());
+  fsync_dir(root);
+}
+
+std::string read_latest(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  std::string name;
+  if (in)
+    std::getline(in, name);
+  return name;
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    return {};
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto k = step_of(e.path());
+    if (k >= 0 && e.is_directory(ec) && fs::is_regular_file(e.path() / "state.json", ec))
+      found.emplace_back(k, e.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& f : found)
+    out.push_back(std::move(f.second));
+  return out;
+}
+
+void verify_checkpoint(const fs::path& dir) {
+  (void)read_checkpoint(dir);
+}
+
+resume_lookup find_resume_checkpoint(const fs::path& root) {
+  resume_lookup r;
+  for (const auto& dir : list_checkpoints(root)) {
+    try {
+      verify_checkpoint(dir);
+    } catch (const std::exception& e) {
+      // Kept for a person to look at, out of every later lookup's way.
+      fs::path aside = dir.string() + ".corrupt";
+      std::error_code ec;
+      remove_tree(aside);
+      fs::rename(dir, aside, ec);
+      r.warnings.push_back(std::string(e.what()) + " — skipped"
+                           + (ec ? std::string(" (could not move it aside: ") + ec.message() + ")"
+                                 : ", moved aside to " + aside.filename().string())
+                           + "; trying the previous checkpoint");
+      continue;
+    }
+    r.dir = dir;
+    r.step = step_of(dir);
+    const auto latest = read_latest(root);
+    if (!latest.empty() && latest != dir.filename().string())
+      r.warnings.push_back(root.string() + "/latest names '" + latest + "', but the newest complete checkpoint is "
+                           + dir.filename().string() + ": resuming from it");
+    return r;
+  }
+  return r;
+}
+
+std::vector<fs::path> rotate_checkpoints(const fs::path& root, int keep, const fs::path& protect) {
+  std::vector<fs::path> removed;
+  if (keep <= 0)
+    return removed;
+  const auto all = list_checkpoints(root);
+  std::error_code ec;
+  const auto keep_too = fs::weakly_canonical(protect, ec);
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    if (!protect.empty() && fs::weakly_canonical(all[i], ec) == keep_too)
+      continue;
+    remove_tree(all[i]);
+    if (!fs::exists(all[i], ec))
+      removed.push_back(all[i]);
+  }
+  // The writer is the only one here: a .tmp folder now is a killed write's.
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind("step-", 0) == 0 && e.path().extension() == ".tmp")
+      stale.push_back(e.path());
+  for (const auto& p : stale) {
+    remove_tree(p);
+    removed.push_back(p);
+  }
+  return removed;
+}
+
+uint64_t checkpoint_bytes(int64_t parameters) {
+  // fp32 weights + two fp32 moments, plus headers and state.json.
+  return static_cast<uint64_t>(parameters) * 12 + (uint64_t{1} << 16);
+}
+
+uint64_t available_bytes(const fs::path& p) {
+  fs::path at = p;
+  std::error_code ec;
+  while (!at.empty() && !fs::exists(at, ec))
+    at = at.parent_path();
+  struct statvfs v {};
+  if (::statvfs(at.empty() ? "." : at.c_str(), &v) != 0)
+    return UINT64_MAX;  // unknown: do not refuse
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+uint64_t folder_bytes(const fs::path& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec))
+      n += it->file_size(ec);
+  return n;
+}
+
+std::string human_bytes(uint64_t n) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char s[32];
+  std::snprintf(s, sizeof s, u == 0 ? "%.0f %s" : "%.1f %s", v, unit[u]);
+  return s;
 }
 
 checkpoint_contents read_checkpoint(const fs::path& dir_in) {
@@ -259,6 +498,27 @@ checkpoint_contents read_checkpoint(const fs::path& dir_in) {
     c.weights.push_back(w);
     c.exp_avg.push_back(m);
     c.exp_avg_sq.push_back(v);
+  }
+  // Checkpoints since the checksums were added: every tensor's bytes as
+  // written (older ones have none and are taken as they are).
+  if (s.contains("checksums")) {
+    const auto& sums = field(s, "checksums", &json::is_object, "an object", file);
+    for (const auto& [fname, tensors, path] : {std::tuple{"weights.safetensors", &weights, wfile},
+                                               std::tuple{"optimizer.safetensors", &optim, ofile}}) {
+      const auto& f = field(sums, fname, &json::is_object, "an object", file, "checksums");
+      for (const auto& [name, x] : *tensors) {
+        if (!f.contains(name) || !f.at(name).is_string())
+          fail(path, "tensor '" + name + "' has no checksum in " + file.string());
+        const auto c = x.contiguous();
+        const auto got = crc32c_hex(crc32c(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size()));
+        if (got != f.at(name).get<std::string>())
+          fail(path, "tensor '" + name + "' is corrupt: its bytes have CRC-32C " + got + ", "
+                       + file.filename().string() + " recorded " + f.at(name).get<std::string>());
+      }
+      if (f.size() != tensors->size())
+        fail(path, "holds " + std::to_string(tensors->size()) + " tensors, " + file.filename().string()
+                     + " recorded checksums of " + std::to_string(f.size()));
+    }
   }
   auto st = need_f32(optim, "step", ofile);
   if (st.numel() != 1)

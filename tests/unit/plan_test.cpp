@@ -85,6 +85,7 @@ const std::map<std::string, use>& uses() {
     {"checkpoint.dir", {"checkpoint.dir=ck"}},
     {"checkpoint.every_steps", {"checkpoint.every_steps=50"}},
     {"checkpoint.keep", {"checkpoint.keep=5"}},
+    {"checkpoint.memory_every", {"checkpoint.memory_every=4", {"placement.drafters=cuda:0"}}},  // one drafter
     {"checkpoint.on_signal", {"checkpoint.on_signal=false"}},
     {"supervision.restart_budget", {"supervision.restart_budget=1"}},
     {"supervision.backoff_s", {"supervision.backoff_s=0.5"}},

@@ -38,17 +38,34 @@ struct run_options {
   bool resume = false;
   std::vector<std::string> overrides;
   std::vector<std::string> faults;
+  bool force = false;
 };
 
-std::filesystem::path newest_checkpoint(const std::filesystem::path& dir) {
-  std::filesystem::path best;
-  if (!std::filesystem::exists(dir))
-    return best;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0
-        && e.path().extension() != ".tmp" && (best.empty() || e.path().filename() > best.filename()))
-      best = e.path();
-  return best;
+/// Refuses a run whose checkpoint folder cannot hold checkpoint.keep + 1
+/// checkpoints of this drafter (the newest `keep` and the one being written
+/// beside them), counting the space the run's existing checkpoints take;
+/// --force runs anyway.  Returns the exit status (0: go on).
+int check_checkpoint_space(const launch_plan& plan, bool force) {
+  const auto& dir = plan.checkpointer.dir;
+  const auto params = gpu::drafter_engine::parameter_count(plan.drafters.front());
+  const auto one = gpu::checkpoint_bytes(params);
+  const auto need = one * static_cast<uint64_t>(plan.checkpointer.keep + 1);
+  uint64_t have = gpu::available_bytes(dir);
+  if (have == UINT64_MAX)
+    return 0;
+  for (const auto& c : gpu::list_checkpoints(dir))
+    have += gpu::folder_bytes(c);  // replaced as the run rotates
+  if (have >= need)
+    return 0;
+  std::fprintf(stderr,
+               "tandem run: %s: %s checkpoint.dir %s holds %s (free plus this run's existing checkpoints), "
+               "but checkpoint.keep + 1 = %d checkpoints of this drafter (%lld parameters: %s each) need %s%s\n",
+               force ? "warning" : "not enough disk space", force ? "(--force)" : "", dir.c_str(),
+               gpu::human_bytes(have).c_str(), plan.checkpointer.keep + 1, static_cast<long long>(params),
+               gpu::human_bytes(one).c_str(), gpu::human_bytes(need).c_str(),
+               force ? "; a checkpoint that does not fit stops the run" 
+                     : ". Free space, lower checkpoint.keep, set checkpoint.dir to a larger disk, or pass --force");
+  return force ? 0 : 2;
 }
 
 int run_training(const run_options& ro) {
@@ -81,17 +98,21 @@ int run_training(const run_options& ro) {
   std::optional<resume_point> resume;
   if (ro.resume) {
     const auto ckpt_dir = cfg.checkpoint_dir();
-    auto last = newest_checkpoint(ckpt_dir);
-    if (last.empty()) {
-      std::fprintf(stderr, "tandem run --resume: no checkpoint in %s\n", ckpt_dir.c_str());
+    const auto found = gpu::find_resume_checkpoint(ckpt_dir);
+    for (const auto& w : found.warnings)
+      std::fprintf(stderr, "tandem run --resume: warning: %s\n", w.c_str());
+    if (found.dir.empty()) {
+      std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s\n", ckpt_dir.c_str());
       return 2;
     }
-    auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(last));
-    resume = resume_point{last.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump()};
-    std::fprintf(stderr, "resuming from %s (step %lld)\n", last.c_str(),
+    auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
+    resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump()};
+    std::fprintf(stderr, "resuming from %s (step %lld)\n", found.dir.c_str(),
                  static_cast<long long>(resume->step));
   }
   const auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
+  if (int rc = check_checkpoint_space(plan, ro.force); rc != 0)
+    return rc;
 
   caf::actor_system_config sys_cfg;
   register_messages(sys_cfg);
@@ -143,10 +164,14 @@ void add_run(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<run_options>();
   cmd->add_option("config", opts->config, "Run configuration (config/README.md)")
     ->required()->check(CLI::ExistingFile);
-  cmd->add_flag("--resume", opts->resume, "Continue from the newest checkpoint of this run");
+  cmd->add_flag("--resume", opts->resume,
+                "Continue from the newest complete checkpoint of this run (each one is verified; a corrupt "
+                "one is moved aside as <name>.corrupt and the previous one is used, with a warning)");
+  cmd->add_flag("--force", opts->force,
+                "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
   cmd->add_option("--fault", opts->faults,
-                  "Inject a fault: drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=K (repeatable)");
+                  "Inject a fault: drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=K (repeatable)");
   cmd->callback([opts, &exit_code] {
     try {
       exit_code = run_training(*opts);
