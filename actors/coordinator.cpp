@@ -104,6 +104,12 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   maybe_form_group(self);
   start_epoch(self, done);
+  if (s.opts.max_steps > 0 && s.step >= s.opts.max_steps) {
+    // Resumed at or past max_steps: nothing to train (and no checkpoint to
+    // write: the one resumed from holds this step).
+    finish(self, "max_steps");
+    return s.promise;
+  }
   for (auto& p : s.peers.prefetch)
     self->send(p, credit_atom::value, s.opts.credits);
   return s.promise;

@@ -71,15 +71,28 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
       for (auto& x : s.drafters)
         x.clean = false;  // all roll back below
   }
+  // A single drafter's restore point in device memory, when it is newer
+  // than the newest checkpoint (DESIGN.md §3, restore tiers): an exception,
+  // a NaN or a hang in this live process loses at most the step since it.
+  // If it is gone (the new incarnation cannot restore it), that failure
+  // comes back here with memory_step −1 and the checkpoint is used.
+  const int64_t memory = s.grouped() ? -1 : s.drafters[di].memory_step;
+  const bool from_memory = !keep_state && memory >= 0 && memory >= s.durable_step && memory <= s.step;
+  s.drafters[di].memory_step = -1;  // known again from the new incarnation's first report
   // Roll back: everything after the restore point goes back to pending —
-  // the newest checkpoint, or (survivors holding the state) the current step,
-  // which returns only the batches in flight.  Only a rollback past the
-  // current step makes a snapshot still being written stale.
-  if (!keep_state)
+  // the newest checkpoint (or the memory restore point), or (survivors
+  // holding the state) the current step, which returns only the batches in
+  // flight.  Only a rollback past the current step makes a snapshot still
+  // being written stale.
+  const int64_t restore_step = keep_state    ? s.step
+                               : from_memory ? memory
+                                             : std::max<int64_t>(s.durable_step, 0);
+  if (!keep_state && restore_step < s.step)
     ++s.lineage;
-  const int64_t restore_step = keep_state ? s.step : std::max<int64_t>(s.durable_step, 0);
-  auto back = s.ledger->rollback(keep_state ? s.step : s.durable_step);
+  auto back = s.ledger->rollback(keep_state || from_memory ? restore_step : s.durable_step);
   const int64_t lost_steps = s.step - restore_step;
+  if (lost_steps > 0)
+    s.discarded_to = std::max(s.discarded_to, s.step);
   s.step = restore_step;
   auto credit = drop_in_flight(self);
   std::vector<std::vector<int64_t>> reissue(s.peers.prefetch.size());
@@ -107,14 +120,20 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
   ev.reason = reason;
   ev.restore_step = s.step;
   ev.steps_lost = lost_steps;
-  ev.restore_from = keep_state ? "peers" : "checkpoint";
+  ev.restore_from = keep_state ? "peers" : from_memory ? "memory" : "checkpoint";
   ev.samples_reissued = static_cast<int64_t>(back.size());
   ev.checkpoint = s.summary.checkpoint;
   // The checkpoint named here is what the new incarnation holds, even if a
   // newer one is written before it comes up.
-  s.drafters[di].restore_point = std::max<int64_t>(s.durable_step, 0);
-  self->request(s.opts.supervisor, std::chrono::minutes(1), restart_atom::value, d, reason,
-                s.summary.checkpoint)
+  // (with peers holding the state, the new incarnation itself still comes
+  // from the checkpoint: the next group's broadcast brings it up to date)
+  s.drafters[di].restore_point = from_memory ? restore_step : std::max<int64_t>(s.durable_step, 0);
+  const auto from = from_memory ? std::string(memory_restore_prefix) + std::to_string(restore_step)
+                                : s.summary.checkpoint;
+  s.drafters[di].restored_from = from_memory ? "memory (step " + std::to_string(restore_step) + ")"
+                                             : s.summary.checkpoint.empty() ? "fresh weights"
+                                                                            : s.summary.checkpoint;
+  self->request(s.opts.supervisor, std::chrono::minutes(1), restart_atom::value, d, reason, from)
     .then(
       [self, ev](const restart_plan& plan) mutable {
         ev.restart = plan.restart;
@@ -180,8 +199,7 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   s.idle.push_back(d);
   if (s.grouped())  // restored from the checkpoint its restart named: the ledger's state only if nothing came after it
     slot.clean = slot.restore_point == s.step;
-  event(self, drafter_restarted_event{d, s.step,
-                                      s.summary.checkpoint.empty() ? "fresh weights" : s.summary.checkpoint});
+  event(self, drafter_restarted_event{d, s.step, slot.restored_from});
   maybe_form_group(self);
   dispatch(self);
   try_complete(self);

@@ -66,11 +66,13 @@ void dispatch(self_ptr self) {
   }
 }
 
-/// Answers the run request with `err` (once).
+/// Answers the run request with `err` (once); the end event says which
+/// step the newest durable checkpoint holds.
 void fail(self_ptr self, const caf::error& err) {
   auto& s = self->state;
   if (s.running()) {
     s.phase = s.stopping() ? run_phase::stopped : run_phase::answered;
+    event(self, end_event{"error", s.step, s.summary.checkpoint, s.durable_step, self->system().render(err)});
     s.promise.deliver(err);
   }
 }
@@ -118,12 +120,16 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   }
   const auto committed = s.ledger->durable(snap.step);
   s.durable_step = snap.step;
+  s.discarded_to = 0;  // this checkpoint holds the state training continues from
   s.summary.checkpoint = dir;
   event(self, checkpoint_event{snap.step, dir, committed, s.ledger->state_counts().committed});
   auto todo = std::move(s.after_checkpoint);
   s.after_checkpoint.clear();
   for (auto& f : todo)
     f();
+  // A checkpoint that came due meanwhile is taken after the next step
+  // (after_step: the drafters are idle then, so the snapshot holds exactly
+  // the ledger's step).
   // A stop that came while this checkpoint was written waited for it (an
   // epoch end's continuation does not look again).
   try_complete(self);
@@ -137,9 +143,21 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   auto& s = self->state;
   if (then)
     s.after_checkpoint.push_back(std::move(then));
-  if (s.checkpointing())
+  if (s.checkpointing()) {
+    // Writes slower than checkpoint.every_steps coalesce: this one is
+    // skipped, and the newest state is snapshotted once the write ends.
+    if (s.step > s.checkpoint_step) {
+      s.checkpoint_due = true;
+      spdlog::info("checkpoint at step {} skipped: the write of step {} is still in progress; the step after "
+                   "it ends is checkpointed instead",
+                   s.step, s.checkpoint_step);
+      event(self, checkpoint_skipped_event{s.step, s.checkpoint_step});
+    }
     return;
+  }
   s.checkpoint = checkpoint_phase::snapshot;
+  s.checkpoint_step = s.step;
+  s.checkpoint_due = false;
   const auto extra = ledger_json(self);
   const auto lineage = s.lineage;
   const auto src = snapshot_source(self);
@@ -182,7 +200,26 @@ void deliver(self_ptr self) {
   s.phase = s.stopping() ? run_phase::stopped : run_phase::answered;
   s.summary.steps = s.step;
   s.summary.samples_committed = s.ledger->state_counts().committed;
-  event(self, end_event{s.summary.stop_reason, s.step, s.summary.checkpoint});
+  // Trained weights that no durable checkpoint holds were lost (a drafter
+  // failed while the final checkpoint was taken, and no survivor held its
+  // state): never report success for them.  A stop with checkpoint.on_signal
+  // = false keeps nothing new by request.
+  const bool wanted = s.summary.stop_reason != "signal" || s.opts.checkpoint_on_stop;
+  if (wanted && s.discarded_to > 0) {
+    const auto held = s.durable_step < 0 ? std::string("no checkpoint holds any step")
+                                         : "the newest durable checkpoint, " + s.summary.checkpoint
+                                             + ", holds step " + std::to_string(s.durable_step);
+    const auto why = "the run trained " + std::to_string(s.discarded_to) + " steps but " + held
+                     + ": a drafter failed after its last step and before the final checkpoint was written, "
+                       "so steps "
+                     + std::to_string(std::max<int64_t>(s.durable_step, 0) + 1) + ".."
+                     + std::to_string(s.discarded_to) + " are lost (tandem run --resume trains them again)";
+    event(self, end_event{s.summary.stop_reason, s.step, s.summary.checkpoint, s.durable_step, why});
+    s.promise.deliver(make_error(errc::device_failure, why));
+    return;
+  }
+  event(self, end_event{s.summary.stop_reason, s.step, s.summary.checkpoint, s.durable_step,
+                        s.escalated.empty() ? std::string() : s.escalated});
   if (!s.escalated.empty()) {
     // The run stopped for a worker it cannot replace; its training is safe.
     s.promise.deliver(make_error(
@@ -289,7 +326,8 @@ void after_step(self_ptr self) {
     try_complete(self);
     return;
   }
-  if (s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
+  if ((s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
+      || (s.checkpoint_due && !s.checkpointing()))
     checkpoint(self, [self] { maybe_end_epoch(self); });
   dispatch(self);
   maybe_end_epoch(self);
@@ -364,6 +402,7 @@ void on_step_report(self_ptr self, const step_report& r) {
   s.idle.push_back(r.drafter);
   retire(self, r.batch_id, r.step);
   s.step = r.step;
+  s.slot(r.drafter).memory_step = r.restore_point;
   if (!s.have_first_loss) {
     s.summary.first_loss = r.loss;
     s.have_first_loss = true;

@@ -66,6 +66,12 @@ struct drafter_slot {
   caf::actor_clock::time_point dispatched{};  ///< when its step started
   int64_t restore_point = 0;                  ///< the step its next incarnation is restored to
                                               ///< (the checkpoint named in its restart)
+  /// The step its restore point in device memory holds (its last report's
+  /// restore_point; −1: none, or not yet known for a new incarnation).  A
+  /// single drafter that fails is restored from it when it is newer than
+  /// the newest checkpoint.
+  int64_t memory_step = -1;
+  std::string restored_from;                  ///< what its restart restores ("memory (step k)", a checkpoint)
   caf::actor_clock::time_point last_heartbeat{};  ///< last asked (idle drafters)
   bool heartbeat_pending = false;             ///< asked, no answer yet
   /// Asked for a snapshot, no answer yet: its thread is copying its state,
@@ -117,7 +123,11 @@ struct coordinator_state {
 
   // Checkpoints.
   int64_t durable_step = -1;
+  int64_t discarded_to = 0;             ///< > 0: a rollback discarded trained steps up to this one
+                                        ///< and no checkpoint has been written since
   checkpoint_phase checkpoint = checkpoint_phase::none;
+  int64_t checkpoint_step = -1;         ///< the step of the checkpoint in progress
+  bool checkpoint_due = false;          ///< one came due meanwhile: taken after the next step
   std::vector<std::function<void()>> after_checkpoint;
 
   // Failures.

@@ -58,8 +58,15 @@ struct line_writer {
   nlohmann::json operator()(const escalated_event& x) const {
     return {{"event", "escalated"}, {"reason", x.reason}, {"step", x.step}};
   }
+  nlohmann::json operator()(const checkpoint_skipped_event& x) const {
+    return {{"event", "checkpoint_skipped"}, {"step", x.step}, {"writing", x.writing}};
+  }
   nlohmann::json operator()(const end_event& x) const {
-    return {{"event", "end"}, {"reason", x.reason}, {"steps", x.steps}, {"checkpoint", x.checkpoint}};
+    nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
+                     {"checkpoint", x.checkpoint}, {"durable_step", x.durable_step}};
+    if (!x.error.empty())
+      j["error"] = x.error;
+    return j;
   }
 };
 

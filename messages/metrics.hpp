@@ -28,7 +28,8 @@
 ///   budget_exhausted      drafter, report
 ///   drafter_restarted     drafter, step, from
 ///   escalated             reason, step
-///   end                   reason, steps, checkpoint
+///   end                   reason, steps, checkpoint, durable_step, [error]
+///   checkpoint_skipped    step, writing
 ///
 /// Room for more: a new kind is a new struct APPENDED to `run_event`'s
 /// alternatives (the alternative's index is on the wire: never reorder) and
@@ -129,19 +130,36 @@ struct escalated_event {
   int64_t step = 0;
 };
 
-/// "end": the run ended (`reason`: max_steps, epochs, signal, escalated)
-/// after `steps` steps; `checkpoint` is the newest ("" if none).
+/// "end": the run ended (`reason`: max_steps, epochs, signal, escalated,
+/// error) after `steps` steps; `checkpoint` is the newest ("" if none) and
+/// `durable_step` the step it holds (−1: none).  `error` is empty only when
+/// the run kept everything it trained: a run that ends with an error, or
+/// whose newest durable checkpoint holds fewer steps than it trained (a
+/// drafter failed during the final checkpoint), says so here and exits
+/// non-zero.
 struct end_event {
   std::string reason;
   int64_t steps = 0;
   std::string checkpoint;
+  int64_t durable_step = -1;
+  std::string error;
+};
+
+/// "checkpoint_skipped": a checkpoint due at `step` was not taken because
+/// the write of step `writing` was still in progress (writes slower than
+/// checkpoint.every_steps): checkpoints coalesce, and the state after the
+/// first step that ends after that write is snapshotted next.
+struct checkpoint_skipped_event {
+  int64_t step = 0;
+  int64_t writing = 0;
 };
 
 /// One of the run's events.  Append only (see above).
 using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discarded_event,
                                group_formed_event, group_step_abandoned_event,
                                drafter_failed_event, budget_exhausted_event,
-                               drafter_restarted_event, escalated_event, end_event>;
+                               drafter_restarted_event, escalated_event, end_event,
+                               checkpoint_skipped_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -192,8 +210,14 @@ typename Inspector::result_type inspect(Inspector& f, escalated_event& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, checkpoint_skipped_event& x) {
+  return f(caf::meta::type_name("tandem.checkpoint_skipped_event"), x.step, x.writing);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, end_event& x) {
-  return f(caf::meta::type_name("tandem.end_event"), x.reason, x.steps, x.checkpoint);
+  return f(caf::meta::type_name("tandem.end_event"), x.reason, x.steps, x.checkpoint, x.durable_step,
+           x.error);
 }
 
 using metrics_actor = caf::typed_actor<

@@ -22,7 +22,10 @@
 /// supervise_atom: once, from the coordinator when its run starts (so every
 ///   later restart request comes after it: one sender, in order).
 /// restart_atom:   drafter j failed (`why`); restart it restored from
-///   checkpoint `from` ("" = fresh weights).  The answer counts the failure
+///   checkpoint `from` ("" = fresh weights; "memory:<k>" = its restore point
+///   in device memory, which must hold update k: if it does not, the new
+///   incarnation fails at once and the coordinator falls back to the
+///   checkpoint).  The answer counts the failure
 ///   in j's window (supervision.window_s): the restart's number, the budget
 ///   and the backoff before the new incarnation; past the budget, an error
 ///   (errc::device_failure) naming j and every failure in the window, and no
@@ -33,6 +36,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -41,6 +45,11 @@
 #include "messages/coordinator.hpp"
 
 namespace tandem {
+
+/// restart_atom's `from` for a restore point in device memory: the prefix,
+/// then the update count it must hold.
+inline constexpr std::string_view memory_restore_prefix = "memory:";
+
 
 using supervise_atom = caf::atom_constant<caf::atom("supervise")>;
 using restart_atom = caf::atom_constant<caf::atom("restart")>;

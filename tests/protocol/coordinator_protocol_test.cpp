@@ -92,7 +92,16 @@ struct fixture : test_coordinator_fixture<config> {
       w->respawns.emplace_back(index, ckpt);
       int64_t step = 0;
       std::vector<int64_t> weights;
-      if (!ckpt.empty()) {
+      if (ckpt.rfind(memory_restore_prefix, 0) == 0) {
+        const auto k = std::stoll(ckpt.substr(memory_restore_prefix.size()));
+        auto it = w->memory.find(index);
+        if (w->memory_gone || it == w->memory.end() || it->second.first != k) {
+          w->next_dies_at_start = true;
+          return drafter_actor{spawn_drafter_incarnation(index, 0, {})};
+        }
+        step = it->second.first;
+        weights = it->second.second;
+      } else if (!ckpt.empty()) {
         step = w->checkpoints.at(ckpt).first;
         weights = w->checkpoints.at(ckpt).second;
       }
@@ -379,6 +388,84 @@ CAF_TEST(a drafter that dies is respawned from the newest checkpoint and its sam
   CAF_CHECK_EQUAL(w->summary->steps, 6);
   CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
   check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a drafter with a restore point in device memory is restored from it and loses no step) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->memory_tier = true;
+  w->script = {act::ok, act::ok, act::ok, act::die};
+  start(s);
+  sched.run();
+  // Step 3 is not durable, but the restore point holds it: nothing rolls back
+  // except the batch in flight.
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["restore_step"], 3);
+  CAF_CHECK_EQUAL(failed[0]["steps_lost"], 0);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "memory");
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "memory:3");
+  auto restarted = w->events_named("drafter_restarted");
+  CAF_REQUIRE_EQUAL(restarted.size(), 1u);
+  CAF_CHECK_EQUAL(restarted[0]["from"], "memory (step 3)");
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a restore point in device memory that is gone falls back to the newest checkpoint) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->memory_tier = true;
+  w->memory_gone = true;
+  w->script = {act::ok, act::ok, act::ok, act::die};
+  start(s);
+  sched.run();
+  advance_time(500ms);
+  sched.run();  // the incarnation restoring memory:3 dies at once
+  advance_time(2s);
+  sched.run();
+  auto failed = w->events_named("drafter_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 2u);
+  CAF_CHECK_EQUAL(failed[0]["restore_from"], "memory");
+  CAF_CHECK_EQUAL(failed[1]["restore_from"], "checkpoint");
+  CAF_CHECK_EQUAL(failed[1]["restore_step"], 2);
+  CAF_CHECK_EQUAL(failed[1]["steps_lost"], 1);  // step 3: only the memory held it
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 2u);
+  CAF_CHECK_EQUAL(w->respawns[0].second, "memory:3");
+  CAF_CHECK_EQUAL(w->respawns[1].second, "ckpt/step-2");
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a drafter that dies while the final checkpoint is taken ends the run with an error naming the durable step) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  s.opts.max_steps = 4;
+  w->die_on_snapshot_at = 4;
+  start(s);
+  sched.run();
+  advance_time(500ms);
+  sched.run();
+  // Steps 3-4 existed only in the drafter that died: the run must not report
+  // success for them.
+  CAF_CHECK(!w->summary);
+  CAF_REQUIRE(w->error.has_value());
+  const auto text = sys.render(*w->error);
+  CAF_CHECK(contains(text, "ckpt/step-2, holds step 2"));
+  CAF_CHECK(contains(text, "steps 3..4 are lost"));
+  auto end = w->events_named("end");
+  CAF_REQUIRE_EQUAL(end.size(), 1u);
+  CAF_CHECK_EQUAL(end[0]["durable_step"], 2);
+  CAF_CHECK(contains(end[0]["error"].get<std::string>(), "steps 3..4 are lost"));
   check_handles_released();
 }
 
@@ -726,6 +813,31 @@ CAF_TEST(a checkpoint written after a failure does not move the restore point) {
   CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);
   CAF_CHECK_EQUAL(w->respawns[0].second, "");
   CAF_REQUIRE(w->summary.has_value());
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(checkpoints that come due while one is written coalesce into the newest state) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->hold_writes = true;  // the step-2 write takes longer than the steps after it
+  start(s);
+  sched.run();
+  std::vector<int64_t> skipped;
+  for (auto& e : w->events_named("checkpoint_skipped")) {
+    skipped.push_back(e["step"].get<int64_t>());
+    CAF_CHECK_EQUAL(e["writing"], 2);
+  }
+  CAF_CHECK_EQUAL(skipped, (std::vector<int64_t>{4, 6}));
+  CAF_CHECK(w->written.empty());
+  self->send(checkpointer, go_atom::value);  // the step-2 write ends; the newest (6, the epoch's end) is next
+  sched.run();
+  std::vector<int64_t> written;
+  for (auto& x : w->written)
+    written.push_back(x.step);
+  CAF_CHECK_EQUAL(written, (std::vector<int64_t>{2, 6}));
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-6");
   check_exactly(12, 1);
   check_handles_released();
 }

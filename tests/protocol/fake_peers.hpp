@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,14 @@ struct peer_world {
   std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)
   double loss = 5.0;
   bool mute_heartbeat = false;        ///< heartbeats are never answered (a stuck drafter)
+  /// Restore points in device memory (checkpoint.memory_every = 1): every
+  /// finite step keeps (step, weights) per drafter and reports it; a respawn
+  /// from "memory:<k>" takes them, or dies at once when `memory_gone`.
+  bool memory_tier = false;
+  bool memory_gone = false;
+  std::map<int32_t, std::pair<int64_t, std::vector<int64_t>>> memory;
+  int64_t die_on_snapshot_at = -1;    ///< a snapshot asked at this step kills the drafter instead
+  bool next_dies_at_start = false;    ///< the next incarnation fails its restore (quits at once)
   std::set<int32_t> muted;            ///< these drafters' heartbeats are never answered
   /// Data-parallel groups: every join (drafter, rank, world, generation),
   /// and per generation rank 0's (step, weights) that the others take.
@@ -273,6 +282,8 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
              size_t incarnation, int64_t step, std::vector<int64_t> weights,
              coordinator_actor coordinator, world_ptr w) {
   auto& st = self->state;
+  if (std::exchange(w->next_dies_at_start, false))
+    self->quit(make_error(errc::device_failure, "the restore point in device memory is gone"));
   st.incarnation = incarnation;  // its position in w->incarnations
   st.step = step;
   st.weights = std::move(weights);
@@ -299,6 +310,10 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       r.loss = w->loss;
       r.accuracy = 0.5;
       w->steps.push_back({s.incarnation, s.step, item, s.generation, index});
+      if (w->memory_tier) {
+        w->memory[index] = {s.step, s.weights};
+        r.restore_point = s.step;
+      }
     } else {
       r.loss = own_nan ? std::numeric_limits<double>::quiet_NaN() : w->loss;
     }
@@ -378,8 +393,13 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       }
       return s.step;
     },
-    [=](snapshot_atom) {
+    [=](snapshot_atom) -> caf::result<snapshot_desc> {
       auto& s = self->state;
+      if (s.step == w->die_on_snapshot_at) {
+        auto err = make_error(errc::device_failure, "snapshot at step " + std::to_string(s.step) + ": injected failure");
+        self->quit(err);
+        return err;
+      }
       snapshot_desc d{index, s.step, w->next_handle++};
       w->snapshots[d.handle] = {s.step, s.weights};
       return d;
@@ -391,6 +411,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       return rp;
     },
     [self](shutdown_atom) { self->quit(); },
+    [](snapshot_poll_atom) {},
   };
 }
 

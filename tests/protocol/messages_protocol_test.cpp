@@ -202,6 +202,8 @@ CAF_TEST(every kind of run_event round trips) {
     {drafter_restarted_event{1, 4, "fresh weights"}, "tandem.drafter_restarted_event"},
     {escalated_event{"target 0 ended", 5}, "tandem.escalated_event"},
     {end_event{"signal", 10, "ckpt/step-10"}, "tandem.end_event"},
+    {end_event{"max_steps", 30, "ckpt/step-20", 20, "steps 21..30 are lost"}, "tandem.end_event"},
+    {checkpoint_skipped_event{40, 20}, "tandem.checkpoint_skipped_event"},
   };
   for (const auto& [e, name] : cases) {
     CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));

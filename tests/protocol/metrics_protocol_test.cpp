@@ -133,7 +133,9 @@ CAF_TEST(typed run events are written with the line schema of messages metrics h
     budget_exhausted_event{0, "budget spent"},
     drafter_restarted_event{1, 4, "fresh weights"},
     escalated_event{"target 0 ended", 5},
-    end_event{"signal", 10, "ckpt/step-10"},
+    end_event{"signal", 10, "ckpt/step-10", 10},
+    end_event{"max_steps", 30, "ckpt/step-20", 20, "steps 21..30 are lost"},
+    checkpoint_skipped_event{40, 20},
   };
   for (const auto& e : events)
     self->send(m, e);
@@ -156,7 +158,10 @@ CAF_TEST(typed run events are written with the line schema of messages metrics h
   CAF_CHECK_EQUAL(l[6], json::parse(R"({"event":"budget_exhausted","drafter":0,"report":"budget spent"})"));
   CAF_CHECK_EQUAL(l[7], json::parse(R"({"event":"drafter_restarted","drafter":1,"step":4,"from":"fresh weights"})"));
   CAF_CHECK_EQUAL(l[8], json::parse(R"({"event":"escalated","reason":"target 0 ended","step":5})"));
-  CAF_CHECK_EQUAL(l[9], json::parse(R"({"event":"end","reason":"signal","steps":10,"checkpoint":"ckpt/step-10"})"));
+  CAF_CHECK_EQUAL(l[9], json::parse(R"({"event":"end","reason":"signal","steps":10,"checkpoint":"ckpt/step-10","durable_step":10})"));
+  CAF_CHECK_EQUAL(l[10], json::parse(R"({"event":"end","reason":"max_steps","steps":30,"checkpoint":"ckpt/step-20",
+    "durable_step":20,"error":"steps 21..30 are lost"})"));
+  CAF_CHECK_EQUAL(l[11], json::parse(R"({"event":"checkpoint_skipped","step":40,"writing":20})"));
   CAF_CHECK(l[5]["restart"].is_number_integer());
   CAF_CHECK(l[5]["backoff_s"].is_number_float());
   self->send(m, shutdown_atom::value);
