@@ -15,6 +15,7 @@
 #include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
+#include "messages/supervisor.hpp"
 
 namespace tandem {
 
@@ -23,6 +24,9 @@ namespace {
 struct drafter_state {
   static inline const char* name = "tandem.drafter";
   int32_t index = 0;
+  /// The snapshot being copied (begin_snapshot), answered once it lands.
+  std::optional<caf::typed_response_promise<snapshot_desc>> snapshot_reply;
+  snapshot_desc snapshot;
   std::optional<gpu::drafter_engine> engine;
   coordinator_actor coordinator;
   clock_type::time_point idle_since = clock_type::now();
@@ -34,8 +38,8 @@ void apply_faults(drafter_state& s, int64_t next_step) {
   if (!s.faults)
     return;
   for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || f->kind == "slow_snapshot" || f->at_step != next_step
-        || f->fired.exchange(true))
+    if (f->drafter != s.index || f->kind == "slow_snapshot" || f->kind == "throw_in_snapshot"
+        || f->at_step != next_step || f->fired.exchange(true))
       continue;
     spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
     if (f->kind == "throw")
@@ -48,17 +52,50 @@ void apply_faults(drafter_state& s, int64_t next_step) {
 }
 
 /// A "slow_snapshot" fault armed for the snapshot about to be taken (the
-/// first one at or after its step).
-void apply_snapshot_faults(drafter_state& s) {
+/// first one at or after its step); true when a "throw_in_snapshot" is due
+/// (the drafter dies instead of answering).
+bool apply_snapshot_faults(drafter_state& s) {
   if (!s.faults)
-    return;
+    return false;
+  bool die = false;
   for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || f->kind != "slow_snapshot" || s.engine->step() < f->at_step
-        || f->fired.exchange(true))
+    if (f->drafter != s.index || (f->kind != "slow_snapshot" && f->kind != "throw_in_snapshot")
+        || s.engine->step() < f->at_step || f->fired.exchange(true))
       continue;
+    if (f->kind == "throw_in_snapshot") {
+      spdlog::warn("drafter {}: injected fault 'throw_in_snapshot' at step {}", s.index, s.engine->step());
+      die = true;
+      continue;
+    }
     spdlog::warn("drafter {}: injected fault 'slow_snapshot' at step {}: the snapshot copies for {} s",
                  s.index, s.engine->step(), s.faults->slow_snapshot_s);
     s.engine->slow_next_snapshot(s.faults->slow_snapshot_s);
+  }
+  return die;
+}
+
+/// Answers the snapshot request once its copy has landed; until then looks
+/// again in 2 ms (the mailbox stays open: heartbeats are answered).
+void poll_snapshot(drafter_actor::stateful_pointer<drafter_state> self) {
+  auto& s = self->state;
+  if (!s.snapshot_reply)
+    return;
+  try {
+    auto h = s.engine->poll_snapshot();
+    if (!h) {
+      self->delayed_send(self, std::chrono::milliseconds(2), snapshot_poll_atom::value);
+      return;
+    }
+    s.snapshot.handle = *h;
+    s.snapshot_reply->deliver(s.snapshot);
+    s.snapshot_reply.reset();
+    s.idle_since = clock_type::now();  // the copy was work, not a wait for data
+  } catch (const std::exception& e) {
+    auto err = make_error(errc::device_failure, "drafter " + std::to_string(s.index) + ": snapshot at step "
+                                                  + std::to_string(s.snapshot.step) + ": " + e.what());
+    s.snapshot_reply->deliver(err);
+    s.snapshot_reply.reset();
+    self->quit(err);
   }
 }
 
@@ -74,13 +111,26 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   st.faults = std::move(faults);
   try {
     st.engine.emplace(opts);
-    if (!restore_from.empty())
+    // "memory:<k>": the restore point in device memory, which must hold
+    // update k (coordinator_failures.cpp); else a checkpoint folder.
+    if (restore_from.rfind(memory_restore_prefix, 0) == 0)
+      st.engine->restore_memory(std::stoll(std::string(restore_from).substr(memory_restore_prefix.size())));
+    else if (!restore_from.empty())
       st.engine->restore(restore_from);
+  } catch (const gpu::error& e) {
+    // A restore point that is gone is a failure of this incarnation (the
+    // coordinator falls back to the checkpoint), not bad input.
+    self->quit(make_error(e.code(), "drafter " + std::to_string(index) + ": " + e.what()));
+    return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
+            [](const group_spec&) { return int64_t{0}; },
+            [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
+            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {}};
   } catch (const std::exception& e) {
     self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
     return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
-            [](const group_spec&) { return int64_t{0}; }, [](snapshot_atom) { return snapshot_desc{}; },
-            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}};
+            [](const group_spec&) { return int64_t{0}; },
+            [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
+            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {}};
   }
   st.idle_since = clock_type::now();
   return {
@@ -143,6 +193,15 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       rep.tflop = r.tflop;
       rep.wait_ms = wait;
       rep.contributed = w.contribute;
+      if (r.finite) {
+        try {
+          rep.restore_point = s.engine->keep_restore_point();
+        } catch (const std::exception& e) {
+          self->quit(make_error(errc::device_failure, "step " + std::to_string(r.step)
+                                                        + ": keeping the restore point in device memory: " + e.what()));
+          return;
+        }
+      }
       s.idle_since = clock_type::now();
       self->send(s.coordinator, rep);
     },
@@ -167,16 +226,35 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
                                       + std::to_string(g.generation) + ": " + e.what());
       }
     },
-    [self](snapshot_atom) -> snapshot_desc {
+    [self](snapshot_atom) -> caf::result<snapshot_desc> {
       auto& s = self->state;
       snapshot_desc d;
       d.drafter = s.index;
       d.step = s.engine->step();
-      apply_snapshot_faults(s);
-      d.handle = s.engine->snapshot();
-      s.idle_since = clock_type::now();  // the copy was work, not a wait for data
-      return d;
+      if (apply_snapshot_faults(s)) {
+        auto err = make_error(errc::device_failure, "snapshot at step " + std::to_string(d.step)
+                                                      + ": injected fault (throw_in_snapshot)");
+        self->quit(err);
+        return err;
+      }
+      if (s.snapshot_reply)
+        return make_error(errc::bad_input, "drafter " + std::to_string(s.index)
+                                             + ": a snapshot is already being taken");
+      try {
+        s.engine->begin_snapshot();
+      } catch (const std::exception& e) {
+        auto err = make_error(errc::device_failure, "drafter " + std::to_string(s.index) + ": snapshot at step "
+                                                      + std::to_string(d.step) + ": " + e.what());
+        self->quit(err);
+        return err;
+      }
+      s.snapshot = d;
+      s.snapshot_reply = self->make_response_promise<snapshot_desc>();
+      auto reply = *s.snapshot_reply;
+      poll_snapshot(self);
+      return reply;
     },
+    [self](snapshot_poll_atom) { poll_snapshot(self); },
     [self](heartbeat_atom) -> int64_t { return self->state.engine->step(); },
     [self](shutdown_atom) { self->quit(); },
   };

@@ -7,7 +7,11 @@
 ///     | <------------ step_report  |  loss, accuracy, wait, …
 ///     | -- (snapshot) -----------> |  copy weights + optimizer off the device
 ///     | <----------- snapshot_desc |  (a request: the reply carries the handle;
-///     |                            |   whoever receives it owns and releases it)
+///     |                            |   whoever receives it owns and releases it;
+///     |                            |   the copy runs on a side stream into
+///     |                            |   page-locked buffers while the drafter
+///     |                            |   polls it with (snapshot_poll) sent to
+///     |                            |   itself, answering heartbeats meanwhile)
 ///     | -- (heartbeat) ----------> |  liveness, asked of an idle drafter
 ///     | <-------------- int64_t    |  (the reply: updates applied so far)
 ///     | -- (shutdown) -----------> |  quits
@@ -97,6 +101,8 @@ namespace tandem {
 
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
+/// The drafter's own timer while a snapshot's copy runs (never sent by others).
+using snapshot_poll_atom = caf::atom_constant<caf::atom("snappoll")>;
 
 using group_id_atom = caf::atom_constant<caf::atom("group_id")>;
 
@@ -123,6 +129,7 @@ using drafter_actor = caf::typed_actor<
   caf::replies_to<group_spec>::with<int64_t>,
   caf::replies_to<snapshot_atom>::with<snapshot_desc>,
   caf::replies_to<heartbeat_atom>::with<int64_t>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  caf::reacts_to<snapshot_poll_atom>>;
 
 } // namespace tandem

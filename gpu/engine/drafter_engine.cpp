@@ -1,9 +1,12 @@
 #include "gpu/engine/drafter_engine.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -27,6 +30,11 @@
 #include "gpu/io/safetensors.hpp"
 #include "gpu/transport/tensors.hpp"
 #include "gpu/device/shape_text.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#endif
 
 namespace tandem::gpu {
 
@@ -109,6 +117,66 @@ step_metric_slots<double> unpack(const at::Tensor& host) {
 
 } // namespace
 
+namespace {
+
+#ifdef TANDEM_HAVE_CUDA
+/// A CUDA event (no timing) whose destruction never throws: at::cuda::
+/// CUDAEvent's destructor sets the device first, which throws once the
+/// runtime is shutting down (an engine or restore point freed at exit).
+class copy_event {
+public:
+  copy_event() {
+    if (cudaEventCreateWithFlags(&e_, cudaEventDisableTiming) != cudaSuccess)
+      throw error(errc::device_failure, std::string("cudaEventCreate: ") + cudaGetErrorString(cudaGetLastError()));
+  }
+  ~copy_event() { (void)cudaEventDestroy(e_); }
+  copy_event(const copy_event&) = delete;
+  copy_event& operator=(const copy_event&) = delete;
+  void record(cudaStream_t s) { check(cudaEventRecord(e_, s), "cudaEventRecord"); }
+  void block(cudaStream_t s) { check(cudaStreamWaitEvent(s, e_, 0), "cudaStreamWaitEvent"); }
+  void synchronize() { check(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+  bool query() {
+    const auto rc = cudaEventQuery(e_);
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    check(rc, "cudaEventQuery");
+    return true;
+  }
+
+private:
+  static void check(cudaError_t rc, const char* what) {
+    if (rc != cudaSuccess)
+      throw error(errc::device_failure, std::string(what) + ": " + cudaGetErrorString(rc));
+  }
+  cudaEvent_t e_ = nullptr;
+};
+#endif
+
+/// A drafter's restore point in device memory (drafter_engine_options::
+/// memory_every): copies of its fp32 masters and moments on its device, the
+/// update count they hold and the generator's state then.  Lives in a
+/// process-wide table by slot, so it outlives the engine that wrote it.
+struct memory_restore_point {
+  at::Device device{at::kCPU};
+  std::vector<at::Tensor> masters, exp_avg, exp_avg_sq;  ///< fp32, shapes of the engine's
+  at::Tensor marker;       ///< [] int64 on `device`: the update count held; −1 while a copy runs
+  std::string generator;   ///< the anchor generator's state at that count (hex)
+  uint64_t owner = 0;      ///< the incarnation number of the engine that writes it
+#ifdef TANDEM_HAVE_CUDA
+  std::optional<copy_event> copied;  ///< recorded after the last copy
+#endif
+};
+
+std::mutex memory_mutex;
+/// Never destroyed: its device tensors and events must not be freed by the
+/// static destructors at exit, after the CUDA runtime has shut down.
+auto& memory_table = *new std::map<int32_t, std::shared_ptr<memory_restore_point>>();
+std::atomic<uint64_t> incarnations{0};
+
+} // namespace
+
 struct drafter_engine::impl {
   drafter_engine_options opts;
   at::Device device{at::kCPU};
@@ -150,6 +218,31 @@ struct drafter_engine::impl {
   nccl::flat_bucket bucket;
   std::unique_ptr<nccl::communicator> comm;  ///< null: no group
   std::chrono::milliseconds group_timeout{0};
+  /// Asynchronous snapshots (begin_snapshot): page-locked host buffers,
+  /// reused once every tensor of a set is ours alone again (the writer
+  /// released the handle), and the snapshot in flight.
+  struct host_set {
+    std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;  ///< fp32, shapes of the masters
+    at::Tensor step;                                        ///< [] fp32
+    bool free() const {
+      if (step.use_count() > 1)
+        return false;
+      for (const auto* list : {&weights, &exp_avg, &exp_avg_sq})
+        for (const auto& t : *list)
+          if (t.use_count() > 1)
+            return false;
+      return true;
+    }
+  };
+  std::vector<host_set> host_sets;     ///< at most two
+  std::optional<snapshot_parts> pending_snapshot;
+  std::optional<transport::handle> pending_handle;  ///< a snapshot taken synchronously (slow_snapshot)
+#ifdef TANDEM_HAVE_CUDA
+  std::optional<copy_event> snapshot_copied;  ///< recorded after the copy in flight
+#endif
+  const uint64_t incarnation = ++incarnations;  ///< newer engines own the restore point
+  std::shared_ptr<memory_restore_point> memory;  ///< the restore point this engine writes (null: none)
+  int64_t memory_held = -1;                      ///< the update count it holds once its copy lands
   at::Tensor guard;    ///< [1] fp32: the step's completion check (guarded_loss)
   at::Tensor aborted;  ///< [1] int32 view of the communicator's abort flag (guarded_loss)
 
@@ -552,6 +645,7 @@ struct drafter_engine::impl {
     if (graphed())
       on_graph_stream.emplace(graph_stream());
 #endif
+    wait_memory_copy();  // the update below writes what the copy reads
     auto batch = transport::acquire(batch_h, device);
     detail::check_batch_payload(batch, batch_h, who);
     auto features = transport::acquire(features_h, device);
@@ -678,6 +772,7 @@ struct drafter_engine::impl {
   /// count (one broadcast of one flat fp32 buffer, waited), so the replicas
   /// start identical whatever seed each was built with.
   void broadcast_state(nccl::communicator& c, std::chrono::milliseconds timeout) {
+    wait_memory_copy();
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> parts;
     for (const auto& m : masters)
@@ -746,6 +841,247 @@ struct drafter_engine::impl {
     return applied;
   }
 
+  /// The current stream waits for the restore point's copy in flight, if any.
+  void wait_memory_copy() {
+#ifdef TANDEM_HAVE_CUDA
+    if (device.is_cuda()) {
+      cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+      if (memory && memory->copied)
+        memory->copied->block(current);
+      if (snapshot_copied)  // a snapshot's copy reads what the update writes
+        snapshot_copied->block(current);
+    }
+#endif
+  }
+
+  /// A set of host buffers nobody else holds (allocated when none is:
+  /// page-locked on CUDA, at most two kept).
+  host_set& free_host_set() {
+    for (auto& h : host_sets)
+      if (h.free())
+        return h;
+    host_set h;
+    const bool pin = device.is_cuda();
+    auto make = [&](const at::Tensor& like) {
+      return at::empty(like.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(pin));
+    };
+    for (const auto& m : masters) {
+      h.weights.push_back(make(m));
+      h.exp_avg.push_back(make(m));
+      h.exp_avg_sq.push_back(make(m));
+    }
+    h.step = make(optimizer->step_count());
+    if (host_sets.size() < 2) {
+      host_sets.push_back(std::move(h));
+      return host_sets.back();
+    }
+    // Both kept sets are still being written: a one-off set (freed with it).
+    host_sets.push_back(std::move(h));
+    return host_sets.back();
+  }
+
+  void begin_snapshot() {
+    require(!pending_snapshot, "a snapshot is already being taken");
+    if (slow_snapshot_s > 0) {  // the injected fault copies on this thread (snapshot())
+      pending_handle = snapshot();
+      pending_snapshot.emplace();
+      return;
+    }
+    detail::device_scope scope(device);
+    at::NoGradGuard no_grad;
+    auto& h = free_host_set();
+    snapshot_parts parts;
+    parts.state = state_json().dump();
+    auto copy_all = [&] {
+      for (size_t i = 0; i < masters.size(); ++i) {
+        h.weights[i].copy_(masters[i], /*non_blocking=*/true);
+        h.exp_avg[i].copy_(optimizer->exp_avg()[i], true);
+        h.exp_avg_sq[i].copy_(optimizer->exp_avg_sq()[i], true);
+      }
+      h.step.copy_(optimizer->step_count(), true);
+    };
+#ifdef TANDEM_HAVE_CUDA
+    if (device.is_cuda()) {
+      auto side = c10::cuda::getStreamFromPool(false, device.index());
+      copy_event stepped, graphed_step;
+      stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+      stepped.block(side.stream());
+      if (sg.graph) {  // the last step ran there
+        graphed_step.record(sg.graph->stream().stream());
+        graphed_step.block(side.stream());
+      }
+      {
+        c10::cuda::CUDAStreamGuard on_side(side);
+        copy_all();
+      }
+      snapshot_copied.emplace();
+      snapshot_copied->record(side.stream());
+    } else
+#endif
+      copy_all();
+    parts.weights = h.weights;
+    parts.exp_avg = h.exp_avg;
+    parts.exp_avg_sq = h.exp_avg_sq;
+    parts.step = h.step;
+    pending_snapshot = std::move(parts);
+    // Sets beyond the two kept go once free.
+    while (host_sets.size() > 2 && host_sets.front().free())
+      host_sets.erase(host_sets.begin());
+  }
+
+  std::optional<transport::handle> poll_snapshot() {
+    require(pending_snapshot.has_value(), "no snapshot was begun");
+    if (pending_handle) {  // taken synchronously
+      auto h = *pending_handle;
+      pending_handle.reset();
+      pending_snapshot.reset();
+      return h;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    if (snapshot_copied) {
+      bool done = false;
+      try {
+        done = snapshot_copied->query();
+      } catch (const std::exception& e) {
+        pending_snapshot.reset();
+        throw error(errc::device_failure, who + ": snapshot copy failed: " + e.what());
+      }
+      if (!done)
+        return std::nullopt;
+    }
+#endif
+    auto h = publish_snapshot(*pending_snapshot);
+    pending_snapshot.reset();
+    return h;
+  }
+
+  bool memory_fits(const memory_restore_point& p) const {
+    if (p.device != device || p.masters.size() != masters.size())
+      return false;
+    for (size_t i = 0; i < masters.size(); ++i)
+      if (p.masters[i].sizes() != masters[i].sizes())
+        return false;
+    return true;
+  }
+
+  int64_t keep_restore_point() {
+    if (opts.memory_every <= 0)
+      return -1;
+    if (applied % opts.memory_every != 0)
+      return memory_held;
+    detail::device_scope scope(device);
+    {
+      std::lock_guard<std::mutex> lock(memory_mutex);
+      auto& slot = memory_table[opts.memory_slot];
+      if (slot && slot->owner > incarnation)
+        return -1;  // a newer incarnation of this drafter owns it
+      if (!slot || !memory_fits(*slot)) {
+        slot.reset();  // freed first: never two copies' worth at once
+        auto p = std::make_shared<memory_restore_point>();
+        p->device = device;
+        for (const auto& m : masters)
+          p->masters.push_back(at::empty_like(m));
+        for (const auto& m : masters) {
+          p->exp_avg.push_back(at::empty_like(m));
+          p->exp_avg_sq.push_back(at::empty_like(m));
+        }
+        p->marker = at::full({}, int64_t{-1}, at::TensorOptions().dtype(at::kLong).device(device));
+        slot = p;
+      }
+      slot->owner = incarnation;
+      memory = slot;
+    }
+    auto g = gen;
+    memory->generator = detail::generator_state_hex(g);
+    at::NoGradGuard no_grad;
+    auto copy_all = [&] {
+      memory->marker.fill_(int64_t{-1});
+      for (size_t i = 0; i < masters.size(); ++i) {
+        memory->masters[i].copy_(masters[i], /*non_blocking=*/true);
+        memory->exp_avg[i].copy_(optimizer->exp_avg()[i], true);
+        memory->exp_avg_sq[i].copy_(optimizer->exp_avg_sq()[i], true);
+      }
+      memory->marker.fill_(applied);
+    };
+#ifdef TANDEM_HAVE_CUDA
+    if (device.is_cuda()) {
+      // The step's work is done (its metrics were read back), so the copy
+      // needs no wait; the next writer waits for it (wait_memory_copy).
+      auto side = c10::cuda::getStreamFromPool(false, device.index());
+      copy_event stepped;
+      stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+      stepped.block(side.stream());
+      {
+        c10::cuda::CUDAStreamGuard on_side(side);
+        copy_all();
+      }
+      memory->copied.emplace();
+      memory->copied->record(side.stream());
+      memory_held = applied;
+      return memory_held;
+    }
+#endif
+    copy_all();
+    memory_held = applied;
+    return memory_held;
+  }
+
+  void restore_memory(int64_t step) {
+    detail::device_scope scope(device);
+    std::shared_ptr<memory_restore_point> p;
+    {
+      std::lock_guard<std::mutex> lock(memory_mutex);
+      auto it = memory_table.find(opts.memory_slot);
+      if (it != memory_table.end())
+        p = it->second;
+    }
+    auto refuse = [&](const std::string& why) {
+      throw error(errc::device_failure, who + ": the restore point in device memory (drafter "
+                                          + std::to_string(opts.memory_slot) + ") " + why);
+    };
+    if (!p)
+      refuse("does not exist");
+    if (!memory_fits(*p))
+      refuse("is of another device or shape");
+    {
+      // Taken now: an older incarnation (hung, waking up) no longer writes it.
+      std::lock_guard<std::mutex> lock(memory_mutex);
+      p->owner = std::max(p->owner, incarnation);
+    }
+    int64_t held = -1;
+    try {
+#ifdef TANDEM_HAVE_CUDA
+      if (p->copied)
+        p->copied->synchronize();
+#endif
+      held = p->marker.item<int64_t>();
+    } catch (const c10::Error& e) {
+      refuse(std::string("cannot be read: ") + e.what_without_backtrace());
+    } catch (const error& e) {
+      refuse(std::string("cannot be read: ") + e.what());
+    }
+    if (held != step)
+      refuse(held < 0 ? "was cut short while being written" : "holds update " + std::to_string(held)
+                                                                  + ", not " + std::to_string(step));
+    auto next_gen = gen.clone();
+    detail::set_generator_state(next_gen, p->generator, "the restore point's generator state");
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i)
+        masters[i].copy_(p->masters[i]);
+    }
+    optimizer->load_state(p->exp_avg, p->exp_avg_sq, step);
+    refresh_model();
+    gen = next_gen;
+#ifdef TANDEM_HAVE_CUDA
+    if (sg.graph)
+      sg.graph->reset();  // it registered the generator just replaced: capture again
+#endif
+    applied = step;
+    memory = p;
+    memory_held = step;
+  }
+
   json state_json() const {
     json j;
     j["format"] = checkpoint_format;
@@ -812,6 +1148,7 @@ struct drafter_engine::impl {
 
   void restore(const std::filesystem::path& dir) {
     detail::device_scope scope(device);
+    wait_memory_copy();
     auto ck = read_checkpoint(dir);  // checks files, names, shapes, dtypes
     const auto state_file = (dir / "state.json").string();
     auto field = [&](const std::string& f) { return state_file + ": field '" + f + "'"; };
@@ -900,6 +1237,31 @@ drafter_engine::~drafter_engine() = default;
 drafter_engine::drafter_engine(drafter_engine&&) noexcept = default;
 drafter_engine& drafter_engine::operator=(drafter_engine&&) noexcept = default;
 
+int64_t drafter_engine::parameter_count(const drafter_engine_options& opts) {
+  const auto tc = load_qwen3_config(opts.target_dir);
+  const auto d = tc.hidden_size, i = tc.intermediate_size, h = tc.head_dim;
+  const auto q = tc.num_attention_heads * h, kv = tc.num_key_value_heads * h;
+  const auto taps = static_cast<int64_t>(
+    (opts.tap_ids.empty() ? default_tap_ids(tc.num_hidden_layers, 5) : opts.tap_ids).size());
+  // dflash_weights: fc [D, n·D], hidden_norm [D], norm [D]; per layer the 11
+  // tensors of decoder_layer_weights (gpu/models/common.hpp).
+  const auto layer = 2 * d + q * d + 2 * kv * d + d * q + 2 * h + 3 * i * d;
+  return d * taps * d + 2 * d + opts.layers * layer;
+}
+
+int64_t drafter_engine::keep_restore_point() {
+  return impl_->keep_restore_point();
+}
+
+void drafter_engine::restore_memory(int64_t step) {
+  impl_->restore_memory(step);
+}
+
+void drafter_engine::drop_restore_points() {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  memory_table.clear();
+}
+
 const drafter_info& drafter_engine::info() const {
   return impl_->info;
 }
@@ -947,6 +1309,14 @@ void drafter_engine::slow_next_snapshot(double seconds) {
 
 transport::handle drafter_engine::snapshot() const {
   return impl_->snapshot();
+}
+
+void drafter_engine::begin_snapshot() {
+  impl_->begin_snapshot();
+}
+
+std::optional<transport::handle> drafter_engine::poll_snapshot() {
+  return impl_->poll_snapshot();
 }
 
 void drafter_engine::restore(const std::filesystem::path& dir) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,17 @@ struct drafter_engine_options {
   /// drafter's.  Only the weights are taken: the optimizer starts fresh at
   /// step 0.  A later restore() replaces them as usual.
   std::filesystem::path init_from;
+  /// The restore point in device memory (DESIGN.md §3, restore tiers):
+  /// every `memory_every` steps (0: none) keep_restore_point copies the
+  /// masters, moments, update count and generator state into buffers on the
+  /// same device that outlive this engine (a process-wide table, by
+  /// `memory_slot`, the drafter's index), so that the next incarnation of a
+  /// drafter that threw, went NaN or hung restores them in milliseconds
+  /// (restore_memory) instead of reading the newest checkpoint.  Costs
+  /// 12 bytes of device memory per parameter and one device-to-device copy
+  /// of as much per kept step, on a side stream.
+  int64_t memory_every = 0;
+  int32_t memory_slot = 0;
   // The gradient layout follows the device and dtype, with no switch: on CUDA
   // with a bf16/fp16 model, masters, moments, model and gradients live in flat
   // buffers, the update is two kernels (gpu/kernels/adamw_flat.hpp) and the
@@ -101,6 +113,12 @@ public:
   drafter_engine& operator=(drafter_engine&&) noexcept;
 
   const drafter_info& info() const;
+
+  /// The trainable parameters a drafter built from `opts` has (info().
+  /// parameters), from the target's config.json alone: nothing is loaded.
+  /// For the disk-space check before a run.  Throws gpu::error(bad_input)
+  /// for an unreadable config.
+  static int64_t parameter_count(const drafter_engine_options& opts);
 
   /// Updates applied so far.
   int64_t step() const;
@@ -189,6 +207,39 @@ public:
   /// write_checkpoint on another thread.  The caller owns the handle.  The
   /// copies are complete when this returns.
   transport::handle snapshot() const;
+
+  /// The same without blocking the caller for the copy: starts it (the
+  /// state as of now: step, generator, masters, moments) into page-locked
+  /// host buffers allocated once and reused (a second set while the first is
+  /// still held by a write: double-buffered), on a side stream; the next
+  /// step waits for it on the device, not on the host.  poll_snapshot()
+  /// returns the handle once the copy has landed (at once on the CPU, where
+  /// the copy is done here).  One at a time: begin_snapshot throws
+  /// gpu::error(bad_input) while one is in flight.  An injected
+  /// slow_snapshot copies here, on the calling thread, as snapshot() does.
+  void begin_snapshot();
+  /// The snapshot begun last, once complete (then the caller owns the
+  /// handle); std::nullopt while its copy runs.  Throws gpu::error
+  /// (device_failure) when the copy failed, (bad_input) when none was begun.
+  std::optional<transport::handle> poll_snapshot();
+
+  /// After a step: every options.memory_every steps, copies the state into
+  /// the restore point in device memory (asynchronously, on a side stream;
+  /// the next step waits for it).  Returns the step the restore point holds
+  /// once that copy lands (−1: none).  A newer engine of the same slot owns
+  /// it: an older one (a hung incarnation that woke up) never overwrites it.
+  int64_t keep_restore_point();
+
+  /// Restores the restore point in device memory of options.memory_slot,
+  /// which must hold update `step` (written whole: a copy cut short is
+  /// refused) and fit this drafter; this engine owns it from then on.
+  /// Throws gpu::error(device_failure) naming what is wrong (none there, another
+  /// step, another shape or device, a device error reading it); the engine
+  /// is unchanged then, and the caller falls back to a checkpoint.
+  void restore_memory(int64_t step);
+
+  /// Drops every restore point in device memory of this process (tests).
+  static void drop_restore_points();
 
   /// Loads a checkpoint written by write_checkpoint: weights, optimizer
   /// moments, step and generator, bit-exactly (a run restored from step k

@@ -3,7 +3,9 @@
 # Qwen3 of the parity fixtures and a small synthetic token dataset:
 #   1. two epochs train, the loss falls, every epoch commits every sample;
 #   2. injected faults (throw, nan, hang) each end in a restart from the
-#      newest checkpoint and the run completes with an exact ledger;
+#      restore point in device memory (no step lost), and with
+#      checkpoint.memory_every = 0 from the newest checkpoint; the run
+#      completes with an exact ledger;
 #   2b. a drafter busy with a slow snapshot is not taken for dead;
 #   3. past the restart budget the run stops with a report naming the drafter;
 #   4. SIGTERM finishes the step, writes a checkpoint and exits 0;
@@ -39,6 +41,12 @@ check both_epochs_exact "$s"
 check grep -q '"reason":"drafter 0 hung' "$work/faults/metrics.jsonl"
 check grep -q 'non-finite loss' "$work/faults/metrics.jsonl"
 check grep -q 'injected fault (throw_in_step)' "$work/faults/metrics.jsonl"
+# Restored from device memory: no completed step lost (issue 19: <= 1).
+check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert [(x["restore_from"], x["steps_lost"], x["restore_step"]) for x in f] == [("memory", 0, 11), ("memory", 0, 29), ("memory", 0, 49)], f' "$work/faults/metrics.jsonl"
+# Without it, from the newest checkpoint (every 20 steps).
+run faults-disk --set checkpoint.memory_every=0 --set train.max_steps=40 --fault drafter=0,kind=throw,at_step=30 \
+    > "$work/faults-disk.log" 2>&1 || { cat "$work/faults-disk.log"; fail "faults run without memory restore points"; }
+check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert [(x["restore_from"], x["steps_lost"], x["restore_step"]) for x in f] == [("checkpoint", 9, 20)], f' "$work/faults-disk/metrics.jsonl"
 
 # 2b. Busy is not dead (issue 19): snapshots that copy for 2 x heartbeat_s
 # + 1 = 3 s on the drafter's thread, one mid-run (step 20) and the last one

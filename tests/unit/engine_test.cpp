@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -148,6 +149,7 @@ double reference_lr(double peak, int64_t warmup, int64_t total, int64_t t) {
 }
 
 using tandem::test::expect_bad_input;
+using tandem::test::expect_error;
 
 } // namespace
 
@@ -436,6 +438,109 @@ TEST(engine, restore_continues_bit_identically) {
   EXPECT_EQ(again.step(), 20);
   EXPECT_FALSE(fs::exists(tmp.dir / "step-10.tmp"));
   EXPECT_FALSE(fs::exists(tmp.dir / "step-10.old"));
+}
+
+// The restore point in device memory (checkpoint.memory_every): it outlives
+// the engine that wrote it, a new engine restores it bit-exactly, a wrong
+// step or a copy cut short is refused (device_failure: the caller falls
+// back to a checkpoint), and an older engine never overwrites a newer one's.
+TEST(engine, memory_restore_point_outlives_its_engine_and_restores_bit_identically) {
+  inputs in;
+  drafter_engine::drop_restore_points();
+  drafter_engine straight(drafter_options(20));
+  std::vector<double> want;
+  for (int i = 0; i < 20; ++i)
+    want.push_back(straight.train_step(in.batch, in.features).loss);
+
+  auto o = drafter_options(20);
+  o.memory_every = 2;
+  o.memory_slot = 7;
+  {
+    drafter_engine first(o);
+    for (int i = 0; i < 9; ++i) {
+      (void)first.train_step(in.batch, in.features);
+      const int64_t k = i + 1;
+      EXPECT_EQ(first.keep_restore_point(), k >= 2 ? k / 2 * 2 : -1) << "after step " << k;  // every 2nd
+    }
+  }  // gone, as a drafter that threw
+  auto other = o;
+  other.seed = 999;  // every bit that matches comes from the restore point
+  drafter_engine older(other);  // built before `resumed`: an older incarnation
+  drafter_engine resumed(other);
+  expect_error(errc::device_failure, [&] { resumed.restore_memory(9); });  // it holds 8
+  EXPECT_EQ(resumed.step(), 0);
+  resumed.restore_memory(8);
+  EXPECT_EQ(resumed.step(), 8);
+  for (int i = 8; i < 20; ++i) {
+    if (i == 10) {  // the older one wakes up and trains: it must not overwrite
+      (void)older.train_step(in.batch, in.features);
+      EXPECT_EQ(older.keep_restore_point(), -1);
+    }
+    auto r = resumed.train_step(in.batch, in.features);
+    EXPECT_EQ(r.loss, want[static_cast<size_t>(i)]) << "step " << i + 1;  // bit for bit
+    (void)resumed.keep_restore_point();
+  }
+  EXPECT_TRUE(all_equal(view(resumed).w, view(straight).w));
+  EXPECT_TRUE(all_equal(view(resumed).m, view(straight).m));
+  drafter_engine third(other);
+  third.restore_memory(20);
+  EXPECT_TRUE(all_equal(view(third).w, view(straight).w));
+  // Another slot has none; off by default.
+  auto none = drafter_options(20);
+  none.memory_slot = 8;
+  drafter_engine fresh(none);
+  const auto what = expect_error(errc::device_failure, [&] { fresh.restore_memory(0); });
+  EXPECT_NE(what.find("drafter 8) does not exist"), std::string::npos) << what;
+  EXPECT_EQ(fresh.keep_restore_point(), -1);
+  drafter_engine::drop_restore_points();
+}
+
+// begin_snapshot / poll_snapshot: the same contents as snapshot(), host
+// buffers reused once the writer released them, a second set while one is
+// held, and one snapshot at a time.
+TEST(engine, asynchronous_snapshots_match_the_synchronous_one_and_reuse_their_buffers) {
+  inputs in;
+  drafter_engine e(drafter_options(20));
+  (void)e.train_step(in.batch, in.features);
+  auto take = [&] {
+    e.begin_snapshot();
+    std::optional<transport::handle> h;
+    for (int i = 0; i < 1000 && !h; ++i)
+      h = e.poll_snapshot();
+    EXPECT_TRUE(h.has_value());
+    return *h;
+  };
+  auto sync = e.snapshot();
+  auto a = take();
+  const auto want = transport::acquire(sync, at::Device(at::kCPU));
+  auto got = transport::acquire(a, at::Device(at::kCPU));
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(at::equal(got[0], want[0]));  // the state text, generator included
+  for (size_t i = 1; i < got.size(); ++i)
+    EXPECT_TRUE(at::equal(got[i], want[i])) << "tensor " << i;
+  const void* first_buffer = got[2].data_ptr();
+  got.clear();
+  // `a` is still held (being written): the next snapshot fills another set.
+  (void)e.train_step(in.batch, in.features);
+  auto b = take();
+  auto got_b = transport::acquire(b, at::Device(at::kCPU));
+  EXPECT_NE(got_b[2].data_ptr(), first_buffer);
+  got_b.clear();
+  transport::release(a);  // written: its set is free again
+  transport::release(b);
+  auto c = take();
+  auto got_c = transport::acquire(c, at::Device(at::kCPU));
+  EXPECT_EQ(got_c[2].data_ptr(), first_buffer);
+  got_c.clear();
+  // One at a time.
+  e.begin_snapshot();
+  expect_bad_input([&] { e.begin_snapshot(); }, {"already being taken"});
+  std::optional<transport::handle> d;
+  while (!d)
+    d = e.poll_snapshot();
+  expect_bad_input([&] { (void)e.poll_snapshot(); }, {"no snapshot was begun"});
+  for (auto h : {sync, c, *d})
+    transport::release(h);
 }
 
 TEST(engine, export_writes_the_zlab_layout_of_the_masters) {

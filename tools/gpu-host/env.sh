@@ -10,6 +10,9 @@ DEVBIN=${TANDEM_DEVBIN:-.devbin}
 # paths survive), which may come from another pack.
 rm -rf build/bin build/fixtures build/lib
 mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
+# Binaries rebuilt after the pack (e.g. only bin/tandem), carried in
+# .devbin-patch/, replace the packed ones.
+if [ -d .devbin-patch ]; then cp .devbin-patch/* build/bin/; fi
 PACKED=$(cat $DEVBIN/build_dir)
 if [ "$PACKED" != "$ROOT/build" ]; then mkdir -p "$(dirname "$PACKED")" && ln -sfn "$ROOT/build" "$PACKED"; fi
 SP=${TORCH_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}
