@@ -19,23 +19,6 @@ layer_dims dims_of(const qwen3_config& c) {
 qwen3_weights qwen3_weights_from(const std::map<std::string, at::Tensor>& t,
                                  const qwen3_config& c, at::ScalarType dtype,
                                  const std::string& file, int64_t keep_layers) {
-  // A checkpoint deeper than its config (a config.json from a smaller
-  // sibling model): the weights do not match the config.
-  const std::string layers_prefix = "model.layers.";
-  for (auto it = t.lower_bound(layers_prefix);
-       it != t.end() && it->first.compare(0, layers_prefix.size(), layers_prefix) == 0; ++it) {
-    const auto rest = it->first.substr(layers_prefix.size());
-    const auto dot = rest.find('.');
-    const auto digits = rest.substr(0, dot);
-    if (digits.empty() || digits.size() > 9
-        || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-      continue;
-    if (std::stoll(digits) >= c.num_hidden_layers)
-      throw error(errc::bad_input, "tensor " + it->first + " in " + file + " is a layer past "
-                                     + "config.json's num_hidden_layers = "
-                                     + std::to_string(c.num_hidden_layers)
-                                     + " (the weights do not match the config)");
-  }
   const auto n = keep_layers < 0 ? c.num_hidden_layers : std::min(keep_layers, c.num_hidden_layers);
   qwen3_weights w;
   w.embed = take_tensor(t, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, dtype, file);
@@ -87,6 +70,25 @@ qwen3_target qwen3_target::load(const std::filesystem::path& dir, at::Device dev
         weights = dir / name;
         break;
       }
+  }
+  // A checkpoint deeper than its config (a config.json from a smaller
+  // sibling model): the weights do not match the config.  (Here, not in
+  // qwen3_weights_from: the drafter reads the target's embedding and head
+  // through it with its own, shallower config.)
+  const std::string layers_prefix = "model.layers.";
+  for (auto it = tensors.lower_bound(layers_prefix);
+       it != tensors.end() && it->first.compare(0, layers_prefix.size(), layers_prefix) == 0; ++it) {
+    const auto rest = it->first.substr(layers_prefix.size());
+    const auto dot = rest.find('.');
+    const auto digits = rest.substr(0, dot);
+    if (digits.empty() || digits.size() > 9
+        || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    if (std::stoll(digits) >= cfg.num_hidden_layers)
+      throw error(errc::bad_input, "tensor " + it->first + " in " + weights.string() + " is a layer past "
+                                     + "config.json's num_hidden_layers = "
+                                     + std::to_string(cfg.num_hidden_layers)
+                                     + " (the weights do not match the config)");
   }
   auto w = qwen3_weights_from(tensors, cfg, dtype, weights.string(), with_head ? -1 : deepest + 1);
   auto move = [&](at::Tensor& x) {
