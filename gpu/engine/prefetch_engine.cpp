@@ -12,6 +12,7 @@
 #include "gpu/data/order.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/staging.hpp"
+#include "gpu/data/verify_once.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/io/model_tokens.hpp"
 #include "gpu/pch.hpp"
@@ -30,7 +31,9 @@ double seconds_since(steady::time_point t0) {
 /// Verifies a data set's shards (data::dataset::verify_shard) on one
 /// background thread, in the order they are first needed, so that a large
 /// data set's hashing overlaps the target's loading and the training
-/// instead of stalling the start.  Shared with nothing: the engine owns it,
+/// instead of stalling the start.  Several prefetch engines in one process
+/// (one per target) share the results (data::verify_shard_once): each
+/// shard is read once.  Shared with nothing: the engine owns it,
 /// and it touches only the read-only data set and its own state (under
 /// its mutex).  The destructor waits for the shard being verified (at most
 /// one shard's time, ~0.1-0.5 s for a 256 MiB shard) and joins.
@@ -142,7 +145,7 @@ private:
       std::string why;
       int64_t bytes = 0;
       try {
-        ds_.verify_shard(index, check_);
+        data::verify_shard_once(ds_, index, check_);  // once per process, for all prefetches
         std::error_code ec;
         bytes = static_cast<int64_t>(std::filesystem::file_size(ds_.shard_path(index), ec));
       } catch (const std::exception& e) {

@@ -7,6 +7,8 @@
 #include "gpu/pch.hpp"
 
 #include <algorithm>
+#include <thread>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +34,7 @@
 #include "gpu/data/order.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/sha256.hpp"
+#include "gpu/data/verify_once.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/io/model_tokens.hpp"
@@ -683,6 +686,44 @@ TEST_F(data_test, verify_shard_catches_one_flipped_low_bit) {
                     "manifest.json shards[2].sha256 = '" + expected + "'",
                     "changed after `tandem prepare`"});
   EXPECT_NO_THROW(ds.verify_shard(0));
+}
+
+TEST_F(data_test, verify_shard_once_reads_each_shard_once_per_process) {
+  // Several prefetch engines (one per target) share the shards' results: a
+  // shard verified once is not read again while its file is unchanged
+  // (path, size, modification time), and a failure is remembered too.
+  write_small();
+  const dataset ds(dir_);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] {
+      verify_shard_once(ds, 2, {});
+      ++ok;
+    });
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(ok.load(), 4);
+  // Change one byte behind the cache's back (same size, the old mtime):
+  // the cached result stands, the direct check sees it.
+  const auto when = fs::last_write_time(shard(2));
+  auto bytes = read_bytes(shard(2));
+  bytes[bytes.size() - 1] = static_cast<char>(bytes.back() ^ 1);
+  write_bytes(shard(2), bytes);
+  fs::last_write_time(shard(2), when);
+  EXPECT_NO_THROW(verify_shard_once(ds, 2, {}));
+  expect_bad_input([&] { ds.verify_shard(2); }, {"shard-00002.safetensors", "sha256 is"});
+  // A new modification time is a new file: verified again, and its failure
+  // is given to every later caller.
+  fs::last_write_time(shard(2), when + std::chrono::seconds(1));
+  expect_bad_input([&] { verify_shard_once(ds, 2, {}); }, {"shard-00002.safetensors", "sha256 is"});
+  expect_bad_input([&] { verify_shard_once(ds, 2, {}); }, {"shard-00002.safetensors", "sha256 is"});
+  // Another check is another result: without the hash, the flipped mask
+  // byte (the file's last) shows as a wrong supervised count.
+  shard_check values_only;
+  values_only.sha256 = false;
+  expect_bad_input([&] { verify_shard_once(ds, 2, values_only); },
+                   {"shard-00002.safetensors", "loss_mask holds"});
 }
 
 TEST_F(data_test, manifest_special_tokens_are_read_and_checked) {
