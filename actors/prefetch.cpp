@@ -38,8 +38,13 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   st.device = opts.device;
   try {
     st.engine.emplace(opts);  // on this actor's own thread
+  } catch (const gpu::error& e) {
+    // bad_input: the data set does not open, or is not the target's.
+    self->quit(make_error(e.code(), std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
   } catch (const std::exception& e) {
-    self->quit(make_error(errc::bad_input, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+    self->quit(make_error(errc::device_failure, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+  }
+  if (!st.engine) {
     return {[](shutdown_atom) {}, [](epoch_atom, int64_t, const std::vector<int64_t>&) {},
             [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
             [](release_atom, uint64_t) {}};
