@@ -16,9 +16,9 @@
 #   6. a truncated target weights file: stops at once with the error, no
 #      restart with backoff (the drafter would be retried four times before).
 # What trained is read from metrics.jsonl (no "step" event: nothing was
-# trained); only the error text is read from stderr.  About 25 s on the
-# 2-core development machine (each run loads the tiny target once); the
-# ctest TIMEOUT is 120 s.
+# trained); only the error text is read from stderr.  About 30 s on the
+# 2-core development machine alone, 40 s under ctest -j2 (each of the 11
+# runs loads the tiny target once); the ctest TIMEOUT is 120 s.
 set -euo pipefail
 tandem="$1"; python="$2"; source_dir="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
