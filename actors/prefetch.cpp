@@ -10,6 +10,7 @@
 
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
+#include "gpu/device/error.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -37,17 +38,37 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   st.device = opts.device;
   try {
     st.engine.emplace(opts);  // on this actor's own thread
+  } catch (const gpu::error& e) {
+    // bad_input: the data set does not open, or is not the target's.
+    self->quit(make_error(e.code(), std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
   } catch (const std::exception& e) {
-    self->quit(make_error(errc::bad_input, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+    self->quit(make_error(errc::device_failure, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
+  }
+  if (!st.engine) {
     return {[](shutdown_atom) {}, [](epoch_atom, int64_t, const std::vector<int64_t>&) {},
             [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
             [](release_atom, uint64_t) {}};
   }
-  // Packs and sends batches while credit lasts.
+  for (const auto& w : st.engine->warnings())
+    spdlog::warn("prefetch {}: {}", index, w);
+  // Packs and sends batches while credit lasts.  A shard that fails its
+  // verification (gpu::error(bad_input): a changed byte, a token past the
+  // vocabulary) ends this actor with that error before any of its batches
+  // is sent; the supervisor stops the run (prefetch actors are not
+  // restarted: the same bytes would fail again).
   auto pump = [self] {
     auto& s = self->state;
     while (s.credit > 0 && !s.exhausted) {
-      auto b = s.engine->next();
+      std::optional<gpu::staged_batch> b;
+      try {
+        b = s.engine->next();
+      } catch (const gpu::error& e) {
+        self->quit(make_error(e.code(), "prefetch " + std::to_string(s.index) + ": " + e.what()));
+        return;
+      } catch (const std::exception& e) {
+        self->quit(make_error(errc::device_failure, "prefetch " + std::to_string(s.index) + ": " + e.what()));
+        return;
+      }
       if (!b) {
         s.exhausted = true;
         self->send(s.coordinator, exhausted_atom::value, s.index, s.epoch);
@@ -70,7 +91,12 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
     [self, pump](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
       auto& s = self->state;
       s.epoch = epoch;
-      s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
+      try {
+        s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
+      } catch (const gpu::error& e) {
+        self->quit(make_error(e.code(), "prefetch " + std::to_string(s.index) + ": " + e.what()));
+        return;
+      }
       s.exhausted = false;
       pump();
     },

@@ -29,6 +29,11 @@ struct supervisor_state {
   std::vector<drafter_actor> drafters;        ///< the live incarnation of each (null: none)
   std::vector<caf::actor_addr> drafter_addr;  ///< its address (down messages carry only that)
   std::vector<bool> given_up;                 ///< budget spent: never restarted again
+  /// Why drafter j's last incarnation ended with errc::bad_input ("" = it
+  /// did not): a deterministic bad input (a truncated target file, a
+  /// corrupt checkpoint) fails the same way on every restart, so the
+  /// restart it leads to is refused at once with this reason.
+  std::vector<std::string> bad_input;
   // Failures per drafter within window_s, on the actor clock (the
   // deterministic clock in protocol tests, like the backoff timer).
   std::vector<std::vector<std::pair<caf::actor_clock::time_point, std::string>>> failures;
@@ -41,6 +46,21 @@ int32_t drafter_of(self_ptr self, const caf::actor_addr& a) {
   auto& v = self->state.drafter_addr;
   auto it = std::find(v.begin(), v.end(), a);
   return it == v.end() || !a ? -1 : static_cast<int32_t>(it - v.begin());
+}
+
+/// An exit reason in errc::bad_input: deterministic, not worth a restart.
+bool is_bad_input(const caf::error& reason) {
+  return reason.category() == error_category
+         && reason.code() == static_cast<uint8_t>(errc::bad_input);
+}
+
+/// The context sentence of a Tandem error (what make_error was given), or
+/// the rendered error when it has none.
+std::string bad_input_text(const caf::error& reason, const std::string& rendered) {
+  const auto& ctx = reason.context();
+  if (ctx.match_elements<std::string>())
+    return ctx.get_as<std::string>(0);
+  return rendered;
 }
 
 void adopt(self_ptr self, size_t d, drafter_actor h) {
@@ -64,6 +84,14 @@ caf::result<restart_plan> restart(self_ptr self, int32_t d, const std::string& w
   if (d < 0 || static_cast<size_t>(d) >= s.drafters.size())
     return make_error(errc::bad_input, "supervisor: no drafter " + std::to_string(d));
   const auto di = static_cast<size_t>(d);
+  if (!s.bad_input[di].empty()) {
+    // Not counted against the budget and not retried: the same input fails
+    // the same way after every backoff.  The run stops with the error.
+    s.given_up[di] = true;
+    return make_error(errc::bad_input, "drafter " + std::to_string(d) + " cannot start: "
+                                         + s.bad_input[di]
+                                         + " (bad input is not retried: fix it and run again)");
+  }
   if (s.given_up[di])
     return make_error(errc::device_failure, "supervisor: drafter " + std::to_string(d)
                                               + " is past its restart budget");
@@ -123,7 +151,10 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         const auto di = static_cast<size_t>(d);
         s.drafters[di] = drafter_actor{};
         s.drafter_addr[di] = caf::actor_addr{};
-        self->send(s.coordinator, drafter_down_atom::value, d, self->system().render(m.reason));
+        auto why = self->system().render(m.reason);
+        if (is_bad_input(m.reason))
+          s.bad_input[di] = bad_input_text(m.reason, why);
+        self->send(s.coordinator, drafter_down_atom::value, d, std::move(why));
         return;
       }
       auto it = s.others.find(m.source);
@@ -143,6 +174,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         s.drafters.assign(n, drafter_actor{});
         s.drafter_addr.assign(n, caf::actor_addr{});
         s.given_up.assign(n, false);
+        s.bad_input.assign(n, std::string{});
         s.failures.assign(n, {});
         for (size_t d = 0; d < n; ++d)
           adopt(self, d, peers.drafters[d]);

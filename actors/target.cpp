@@ -10,6 +10,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "gpu/device/error.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -29,12 +30,21 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
   install_default_handler(self, target_state::name);
   self->state.index = index;
   self->state.coordinator = coordinator;
+  // The engine's own code says what failed: bad_input (weights or config
+  // that do not load: deterministic), device_unavailable; anything else
+  // (LibTorch, CUDA) is a device failure, not known to be the input's.
+  auto fail_start = [&](errc code, const char* what) {
+    self->quit(make_error(code, "target " + std::to_string(index) + ": " + what));
+  };
   try {
     self->state.engine.emplace(opts);
+  } catch (const gpu::error& e) {
+    fail_start(e.code(), e.what());
   } catch (const std::exception& e) {
-    self->quit(make_error(errc::bad_input, "target " + std::to_string(index) + ": " + e.what()));
-    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}};
+    fail_start(errc::device_failure, e.what());
   }
+  if (!self->state.engine)
+    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}};
   return {
     [self](batch_desc& batch) {
       auto& s = self->state;

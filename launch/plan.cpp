@@ -76,6 +76,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     po.seed = c.data.seed;
     po.rank = t.index;
     po.world = world;
+    po.target = c.model.target;  // the manifest and every token id are checked against it
     p.prefetch.push_back(po);
     gpu::target_engine_options to;
     to.dir = c.model.target;
@@ -167,7 +168,8 @@ std::string to_json(const launch_plan& p) {
     j["prefetch"].push_back({{"dataset", o.dataset.string()}, {"device", device_string(o.device)},
                              {"rows", o.rows}, {"seq_len", o.seq_len}, {"max_docs", o.max_docs},
                              {"lookahead", o.lookahead}, {"seed", o.seed}, {"rank", o.rank},
-                             {"world", o.world}, {"verify_hashes", o.verify_hashes}});
+                             {"world", o.world}, {"target", o.target.string()},
+                             {"verify_shards", o.verify_shards}, {"verify_hashes", o.verify_hashes}});
   j["targets"] = json::array();
   for (const auto& o : p.targets)
     j["targets"].push_back({{"dir", o.dir.string()}, {"device", device_string(o.device)},

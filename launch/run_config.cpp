@@ -22,6 +22,8 @@
 #include <sstream>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #if __has_include(<toml++/toml.hpp>)
 #include <toml++/toml.hpp>
 #else
@@ -966,6 +968,64 @@ fault_spec parse_fault(const std::string& spec) {
   return f;
 }
 
+namespace {
+
+/// A positive integer field of the target's config.json (the loader,
+/// gpu/io/hf_config.hpp, checks the rest when the target loads).
+int64_t target_count(const nlohmann::json& j, const fs::path& json_file, const char* key,
+                     const std::string& file) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0)
+    throw config_error(file + ": 'model.target': " + json_file.string() + ": field '" + key +
+                       "' must be a positive integer" +
+                       (it == j.end() ? std::string(", and it is missing")
+                                      : ", got " + it->dump()));
+  return it->get<int64_t>();
+}
+
+/// The drafter's settings that index into the target: drafter.mask_token_id
+/// must be a row of its embedding and every model.tap_layers entry one of
+/// its layers.  Read from the target's config.json before any actor starts
+/// (the engines check the same again when they load, too late for a clear
+/// config error: a drafter that fails there is a failed worker).
+void check_against_target(const run_config& c, const std::string& file) {
+  const auto json_file = c.model.target / "config.json";
+  nlohmann::json j;
+  {
+    std::ifstream in(json_file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    try {
+      j = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      throw config_error(file + ": 'model.target': " + json_file.string() +
+                         " is not valid JSON: " + e.what());
+    }
+  }
+  if (!j.is_object())
+    throw config_error(file + ": 'model.target': " + json_file.string() +
+                       " must hold a JSON object");
+  const auto vocab = target_count(j, json_file, "vocab_size", file);
+  const auto layers = target_count(j, json_file, "num_hidden_layers", file);
+  if (c.drafter.mask_token_id < 0 || c.drafter.mask_token_id >= vocab)
+    throw config_error(file + ": 'drafter.mask_token_id' = " +
+                       std::to_string(c.drafter.mask_token_id) +
+                       " is not a row of the target's embedding: " + json_file.string() +
+                       " has vocab_size = " + std::to_string(vocab) + " (ids 0 .. " +
+                       std::to_string(vocab - 1) + "; Qwen3 uses 151669)");
+  for (size_t i = 0; i < c.model.tap_layers.size(); ++i) {
+    const auto id = c.model.tap_layers[i];
+    if (id < 0 || id >= layers)
+      throw config_error(file + ": 'model.tap_layers[" + std::to_string(i) + "]' = " +
+                         std::to_string(id) + " is not a layer of the target: " +
+                         json_file.string() + " has num_hidden_layers = " +
+                         std::to_string(layers) + " (layers 0 .. " +
+                         std::to_string(layers - 1) + ")");
+  }
+}
+
+} // namespace
+
 void check_paths(const run_config& c, bool need_data) {
   const std::string file = c.source.empty() ? std::string("config") : c.source.string();
   auto fail = [&](std::string_view field, const fs::path& p, const std::string& why) {
@@ -988,6 +1048,7 @@ void check_paths(const run_config& c, bool need_data) {
       if (e.path().extension() == ".safetensors") return true;
     return false;
   });
+  check_against_target(c, file);
   if (!c.drafter.init_from.empty() && !fs::exists(c.drafter.init_from, ec))
     fail("drafter.init_from", c.drafter.init_from, "no such file or folder");
   for (size_t i = 0; i < c.data.sources.size(); ++i) {

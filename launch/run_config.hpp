@@ -218,8 +218,10 @@ struct placement_plan {
 /// is spawned: model.target holds config.json and *.safetensors; every
 /// data.sources file exists and data.tokenizer holds tokenizer.json (when
 /// sources are given); drafter.init_from exists; with `need_data`,
-/// data.path holds manifest.json.  Throws config_error naming the config
-/// file, the field and the path.
+/// data.path holds manifest.json.  Also reads the target's config.json:
+/// drafter.mask_token_id must be below its vocab_size and every
+/// model.tap_layers entry below its num_hidden_layers.  Throws config_error
+/// naming the config file, the field and the path.
 void check_paths(const run_config& c, bool need_data);
 
 /// Expands "auto" for a host with `gpus_available` GPUs and checks every

@@ -142,6 +142,21 @@ manifest_info parse_manifest(const fs::path& file) {
   out.tokenizer_sha256 = optional_string(file, tok, "sha256", "tokenizer.sha256");
   out.chat_template_sha256 =
     optional_string(file, tok, "chat_template_sha256", "tokenizer.chat_template_sha256");
+  // Special token ids (written by `prepare` since issue 19): null = none.
+  using special = std::pair<const char*, int64_t*>;
+  for (auto [key, dst] : {special{"eos_token_id", &out.eos_token_id},
+                          special{"bos_token_id", &out.bos_token_id},
+                          special{"pad_token_id", &out.pad_token_id}}) {
+    if (!tok.contains(key))
+      continue;
+    out.special_tokens_recorded = true;
+    if (tok[key].is_null())
+      continue;
+    *dst = require_count(file, tok, key, std::string("tokenizer.") + key);
+    if (*dst >= out.vocab_size)
+      fail(file, std::string("tokenizer.") + key + " = " + std::to_string(*dst)
+                     + " is not below tokenizer.vocab_size = " + std::to_string(out.vocab_size));
+  }
   out.options_json = m.contains("options") ? m["options"].dump() : "{}";
   out.report_json = m.contains("report") ? m["report"].dump() : "{}";
   out.content_hash = optional_string(file, m, "content_hash", "content_hash");
@@ -195,21 +210,76 @@ manifest_info parse_manifest(const fs::path& file) {
   return out;
 }
 
+/// "manifest.json shards[2]": a shard's entry, for messages.
+std::string entry_name(const fs::path& manifest_file, size_t index) {
+  return manifest_file.filename().string() + " shards[" + std::to_string(index) + "]";
+}
+
+/// Every token id below `limit` (named `limit_name` in messages), every
+/// loss-mask value 0 or 1, and the ones counted against the manifest.
+void check_shard_values(const fs::path& file, const std::string& entry, const shard_data& s,
+                        const shard_info& info, int64_t limit, const std::string& limit_name) {
+  const int64_t t = info.num_tokens, n = s.num_samples;
+  const int64_t* off = s.offsets;
+  // Which sample a flat token index belongs to, for messages.
+  auto sample_of = [&](int64_t k) {
+    const auto i = std::upper_bound(off, off + n + 1, k) - off - 1;
+    return " (sample " + std::to_string(i) + " of the shard, global id "
+           + std::to_string(info.first_sample + i) + ", position "
+           + std::to_string(k - off[i]) + " in it)";
+  };
+  // Chunked so that the common all-good case is one vectorisable pass.
+  constexpr int64_t chunk = 1 << 16;
+  const auto bound = static_cast<uint32_t>(limit);
+  int64_t ones = 0;
+  for (int64_t b = 0; b < t; b += chunk) {
+    const int64_t e = std::min(t, b + chunk);
+    uint32_t max_token = 0;
+    uint8_t high_bits = 0;
+    uint32_t chunk_ones = 0;
+    for (int64_t k = b; k < e; ++k) {
+      max_token = std::max(max_token, static_cast<uint32_t>(s.tokens[k]));
+      high_bits |= s.loss_mask[k] & 0xFE;
+      chunk_ones += s.loss_mask[k];
+    }
+    if (max_token >= bound) {
+      for (int64_t k = b; k < e; ++k)
+        if (static_cast<uint32_t>(s.tokens[k]) >= bound)
+          fail(file, "tokens[" + std::to_string(k) + "] = " + std::to_string(s.tokens[k])
+                         + " is not in [0, " + limit_name + " = " + std::to_string(limit) + ")"
+                         + sample_of(k));
+    }
+    if (high_bits != 0) {
+      for (int64_t k = b; k < e; ++k)
+        if (s.loss_mask[k] > 1)
+          fail(file, "loss_mask[" + std::to_string(k) + "] = " + std::to_string(s.loss_mask[k])
+                         + ", expected 0 or 1" + sample_of(k));
+    }
+    ones += chunk_ones;
+  }
+  if (ones != info.num_supervised)
+    fail(file, "loss_mask holds " + std::to_string(ones) + " ones but " + entry
+                   + ".num_supervised = " + std::to_string(info.num_supervised));
+}
+
+/// The file's sha256 against its manifest entry.
+void check_sha256(const fs::path& file, const std::string& entry, const shard_info& info) {
+  const auto actual = sha256_file_hex(file);
+  if (actual != info.sha256)
+    fail(file, "sha256 is " + actual + " but " + entry + ".sha256 = '" + info.sha256
+                   + "' (the file changed after `tandem prepare`, or is corrupt)");
+}
+
 /// Maps one shard and checks it against its manifest entry.
 shard_data open_shard(const fs::path& manifest_file, const fs::path& file, const shard_info& info,
                       size_t index, int64_t vocab_size, const dataset_options& opts) {
-  const std::string entry = manifest_file.filename().string() + " shards["
-                            + std::to_string(index) + "]";
+  const std::string entry = entry_name(manifest_file, index);
   std::error_code ec;
   if (!fs::is_regular_file(file, ec))
     fail(manifest_file, "shards[" + std::to_string(index) + "].file = '" + info.file
                             + "': no such file (" + file.string() + ")");
-  if (opts.verify_hashes) {
-    const auto actual = sha256_file_hex(file);
-    if (actual != info.sha256)
-      fail(file, "sha256 is " + actual + " but " + entry + ".sha256 = '" + info.sha256
-                     + "' (the file changed or is corrupt)");
-  }
+  if (opts.verify_hashes)
+    check_sha256(file, entry, info);
 
   auto st = read_safetensors(file);
   const auto& meta = st.metadata;
@@ -250,58 +320,32 @@ shard_data open_shard(const fs::path& manifest_file, const fs::path& file, const
     fail(file, "offsets[" + std::to_string(n) + "] = " + std::to_string(off[n])
                    + ", expected num_tokens = " + std::to_string(t));
 
-  if (opts.check_values) {
-    // Which sample a flat token index belongs to, for messages.
-    auto sample_of = [&](int64_t k) {
-      const auto i = std::upper_bound(off, off + n + 1, k) - off - 1;
-      return " (sample " + std::to_string(i) + " of the shard, global id "
-             + std::to_string(info.first_sample + i) + ")";
-    };
-    // Chunked so that the common all-good case is one vectorisable pass.
-    constexpr int64_t chunk = 1 << 16;
-    const auto limit = static_cast<uint32_t>(vocab_size);
-    int64_t ones = 0;
-    for (int64_t b = 0; b < t; b += chunk) {
-      const int64_t e = std::min(t, b + chunk);
-      uint32_t max_token = 0;
-      uint8_t high_bits = 0;
-      uint32_t chunk_ones = 0;
-      for (int64_t k = b; k < e; ++k) {
-        max_token = std::max(max_token, static_cast<uint32_t>(s.tokens[k]));
-        high_bits |= s.loss_mask[k] & 0xFE;
-        chunk_ones += s.loss_mask[k];
-      }
-      if (max_token >= limit) {
-        for (int64_t k = b; k < e; ++k)
-          if (static_cast<uint32_t>(s.tokens[k]) >= limit)
-            fail(file, "tokens[" + std::to_string(k) + "] = " + std::to_string(s.tokens[k])
-                           + " is not in [0, tokenizer.vocab_size = "
-                           + std::to_string(vocab_size) + ")" + sample_of(k));
-      }
-      if (high_bits != 0) {
-        for (int64_t k = b; k < e; ++k)
-          if (s.loss_mask[k] > 1)
-            fail(file, "loss_mask[" + std::to_string(k) + "] = "
-                           + std::to_string(s.loss_mask[k]) + ", expected 0 or 1"
-                           + sample_of(k));
-      }
-      ones += chunk_ones;
-    }
-    if (ones != info.num_supervised)
-      fail(file, "loss_mask holds " + std::to_string(ones) + " ones but " + entry
-                     + ".num_supervised = " + std::to_string(info.num_supervised));
-  }
+  if (opts.check_values)
+    check_shard_values(file, entry, s, info, vocab_size, "tokenizer.vocab_size");
   return s;
 }
 
 } // namespace
 
+namespace {
+
+/// The data set's folder, given the folder or its manifest.json.
+fs::path folder_of(const fs::path& dir_or_manifest) {
+  std::error_code ec;
+  if (dir_or_manifest.filename() == "manifest.json" && fs::is_regular_file(dir_or_manifest, ec))
+    return dir_or_manifest.parent_path();
+  return dir_or_manifest;
+}
+
+} // namespace
+
+manifest_info read_manifest(const fs::path& path) {
+  return parse_manifest(folder_of(path) / "manifest.json");
+}
+
 dataset::dataset(const fs::path& dir_or_manifest, const dataset_options& opts) {
   auto d = std::make_shared<impl>();
-  std::error_code ec;
-  d->dir = dir_or_manifest;
-  if (dir_or_manifest.filename() == "manifest.json" && fs::is_regular_file(dir_or_manifest, ec))
-    d->dir = dir_or_manifest.parent_path();
+  d->dir = folder_of(dir_or_manifest);
   const fs::path manifest_file = d->dir / "manifest.json";
   d->manifest = parse_manifest(manifest_file);
 
@@ -379,6 +423,36 @@ int64_t dataset::sample_length(int64_t id) const {
   const auto [shard, i] = locate(id);
   const auto& s = impl_->shards[shard];
   return s.offsets[i + 1] - s.offsets[i];
+}
+
+size_t dataset::num_shards() const {
+  return impl_->shards.size();
+}
+
+fs::path dataset::shard_path(size_t index) const {
+  if (index >= impl_->shards.size())
+    throw error(errc::bad_input, impl_->dir.string() + ": no shard " + std::to_string(index)
+                                     + " (the manifest lists "
+                                     + std::to_string(impl_->shards.size()) + ")");
+  return impl_->dir / impl_->manifest.shards[index].file;
+}
+
+void dataset::verify_shard(size_t index, const shard_check& check) const {
+  const auto file = shard_path(index);
+  const auto& info = impl_->manifest.shards[index];
+  const auto entry = entry_name(impl_->dir / "manifest.json", index);
+  // The hash first: a flipped bit is then reported as what it is (the file
+  // changed), not as whatever value it happened to produce.
+  if (check.sha256 && !info.sha256.empty())  // "" = none recorded (the reader warns)
+    check_sha256(file, entry, info);
+  int64_t limit = impl_->manifest.vocab_size;
+  std::string limit_name = "tokenizer.vocab_size";
+  if (check.vocab_size > 0 && check.vocab_size < limit) {
+    limit = check.vocab_size;
+    limit_name = check.vocab_source.empty() ? std::string("the target's vocab_size")
+                                            : check.vocab_source;
+  }
+  check_shard_values(file, entry, impl_->shards[index], info, limit, limit_name);
 }
 
 std::string shard_file_name(int64_t index) {

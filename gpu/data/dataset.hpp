@@ -3,12 +3,22 @@
 /// docs/data.md specifies. Torch-free facade (actors may hold one).
 ///
 /// Opening memory-maps every shard (zero-copy, through read_safetensors) and
-/// checks the manifest against the shards: formats, per-shard counts against
-/// the tensors' shapes and the shards' `__metadata__`, dtypes, offsets (0 at
-/// the start, non-decreasing, T at the end), every token id below
-/// `tokenizer.vocab_size`, every loss-mask value 0 or 1, supervised counts,
-/// and the totals. Every problem throws gpu::error(errc::bad_input) naming
-/// the file (manifest.json or the shard) and the field or row, e.g.
+/// checks the manifest against the shards' structure: formats, per-shard
+/// counts against the tensors' shapes and the shards' `__metadata__`,
+/// dtypes, offsets (0 at the start, non-decreasing, T at the end), and the
+/// totals. That reads headers and offsets only, so opening a 10 GB data set
+/// is quick. A truncated shard fails here (its tensors no longer fit the
+/// file).
+///
+/// The bytes themselves are checked per shard by verify_shard(): the file's
+/// sha256 against the manifest (a bit flipped after `prepare`), every token
+/// id below the vocabulary, every loss-mask value 0 or 1, the supervised
+/// count. The prefetch engine verifies each shard on a background thread
+/// before that shard's first batch (docs/data.md states the cost per GB);
+/// dataset_options does all of it at open instead, for tools and tests.
+///
+/// Every problem throws gpu::error(errc::bad_input) naming the file
+/// (manifest.json or the shard) and the field or row, e.g.
 /// ".../shard-00002.safetensors: offsets[18] = 80 < offsets[17] = 90".
 ///
 /// A dataset is a cheap handle: copies share the (read-only) mappings, which
@@ -40,6 +50,14 @@ struct manifest_info {
   int64_t vocab_size = 0;            ///< tokenizer.vocab_size
   std::string tokenizer_sha256;
   std::string chat_template_sha256;
+  /// The tokenizer's special token ids (tokenizer.eos_token_id,
+  /// bos_token_id, pad_token_id; -1 = the tokenizer has none). Manifests
+  /// written before `prepare` recorded them have none of the three keys:
+  /// special_tokens_recorded is false.
+  bool special_tokens_recorded = false;
+  int64_t eos_token_id = -1;
+  int64_t bos_token_id = -1;
+  int64_t pad_token_id = -1;
   std::string options_json;          ///< `options`, as JSON text ("{}" if absent)
   std::string report_json;           ///< `report`, as JSON text ("{}" if absent)
   std::vector<shard_info> shards;
@@ -50,12 +68,27 @@ struct manifest_info {
 };
 
 struct dataset_options {
-  /// Recompute every shard's sha256 (and `content_hash`, when present) and
-  /// compare with the manifest: reads every byte once (`--verify`).
+  /// At open: recompute every shard's sha256 (and `content_hash`, when
+  /// present) and compare with the manifest: reads every byte once
+  /// (`--verify`).
   bool verify_hashes = false;
-  /// Scan every token id and loss-mask value (on by default; the scan is
-  /// sequential and costs far less than a training step per shard).
-  bool check_values = true;
+  /// At open: scan every token id (below `tokenizer.vocab_size`) and
+  /// loss-mask value. Off by default: it reads every token before the first
+  /// batch; the prefetch engine checks each shard with verify_shard() in the
+  /// background instead.
+  bool check_values = false;
+};
+
+/// What verify_shard() checks besides the file's sha256.
+struct shard_check {
+  /// Check the file's bytes against the manifest's sha256.
+  bool sha256 = true;
+  /// Token ids must also be below this (the target's embedding rows;
+  /// 0 = only `tokenizer.vocab_size`).
+  int64_t vocab_size = 0;
+  /// Where `vocab_size` comes from, for messages ("vocab_size of
+  /// /models/q/config.json").
+  std::string vocab_source;
 };
 
 /// Sample `id`, pointing into the shard's mapping: valid while any copy of
@@ -90,10 +123,30 @@ public:
   /// Which shard holds `id`, and the sample's index inside it.
   std::pair<size_t, int64_t> locate(int64_t id) const;
 
+  /// Shards (manifest().shards, in order) and the path of shard `index`.
+  size_t num_shards() const;
+  std::filesystem::path shard_path(size_t index) const;
+
+  /// Reads shard `index` whole and checks its bytes: the file's sha256
+  /// against the manifest's (when `check.sha256` and the manifest records
+  /// one: an empty sha256, as hand-written test data sets have, is skipped;
+  /// the prefetch engine warns about it), then every token id
+  /// below tokenizer.vocab_size and check.vocab_size, every loss-mask value
+  /// 0 or 1, and the supervised count. Throws gpu::error(bad_input) naming
+  /// the shard file and the field: "sha256 is <actual> but manifest.json
+  /// shards[2].sha256 = '<expected>'", or the token's position, its sample
+  /// and the vocabulary size. Thread-safe (const; reads the file and the
+  /// read-only mapping).
+  void verify_shard(size_t index, const shard_check& check = {}) const;
+
 private:
   struct impl;
   std::shared_ptr<const impl> impl_;
 };
+
+/// Parses and checks `manifest.json` alone (no shard opened): `path` is the
+/// data set's folder or its manifest. Throws gpu::error(bad_input).
+manifest_info read_manifest(const std::filesystem::path& path);
 
 /// The name of shard `index` as `tandem prepare` writes it: "shard-00002.safetensors".
 std::string shard_file_name(int64_t index);

@@ -3,11 +3,23 @@
 /// epoch's seeded order, packs static-shape batches, stages them onto the
 /// device and publishes them for the target (gpu/transport/transport.hpp).
 /// Torch-free facade (actors/prefetch.cpp includes it).
+///
+/// Bad data never reaches the device.  At construction the manifest's
+/// tokenizer is checked against the target's config.json (vocabulary size,
+/// special tokens: gpu/data/identity.hpp).  Then a background thread
+/// verifies every shard's bytes (sha256 against the manifest, every token
+/// id below the target's vocabulary, loss-mask values), in the order the
+/// epoch first needs them, while the target and drafters load and train;
+/// next() publishes a batch only once every shard it draws from is
+/// verified, waiting if it must, and throws the first failure of any shard
+/// (gpu::error(bad_input) naming the shard file and the field).  Cost:
+/// docs/data.md ("Verification").
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -21,7 +33,24 @@ struct prefetch_engine_options {
   int64_t rows = 1, seq_len = 3072, max_docs = 16, lookahead = 16;
   uint64_t seed = 0;
   int32_t rank = 0, world = 1;    ///< this prefetch's share of every epoch
+  /// The target's folder (model.target): the manifest's tokenizer is
+  /// checked against its config.json and every token id against its
+  /// vocab_size.  "" = the manifest's own vocab_size only (tests).
+  std::filesystem::path target;
+  /// Verify each shard (sha256, values) in the background before its first
+  /// batch.  False only where the bytes were just written (tests, benches).
+  bool verify_shards = true;
+  /// Verify every shard at construction instead, before the first batch.
   bool verify_hashes = false;
+};
+
+/// What the shard verification has done so far.
+struct verify_stats {
+  int64_t shards = 0;        ///< in the data set
+  int64_t verified = 0;      ///< passed
+  int64_t bytes = 0;         ///< of the verified shards' files
+  double seconds = 0;        ///< the verifier thread's time on them
+  double waited_s = 0;       ///< next() blocked for unverified shards
 };
 
 /// One staged batch: the payload {tokens, loss_mask, doc_lengths} is
@@ -60,6 +89,12 @@ public:
 
   /// Fraction of batch tokens that were padding so far.
   double padding_waste() const;
+
+  /// Warnings from construction (an old manifest without special tokens).
+  const std::vector<std::string>& warnings() const;
+
+  /// The shard verification's progress.
+  verify_stats verification() const;
 
 private:
   struct impl;

@@ -1,6 +1,7 @@
 #include "gpu/pch.hpp"
 
 #include "gpu/io/hf_config.hpp"
+#include "gpu/io/model_tokens.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -202,6 +203,28 @@ qwen3_config load_qwen3_config(const fs::path& path) {
     throw error(errc::bad_input, "unknown architecture " + architecture_text(c) + " in "
                                      + c.file.string() + " (Tandem supports Qwen3ForCausalLM)");
   return parse_qwen3(c);
+}
+
+model_tokens load_model_tokens(const fs::path& path) {
+  auto c = read_config(path);
+  model_tokens t;
+  t.file = c.file;
+  t.vocab_size = required_positive(c, "vocab_size");
+  // As stated, not range-checked: the model does not use them, and a
+  // config with an odd one must still load; identity.hpp compares them.
+  if (const json* v = c.find("eos_token_id")) {
+    if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i)
+        t.eos_token_ids.push_back(as_int(c, "eos_token_id[" + std::to_string(i) + "]", (*v)[i]));
+    } else {
+      t.eos_token_ids.push_back(as_int(c, "eos_token_id", *v));
+    }
+  }
+  if (const json* v = c.find("bos_token_id"))
+    t.bos_token_id = as_int(c, "bos_token_id", *v);
+  if (const json* v = c.find("pad_token_id"))
+    t.pad_token_id = as_int(c, "pad_token_id", *v);
+  return t;
 }
 
 dflash_config load_dflash_config(const fs::path& path) {

@@ -15,7 +15,8 @@ at::Tensor take_tensor(const std::map<std::string, at::Tensor>& tensors, const s
   const auto& t = it->second;
   if (t.sizes() != shape)
     throw error(errc::bad_input, "tensor " + name + " in " + file + " has shape "
-                                   + shape_text(t.sizes()) + ", expected " + shape_text(shape));
+                                   + shape_text(t.sizes()) + ", expected " + shape_text(shape)
+                                   + " from config.json (the weights do not match the config)");
   if (!at::isFloatingType(t.scalar_type()))
     throw error(errc::bad_input, "tensor " + name + " in " + file + " has dtype "
                                    + std::string(c10::toString(t.scalar_type()))

@@ -61,7 +61,36 @@ qwen3_target qwen3_target::load(const std::filesystem::path& dir, at::Device dev
     tap_ids = default_tap_ids(cfg.num_hidden_layers, 5);
   const auto deepest = *std::max_element(tap_ids.begin(), tap_ids.end());
   auto tensors = load_safetensors(dir);
-  auto w = qwen3_weights_from(tensors, cfg, dtype, dir.string(), with_head ? -1 : deepest + 1);
+  // Messages name the weights' file (the index of a sharded checkpoint).
+  std::error_code ec;
+  auto weights = dir;
+  if (std::filesystem::is_directory(dir, ec)) {
+    for (const char* name : {"model.safetensors", "model.safetensors.index.json"})
+      if (std::filesystem::exists(dir / name, ec)) {
+        weights = dir / name;
+        break;
+      }
+  }
+  // A checkpoint deeper than its config (a config.json from a smaller
+  // sibling model): the weights do not match the config.  (Here, not in
+  // qwen3_weights_from: the drafter reads the target's embedding and head
+  // through it with its own, shallower config.)
+  const std::string layers_prefix = "model.layers.";
+  for (auto it = tensors.lower_bound(layers_prefix);
+       it != tensors.end() && it->first.compare(0, layers_prefix.size(), layers_prefix) == 0; ++it) {
+    const auto rest = it->first.substr(layers_prefix.size());
+    const auto dot = rest.find('.');
+    const auto digits = rest.substr(0, dot);
+    if (digits.empty() || digits.size() > 9
+        || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    if (std::stoll(digits) >= cfg.num_hidden_layers)
+      throw error(errc::bad_input, "tensor " + it->first + " in " + weights.string() + " is a layer past "
+                                     + "config.json's num_hidden_layers = "
+                                     + std::to_string(cfg.num_hidden_layers)
+                                     + " (the weights do not match the config)");
+  }
+  auto w = qwen3_weights_from(tensors, cfg, dtype, weights.string(), with_head ? -1 : deepest + 1);
   auto move = [&](at::Tensor& x) {
     if (x.defined())
       x = x.to(device);

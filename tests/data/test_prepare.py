@@ -347,6 +347,12 @@ class Dataset(unittest.TestCase):
         self.assertEqual(tok["source"], TOK["chatml"])
         self.assertEqual(tok["vocab_size"], len(HF["chatml"]))
         self.assertEqual(tok["sha256"], sha256_of(os.path.join(TOK["chatml"], "tokenizer.json")))
+        # Special token ids, checked against the target's config.json at `tandem run`.
+        hf = HF["chatml"]
+        self.assertIsNotNone(hf.eos_token_id)
+        self.assertEqual(tok["eos_token_id"], hf.eos_token_id)
+        self.assertEqual(tok["bos_token_id"], hf.bos_token_id)  # None: written as null
+        self.assertEqual(tok["pad_token_id"], hf.pad_token_id)
         template = HF["chatml"].get_chat_template()
         self.assertEqual(tok["chat_template_sha256"], hashlib.sha256(template.encode()).hexdigest())
         with open(os.path.join(TOK["chatml"], "chat_template.jinja"), encoding="utf-8") as f:

@@ -3,10 +3,14 @@
 // with its real CPU engine over a dataset written by the test.  Asserts the
 // credit discipline (never a batch without a credit), that an epoch hands
 // out each of this rank's samples once and then says `exhausted`, re-issue,
-// release, and failures reaching whoever watches the actor.
+// release, and failures reaching whoever watches the actor (a dataset that
+// does not open; a shard whose bytes changed, refused before its first batch).
 #define CAF_SUITE prefetch_protocol
 
+#include <fstream>
 #include <set>
+
+#include "gpu/data/sha256.hpp"
 
 #include "workers.hpp"  // before dsl.hpp (its `inject` macro)
 
@@ -176,6 +180,53 @@ CAF_TEST(a dataset that does not open ends the prefetch with bad_input naming it
   CAF_CHECK(contains(text, "prefetch 1"));
   CAF_CHECK(contains(text, "no_such_dataset"));
   CAF_CHECK(log->batches.empty());
+}
+
+CAF_TEST(a shard whose bytes changed ends the prefetch with bad_input before any batch) {
+  // Issue 19: one flipped low bit in a token after the manifest was written
+  // is a valid token id; the prefetch's shard verification (sha256, in the
+  // background, before the shard's first batch) refuses it, and the batch
+  // is never sent.
+  const auto dir = tmp.dir / "flipped";
+  write_dataset(dir, 24);
+  const auto shard = dir / "shard-00000.safetensors";
+  auto manifest = nlohmann::json::parse(std::ifstream(dir / "manifest.json"));
+  const auto recorded = gpu::data::sha256_file_hex(shard);
+  manifest["shards"][0]["sha256"] = recorded;
+  std::ofstream(dir / "manifest.json") << manifest.dump(2);
+  {
+    // The first token of the last sample: its low bit.
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    f.read(reinterpret_cast<char*>(&header), 8);
+    const int64_t tokens_at = 8 + static_cast<int64_t>(header) + 8 * 25;  // after offsets[25]
+    int64_t before_last = 0;
+    for (int64_t k = 0; k < 23; ++k)
+      before_last += sample_length(k);
+    f.seekg(tokens_at + 4 * before_last);
+    char low = 0;
+    f.read(&low, 1);
+    low ^= 1;
+    f.seekp(tokens_at + 4 * before_last);
+    f.write(&low, 1);
+  }
+  const auto actual = gpu::data::sha256_file_hex(shard);
+  CAF_REQUIRE(actual != recorded);
+  auto p = spawn(0, prefetch_options(dir));
+  auto ex = watch(sys, p);
+  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
+  self->send(p, credit_atom::value, int32_t{4});
+  run();
+  CAF_REQUIRE_EQUAL(ex->reasons.size(), 1u);
+  CAF_CHECK(is(ex->reasons[0], errc::bad_input));
+  const auto text = sys.render(ex->reasons[0]);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "prefetch 0"));
+  CAF_CHECK(contains(text, shard.string()));
+  CAF_CHECK(contains(text, "sha256 is " + actual));
+  CAF_CHECK(contains(text, "shards[0].sha256 = '" + recorded + "'"));
+  CAF_CHECK(log->batches.empty());
+  CAF_CHECK_EQUAL(gpu::transport::live_handles(), handles_at_start);
 }
 
 CAF_TEST(an unexpected message is answered with unexpected_message) {

@@ -5,8 +5,9 @@
 // death is then not reported), waits its backoff on the deterministic
 // clock, spawns from the named checkpoint and announces the new incarnation;
 // the budget counts failures within window_s and refuses past it with a
-// report; the other workers' deaths are escalated; after shutdown nothing
-// happens.  (The coordinator's side, with this supervisor in the loop, is
+// report; a drafter that ended with errc::bad_input (deterministic: a
+// truncated target file) is refused its restart at once; the other workers'
+// deaths are escalated; after shutdown nothing happens.  (The coordinator's side, with this supervisor in the loop, is
 // coordinator_protocol_test.cpp.)
 #define CAF_SUITE supervisor_protocol
 
@@ -212,6 +213,44 @@ CAF_TEST(backoff grows per restart and its last value repeats) {
   }
   CAF_CHECK_EQUAL(waits, (std::vector<double>{1, 2, 2}));
   CAF_CHECK_EQUAL(respawns.size(), 3u);
+}
+
+CAF_TEST(a drafter that ends with bad input is not restarted: the restart is refused at once) {
+  // Issue 19: a truncated target file fails every incarnation the same way,
+  // so four restarts with backoff only delay the error.  The death is
+  // reported as any other (the coordinator rolls back and asks); the
+  // restart is refused with errc::bad_input and the drafter's own reason,
+  // not counted against the budget, and nothing is respawned.
+  start(options(3, {0.5}));
+  const std::string reason = "drafter 0: config/t/model.safetensors: truncated: header length "
+                             "1024 goes past the end of the file (100 bytes)";
+  end_with(peers.drafters[0], make_error(errc::bad_input, reason));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->down.size(), 1u);
+  CAF_CHECK(contains(log->down[0].second, "model.safetensors: truncated"));
+  auto refused = restart(0, "drafter 0 died at step 1: " + log->down[0].second, "");
+  CAF_REQUIRE(refused->error.has_value());
+  CAF_CHECK(is(*refused->error, errc::bad_input));
+  const auto text = sys.render(*refused->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "drafter 0 cannot start"));
+  CAF_CHECK(contains(text, "model.safetensors: truncated: header length 1024"));
+  CAF_CHECK(contains(text, "not retried"));
+  advance_time(60s);
+  sched.run();
+  CAF_CHECK(respawns.empty());
+  CAF_CHECK(log->up.empty());
+  // A later request is refused too; another drafter's failure is still
+  // restarted as before.
+  CAF_CHECK(restart(0, "again", "")->error.has_value());
+  end_with(peers.drafters[1], make_error(errc::device_failure, "CUDA error: boom"));
+  sched.run();
+  auto other = restart(1, "drafter 1 died", "");
+  CAF_REQUIRE(other->value.has_value());
+  CAF_CHECK_EQUAL(other->value->restart, 1);
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(respawns.size(), 1u);
 }
 
 CAF_TEST(the death of a worker that is not restarted is escalated) {

@@ -128,6 +128,40 @@ CAF_TEST(a target whose weights do not load ends with bad_input naming them) {
   CAF_CHECK(contains(text, "no_such_model"));
 }
 
+CAF_TEST(a truncated target file ends the target with bad_input naming it; a missing GPU is not bad input) {
+  // Issue 19: bad_input means deterministic (the supervisor never retries
+  // it), so the target keeps the engine's own code: a truncated weights
+  // file is bad input, a GPU this host does not have is device_unavailable.
+  const auto dir = tmp.dir / "truncated_target";
+  fs::create_directories(dir);
+  fs::copy_file(tiny_target() / "config.json", dir / "config.json");
+  const auto weights = tiny_target() / "model.safetensors";
+  fs::copy_file(weights, dir / "model.safetensors");
+  fs::resize_file(dir / "model.safetensors", fs::file_size(weights) / 2);
+  auto o = target_options();
+  o.dir = dir;
+  auto t = spawn_target<caf::no_spawn_options>(sys, 2, o, coord);
+  auto ex = watch(sys, t);
+  run();
+  CAF_REQUIRE_EQUAL(ex->reasons.size(), 1u);
+  CAF_CHECK(is(ex->reasons[0], errc::bad_input));
+  auto text = sys.render(ex->reasons[0]);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "target 2"));
+  CAF_CHECK(contains(text, (dir / "model.safetensors").string()));
+  CAF_CHECK(contains(text, "truncated"));
+
+  o = target_options();
+  o.device = 64;  // no host has it
+  auto g = spawn_target<caf::no_spawn_options>(sys, 4, o, coord);
+  auto gone = watch(sys, g);
+  run();
+  CAF_REQUIRE_EQUAL(gone->reasons.size(), 1u);
+  CAF_CHECK(is(gone->reasons[0], errc::device_unavailable));
+  CAF_MESSAGE(sys.render(gone->reasons[0]));
+  CAF_CHECK(log->work.empty());
+}
+
 CAF_TEST(an unexpected message is answered with unexpected_message) {
   auto t = spawn_target<caf::no_spawn_options>(sys, 0, target_options(), coord);
   auto a = ask<std::string>(sys, caf::actor_cast<caf::actor>(t), int32_t{5});

@@ -7,6 +7,9 @@
 #include "gpu/pch.hpp"
 
 #include <algorithm>
+#include <thread>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,10 +30,15 @@
 
 #include "bench/data_bench.hpp"
 #include "gpu/data/dataset.hpp"
+#include "gpu/data/identity.hpp"
 #include "gpu/data/order.hpp"
 #include "gpu/data/packer.hpp"
 #include "gpu/data/sha256.hpp"
+#include "gpu/data/verify_once.hpp"
 #include "gpu/device/error.hpp"
+#include "gpu/engine/prefetch_engine.hpp"
+#include "gpu/io/model_tokens.hpp"
+#include "gpu/transport/transport.hpp"
 #include "gpu/models/common.hpp"
 #include "gpu/io/safetensors.hpp"
 #include "tests/unit/expect_error.hpp"
@@ -112,10 +120,6 @@ void write_shard(const fs::path& p, const shard_tensors& t,
                  const std::map<std::string, std::string>& meta) {
   save_safetensors(p, {{"tokens", t.tokens}, {"loss_mask", t.loss_mask}, {"offsets", t.offsets}},
                    meta);
-}
-
-json read_manifest(const fs::path& dir) {
-  return json::parse(read_bytes(dir / "manifest.json"));
 }
 
 void write_manifest(const fs::path& dir, const json& m) {
@@ -487,7 +491,13 @@ TEST_F(data_test, rejects_counts_that_disagree_with_the_manifest) {
   m["shards"][0]["num_supervised"] = m["shards"][0]["num_supervised"].get<int64_t>() + 1;
   m["totals"]["supervised"] = m["totals"]["supervised"].get<int64_t>() + 1;
   write_manifest(dir_, m);
-  expect_bad_input([&] { dataset{dir_}; },
+  // The supervised count needs the mask's bytes: checked with the values
+  // (at open when asked, else by verify_shard before the shard is used).
+  dataset_options values;
+  values.check_values = true;
+  expect_bad_input([&] { dataset(dir_, values); },
+                   {"shard-00000.safetensors", "loss_mask holds", "shards[0].num_supervised"});
+  expect_bad_input([&] { dataset(dir_).verify_shard(0); },
                    {"shard-00000.safetensors", "loss_mask holds", "shards[0].num_supervised"});
 }
 
@@ -576,21 +586,208 @@ TEST_F(data_test, rejects_token_ids_outside_the_vocabulary) {
   int64_t i = 1;  // the first sample after 0 with two tokens or more
   while (off[i + 1] - off[i] < 2)
     ++i;
-  const int64_t k = off[i] + 1;  // inside sample i
+  const int64_t k = off[i] + 1;  // inside sample i, at position 1
   t.tokens.mutable_data_ptr<int32_t>()[k] = 1000;
   write_shard(shard(0), t, shard_metadata(7, t.tokens.numel()));
-  expect_bad_input([&] { dataset{dir_}; },
-                   {"shard-00000.safetensors", "tokens[" + std::to_string(k) + "] = 1000",
-                    "tokenizer.vocab_size = 1000",
-                    "sample " + std::to_string(i) + " of the shard, global id " + std::to_string(i)});
+  const std::vector<std::string> names{
+    "shard-00000.safetensors", "tokens[" + std::to_string(k) + "] = 1000",
+    "tokenizer.vocab_size = 1000",
+    "sample " + std::to_string(i) + " of the shard, global id " + std::to_string(i)
+      + ", position 1 in it"};
+  dataset_options values;
+  values.check_values = true;
+  expect_bad_input([&] { dataset(dir_, values); }, names);
+  // Opening alone reads no token (the prefetch engine verifies each shard in
+  // the background); verify_shard finds it, without the hash (the bytes were
+  // rewritten on purpose) and with it (the hash is checked first).
+  const dataset ds(dir_);
+  EXPECT_EQ(ds.num_samples(), 18);
+  shard_check values_only;
+  values_only.sha256 = false;
+  expect_bad_input([&] { ds.verify_shard(0, values_only); }, names);
+  expect_bad_input([&] { ds.verify_shard(0); }, {"shard-00000.safetensors", "sha256 is"});
+  EXPECT_NO_THROW(ds.verify_shard(2));
   t.tokens.mutable_data_ptr<int32_t>()[k] = -1;
   write_shard(shard(0), t, shard_metadata(7, t.tokens.numel()));
-  expect_bad_input([&] { dataset{dir_}; },
+  expect_bad_input([&] { dataset(dir_, values); },
                    {"shard-00000.safetensors", "tokens[" + std::to_string(k) + "] = -1"});
   // Not checked when asked not to.
   dataset_options o;
   o.check_values = false;
   EXPECT_EQ(dataset(dir_, o).num_samples(), 18);
+}
+
+TEST_F(data_test, verify_shard_checks_token_ids_against_the_target_vocabulary) {
+  // The target's embedding may have fewer rows than the manifest's
+  // tokenizer claims: an id past it must never reach the embedding lookup.
+  write_small(1000);
+  const dataset ds(dir_);
+  int32_t max_id = 0;
+  for (int64_t id = 0; id < ds.num_samples(); ++id) {
+    const auto x = ds.sample(id);
+    for (int64_t j = 0; j < x.length; ++j)
+      max_id = std::max(max_id, x.tokens[j]);
+  }
+  shard_check check;
+  check.vocab_size = max_id + 1;
+  check.vocab_source = "vocab_size of /models/q/config.json";
+  for (size_t sh = 0; sh < ds.num_shards(); ++sh)
+    EXPECT_NO_THROW(ds.verify_shard(sh, check));
+  check.vocab_size = max_id;  // the largest id is now one past the embedding
+  int failed = 0;
+  for (size_t sh = 0; sh < ds.num_shards(); ++sh) {
+    try {
+      ds.verify_shard(sh, check);
+    } catch (const gpu::error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.code(), errc::bad_input);
+      EXPECT_TRUE(test::contains(what, shard_file_name(static_cast<int64_t>(sh)))) << what;
+      EXPECT_TRUE(test::contains(what, "= " + std::to_string(max_id)
+                                         + " is not in [0, vocab_size of /models/q/config.json = "
+                                         + std::to_string(max_id) + ")"))
+        << what;
+      EXPECT_TRUE(test::contains(what, "global id") && test::contains(what, "position")) << what;
+      ++failed;
+    }
+  }
+  EXPECT_GE(failed, 1);
+  // A target vocabulary larger than the tokenizer's does not loosen the check.
+  check.vocab_size = 5000;
+  for (size_t sh = 0; sh < ds.num_shards(); ++sh)
+    EXPECT_NO_THROW(ds.verify_shard(sh, check));
+}
+
+TEST_F(data_test, verify_shard_catches_one_flipped_low_bit) {
+  // Issue 19: a single flipped low bit in a token is a valid id with valid
+  // counts; only the manifest's sha256 can tell.
+  const auto good = write_small();
+  auto bytes = read_bytes(shard(2));
+  {
+    const dataset before(dir_);
+    const auto v = before.sample(before.manifest().shards[2].first_sample + 4);
+    // Find the sample's tokens in the file's bytes.
+    const std::string needle(reinterpret_cast<const char*>(v.tokens),
+                             static_cast<size_t>(v.length) * 4);
+    const auto at = bytes.find(needle);
+    ASSERT_NE(at, std::string::npos);
+    bytes[at] = static_cast<char>(bytes[at] ^ 1);  // the low bit of the sample's first token
+  }
+  write_bytes(shard(2), bytes);
+  const dataset ds(dir_);  // opens: the structure is intact
+  EXPECT_EQ(ds.num_samples(), 18);
+  shard_check values_only;
+  values_only.sha256 = false;
+  EXPECT_NO_THROW(ds.verify_shard(2, values_only));  // a valid id: the values cannot tell
+  const auto expected = good["shards"][2]["sha256"].get<std::string>();
+  const auto actual = sha256_file_hex(shard(2));
+  EXPECT_NE(actual, expected);
+  expect_bad_input([&] { ds.verify_shard(2); },
+                   {shard(2).string(), "sha256 is " + actual,
+                    "manifest.json shards[2].sha256 = '" + expected + "'",
+                    "changed after `tandem prepare`"});
+  EXPECT_NO_THROW(ds.verify_shard(0));
+}
+
+TEST_F(data_test, verify_shard_once_reads_each_shard_once_per_process) {
+  // Several prefetch engines (one per target) share the shards' results: a
+  // shard verified once is not read again while its file is unchanged
+  // (path, size, modification time), and a failure is remembered too.
+  write_small();
+  const dataset ds(dir_);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] {
+      verify_shard_once(ds, 2, {});
+      ++ok;
+    });
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(ok.load(), 4);
+  // Change one byte behind the cache's back (same size, the old mtime):
+  // the cached result stands, the direct check sees it.
+  const auto when = fs::last_write_time(shard(2));
+  auto bytes = read_bytes(shard(2));
+  bytes[bytes.size() - 1] = static_cast<char>(bytes.back() ^ 1);
+  write_bytes(shard(2), bytes);
+  fs::last_write_time(shard(2), when);
+  EXPECT_NO_THROW(verify_shard_once(ds, 2, {}));
+  expect_bad_input([&] { ds.verify_shard(2); }, {"shard-00002.safetensors", "sha256 is"});
+  // A new modification time is a new file: verified again, and its failure
+  // is given to every later caller.
+  fs::last_write_time(shard(2), when + std::chrono::seconds(1));
+  expect_bad_input([&] { verify_shard_once(ds, 2, {}); }, {"shard-00002.safetensors", "sha256 is"});
+  expect_bad_input([&] { verify_shard_once(ds, 2, {}); }, {"shard-00002.safetensors", "sha256 is"});
+  // Another check is another result: without the hash, the flipped mask
+  // byte (the file's last) shows as a wrong supervised count.
+  shard_check values_only;
+  values_only.sha256 = false;
+  expect_bad_input([&] { verify_shard_once(ds, 2, values_only); },
+                   {"shard-00002.safetensors", "loss_mask holds"});
+}
+
+TEST_F(data_test, manifest_special_tokens_are_read_and_checked) {
+  auto m = write_small();
+  EXPECT_FALSE(read_manifest(dir_).special_tokens_recorded);  // an older manifest
+  m["tokenizer"]["eos_token_id"] = 7;
+  m["tokenizer"]["bos_token_id"] = nullptr;
+  m["tokenizer"]["pad_token_id"] = 5;
+  write_manifest(dir_, m);
+  const auto info = read_manifest(dir_ / "manifest.json");
+  EXPECT_TRUE(info.special_tokens_recorded);
+  EXPECT_EQ(info.eos_token_id, 7);
+  EXPECT_EQ(info.bos_token_id, -1);
+  EXPECT_EQ(info.pad_token_id, 5);
+  m["tokenizer"]["eos_token_id"] = 1000;
+  write_manifest(dir_, m);
+  expect_bad_input([&] { read_manifest(dir_); },
+                   {"manifest.json", "tokenizer.eos_token_id = 1000", "tokenizer.vocab_size = 1000"});
+  m["tokenizer"]["eos_token_id"] = "x";
+  write_manifest(dir_, m);
+  expect_bad_input([&] { read_manifest(dir_); }, {"manifest.json", "tokenizer.eos_token_id"});
+}
+
+TEST(identity_test, manifest_tokenizer_against_the_target_config) {
+  manifest_info m;
+  m.vocab_size = 151669;  // Qwen3's tokenizer: fewer ids than the embedding's 151936 rows
+  m.special_tokens_recorded = true;
+  m.eos_token_id = 151645;
+  m.bos_token_id = -1;   // Qwen3's tokenizer has none; its config names one
+  m.pad_token_id = 151643;
+  model_tokens q;
+  q.vocab_size = 151936;
+  q.eos_token_ids = {151645};
+  q.bos_token_id = 151643;
+  q.file = "/models/q/config.json";
+  EXPECT_TRUE(check_tokenizer_identity(m, "/d/manifest.json", q).empty());
+  q.eos_token_ids = {151643, 151645};  // a list, as some configs give
+  EXPECT_TRUE(check_tokenizer_identity(m, "/d/manifest.json", q).empty());
+
+  auto other = m;
+  other.vocab_size = 200000;
+  expect_bad_input([&] { check_tokenizer_identity(other, "/d/manifest.json", q); },
+                   {"/d/manifest.json", "tokenizer.vocab_size = 200000",
+                    "/models/q/config.json has vocab_size = 151936", "another model"});
+  other = m;
+  other.eos_token_id = 2;
+  expect_bad_input([&] { check_tokenizer_identity(other, "/d/manifest.json", q); },
+                   {"/d/manifest.json", "tokenizer.eos_token_id = 2",
+                    "eos_token_id = [151643, 151645]"});
+  other = m;
+  other.bos_token_id = 1;
+  expect_bad_input([&] { check_tokenizer_identity(other, "/d/manifest.json", q); },
+                   {"/d/manifest.json", "tokenizer.bos_token_id = 1", "bos_token_id = 151643"});
+  // An old manifest: the vocabulary is still checked; the rest is a warning.
+  other = m;
+  other.special_tokens_recorded = false;
+  other.eos_token_id = 2;
+  const auto warnings = check_tokenizer_identity(other, "/d/manifest.json", q);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_TRUE(test::contains(warnings[0], "/d/manifest.json")) << warnings[0];
+  EXPECT_TRUE(test::contains(warnings[0], "no special token ids")) << warnings[0];
+  other.vocab_size = 200000;
+  expect_bad_input([&] { check_tokenizer_identity(other, "/d/manifest.json", q); },
+                   {"tokenizer.vocab_size = 200000"});
 }
 
 TEST_F(data_test, rejects_loss_mask_values_other_than_0_and_1) {
@@ -600,9 +797,15 @@ TEST_F(data_test, rejects_loss_mask_values_other_than_0_and_1) {
   ASSERT_LT(k, t.loss_mask.numel());
   t.loss_mask.mutable_data_ptr<uint8_t>()[k] = 2;
   write_shard(shard(2), t, shard_metadata(11, t.tokens.numel()));
-  expect_bad_input([&] { dataset{dir_}; },
-                   {"shard-00002.safetensors", "loss_mask[" + std::to_string(k) + "] = 2",
-                    "expected 0 or 1", "global id"});
+  const std::vector<std::string> names{"shard-00002.safetensors",
+                                       "loss_mask[" + std::to_string(k) + "] = 2",
+                                       "expected 0 or 1", "global id"};
+  dataset_options values;
+  values.check_values = true;
+  expect_bad_input([&] { dataset(dir_, values); }, names);
+  shard_check values_only;
+  values_only.sha256 = false;
+  expect_bad_input([&] { dataset(dir_).verify_shard(2, values_only); }, names);
 }
 
 TEST_F(data_test, verify_catches_a_changed_shard_and_a_wrong_content_hash) {
@@ -627,6 +830,196 @@ TEST_F(data_test, verify_catches_a_changed_shard_and_a_wrong_content_hash) {
   write_manifest(dir_, m);
   EXPECT_EQ(dataset(dir_).num_samples(), 18);
   expect_bad_input([&] { dataset(dir_, verify); }, {"manifest.json", "content_hash"});
+}
+
+// ------------------------------------------------- prefetch verification --
+
+/// A Qwen3 config.json with `vocab` rows and the given special tokens.
+std::string target_config(int64_t vocab, const std::string& extra = "") {
+  return "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": " + std::to_string(vocab)
+         + ", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+           "\"num_attention_heads\": 2" + extra + "}";
+}
+
+prefetch_engine_options engine_options(const fs::path& dir, int64_t rows = 4) {
+  prefetch_engine_options o;
+  o.dataset = dir;
+  o.rows = rows;
+  o.seq_len = 64;
+  o.max_docs = 8;
+  return o;
+}
+
+TEST_F(data_test, prefetch_verifies_every_shard_in_the_background) {
+  write_small();
+  const auto live = transport::live_handles();
+  prefetch_engine e(engine_options(dir_));
+  e.start_epoch(0);
+  int64_t batches = 0;
+  while (auto b = e.next()) {
+    e.release(b->handle);
+    ++batches;
+  }
+  EXPECT_GT(batches, 0);
+  EXPECT_EQ(transport::live_handles(), live);
+  const auto v = e.verification();
+  EXPECT_EQ(v.shards, 3);
+  EXPECT_EQ(v.verified, 3);  // every shard a batch read was verified first; the empty one too
+  EXPECT_EQ(v.bytes, static_cast<int64_t>(fs::file_size(shard(0)) + fs::file_size(shard(1))
+                                          + fs::file_size(shard(2))));
+  EXPECT_TRUE(e.warnings().empty());
+}
+
+TEST_F(data_test, prefetch_publishes_no_batch_from_a_shard_whose_bytes_changed) {
+  // One flipped low bit in a token, after `prepare`: the engine opens (the
+  // structure is intact) and the first batch that would read the shard
+  // throws instead, naming the file and its sha256; nothing is staged.
+  const auto good = write_small();
+  auto bytes = read_bytes(shard(0));
+  const auto t = to_tensors(shards_[0]);
+  const std::string needle(reinterpret_cast<const char*>(t.tokens.const_data_ptr<int32_t>()), 4 * 8);
+  const auto at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = static_cast<char>(bytes[at] ^ 1);
+  write_bytes(shard(0), bytes);
+  const auto live = transport::live_handles();
+  for (int64_t rows : {64, 1}) {  // every sample in the first batch; or one row at a time
+    prefetch_engine e(engine_options(dir_, rows));
+    e.start_epoch(0);
+    std::string what;
+    int64_t published = 0;
+    try {
+      while (auto b = e.next()) {
+        for (auto id : b->sample_ids)
+          EXPECT_GE(id, 7) << "a sample of shard 0 was published";
+        e.release(b->handle);
+        ++published;
+      }
+    } catch (const gpu::error& err) {
+      EXPECT_EQ(err.code(), errc::bad_input);
+      what = err.what();
+    }
+    EXPECT_TRUE(test::contains(what, shard(0).string())) << what;
+    EXPECT_TRUE(test::contains(what, "sha256 is")) << what;
+    EXPECT_TRUE(test::contains(what, good["shards"][0]["sha256"].get<std::string>())) << what;
+    if (rows == 64)
+      EXPECT_EQ(published, 0);
+    EXPECT_EQ(transport::live_handles(), live);
+  }
+}
+
+TEST_F(data_test, prefetch_checks_the_manifest_and_token_ids_against_the_target) {
+  auto m = write_small(1000);
+  const auto target = dir_ / "target";
+  fs::create_directories(target);
+  write_bytes(target / "config.json", target_config(1000, ", \"eos_token_id\": 7"));
+  auto o = engine_options(dir_);
+  o.target = target;
+  {
+    prefetch_engine e(o);  // an old manifest: a warning, not an error
+    ASSERT_EQ(e.warnings().size(), 1u);
+    EXPECT_TRUE(test::contains(e.warnings()[0], "no special token ids")) << e.warnings()[0];
+  }
+  m["tokenizer"]["eos_token_id"] = 8;
+  m["tokenizer"]["bos_token_id"] = nullptr;
+  m["tokenizer"]["pad_token_id"] = nullptr;
+  write_manifest(dir_, m);
+  expect_bad_input([&] { prefetch_engine{o}; },
+                   {(dir_ / "manifest.json").string(), "tokenizer.eos_token_id = 8",
+                    (target / "config.json").string(), "eos_token_id = 7"});
+  m["tokenizer"]["eos_token_id"] = 7;
+  write_manifest(dir_, m);
+  EXPECT_TRUE(prefetch_engine(o).warnings().empty());
+  // A target with fewer rows than the tokenizer's vocabulary.
+  write_bytes(target / "config.json", target_config(500, ", \"eos_token_id\": 7"));
+  expect_bad_input([&] { prefetch_engine{o}; },
+                   {"manifest.json", "tokenizer.vocab_size = 1000", "has vocab_size = 500"});
+}
+
+TEST_F(data_test, prefetch_never_stages_a_token_past_the_vocabulary) {
+  // A token past the vocabulary in a shard whose sha256 matches (a
+  // manifest edited by hand, or a bug in a writer): refused on the host,
+  // naming the shard, the sample, the position and the vocabulary, before
+  // any batch reaches the device.  (A target with fewer rows than the
+  // manifest's vocab_size is refused before that, by the manifest check;
+  // verify_shard's own test covers the target's limit.)
+  shards_ = {make_samples(7, 1, 40, 900, 1), {}, make_samples(11, 0, 30, 900, 2)};
+  auto m = write_dataset(dir_, shards_, 1000);
+  auto t = to_tensors(shards_[2]);
+  size_t i = 0;  // the first sample of shard 2 with three tokens or more
+  while (shards_[2][i].tokens.size() < 3)
+    ++i;
+  t.tokens.mutable_data_ptr<int32_t>()[t.offsets.const_data_ptr<int64_t>()[i] + 2] = 950;
+  write_shard(shard(2), t, shard_metadata(11, t.tokens.numel()));
+  m["shards"][2]["sha256"] = sha256_file_hex(shard(2));  // as a writer would have recorded it
+  m.erase("content_hash");
+  write_manifest(dir_, m);
+  const auto target = dir_ / "target";
+  fs::create_directories(target);
+  write_bytes(target / "config.json", target_config(1000));
+  auto o = engine_options(dir_, 64);
+  o.target = target;
+  {
+    prefetch_engine e(o);
+    e.start_epoch(0);
+    auto b = e.next();  // 950 < 1000: fine
+    ASSERT_TRUE(b.has_value());
+    e.release(b->handle);
+  }
+  m["tokenizer"]["vocab_size"] = 950;
+  write_manifest(dir_, m);
+  const auto live = transport::live_handles();
+  prefetch_engine e(o);
+  e.start_epoch(0);
+  expect_bad_input([&] { e.next(); },
+                   {shard(2).string(), "= 950 is not in [0, tokenizer.vocab_size = 950)",
+                    "sample " + std::to_string(i) + " of the shard, global id "
+                      + std::to_string(7 + i) + ", position 2 in it"});
+  EXPECT_EQ(transport::live_handles(), live);
+}
+
+TEST_F(data_test, verify_cost_per_gb) {
+  // The cost docs/data.md states: one shard of 16 Mi tokens (80 MiB with its
+  // mask), verified three times from the page cache (the first read of a
+  // file from disk adds the disk's own time); prints the median.
+  constexpr int64_t n = 16 << 20;
+  auto tokens = at::randint(0, 151669, {n}, at::TensorOptions().dtype(at::kInt));
+  auto mask = at::randint(0, 2, {n}, at::TensorOptions().dtype(at::kByte));
+  auto offsets = at::arange(0, n + 1, 4096, at::TensorOptions().dtype(at::kLong));
+  const auto samples = offsets.numel() - 1;
+  ASSERT_EQ(offsets[samples].item<int64_t>(), n);
+  const auto name = shard_file_name(0);
+  write_shard(dir_ / name, {tokens, mask, offsets, mask.sum().item<int64_t>()},
+              shard_metadata(samples, n));
+  json m;
+  m["format"] = "tandem.dataset.v1";
+  m["tokenizer"] = {{"vocab_size", 151669}};
+  m["shards"] = {{{"file", name}, {"num_samples", samples}, {"num_tokens", n},
+                  {"num_supervised", mask.sum().item<int64_t>()},
+                  {"sha256", sha256_file_hex(dir_ / name)}}};
+  m["totals"] = {{"samples", samples}, {"tokens", n}, {"supervised", mask.sum().item<int64_t>()}};
+  write_manifest(dir_, m);
+  const dataset ds(dir_);
+  const double bytes = static_cast<double>(fs::file_size(dir_ / name));
+  auto median_of_3 = [&](const shard_check& c) {
+    std::vector<double> secs;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ds.verify_shard(0, c);
+      secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(secs.begin(), secs.end());
+    return secs[1];
+  };
+  shard_check values_only;
+  values_only.sha256 = false;
+  const double all = median_of_3({});
+  const double values = median_of_3(values_only);
+  std::printf("verify_shard: %.0f MB in %.3f s = %.2f s/GB (%.0f MB/s; SHA extensions %s); "
+              "the value scan alone %.3f s = %.2f s/GB\n",
+              bytes / 1e6, all, all / (bytes / 1e9), bytes / 1e6 / all,
+              sha256::hardware_available() ? "used" : "absent", values, values / (bytes / 1e9));
+  EXPECT_GT(all, values);
 }
 
 // -------------------------------------------------------------- packer --

@@ -16,6 +16,7 @@
 
 #include "gpu/device/error.hpp"
 #include "gpu/io/hf_config.hpp"
+#include "gpu/io/model_tokens.hpp"
 #include "tests/unit/expect_error.hpp"
 #include "tests/unit/files.hpp"
 
@@ -98,6 +99,33 @@ TEST_F(hf_config_test, qwen3_reads_the_transformers4_layout) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
+}
+
+TEST_F(hf_config_test, model_tokens_special_token_ids_one_a_list_or_none) {
+  // Compared with the data set's tokenizer (gpu/data/identity.hpp).
+  auto j = qwen3_8b();
+  j["eos_token_id"] = 151645;
+  j["bos_token_id"] = 151643;
+  j.erase("pad_token_id");
+  auto t = load_model_tokens(write("one.json", j));
+  EXPECT_EQ(t.vocab_size, 151936);
+  EXPECT_EQ(t.eos_token_ids, (std::vector<int64_t>{151645}));
+  EXPECT_EQ(t.bos_token_id, 151643);
+  EXPECT_EQ(t.pad_token_id, -1);
+  EXPECT_EQ(t.file, dir_ / "one.json");
+  j["eos_token_id"] = {151643, 151645};
+  j["bos_token_id"] = nullptr;
+  j["pad_token_id"] = 151643;
+  t = load_model_tokens(write("list.json", j));
+  EXPECT_EQ(t.eos_token_ids, (std::vector<int64_t>{151643, 151645}));
+  EXPECT_EQ(t.bos_token_id, -1);
+  EXPECT_EQ(t.pad_token_id, 151643);
+  EXPECT_EQ(load_model_tokens(dir_ / "list.json").file, dir_ / "list.json");
+  j["eos_token_id"] = "x";
+  expect_bad_input([&] { load_model_tokens(write("bad.json", j)); }, {"bad.json", "'eos_token_id'"});
+  j.erase("vocab_size");
+  expect_bad_input([&] { load_model_tokens(write("novocab.json", j)); },
+                   {"novocab.json", "missing field 'vocab_size'"});
 }
 
 TEST_F(hf_config_test, qwen3_accepts_the_directory_holding_config_json) {

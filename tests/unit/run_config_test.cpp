@@ -496,7 +496,7 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
   auto prefix = p.string() + ": ";
   EXPECT_EQ(error_of([&] { check_paths(c, true); }),
             prefix + "'model.target' = \"" + model.string() + "\": no such folder");
-  write("model/config.json", "{}");
+  write("model/config.json", "{\"vocab_size\": 16, \"num_hidden_layers\": 4}");
   EXPECT_EQ(error_of([&] { check_paths(c, true); }),
             prefix + "'model.target' = \"" + model.string() + "\": no *.safetensors weights there");
   write("model/model.safetensors", "x");
@@ -520,6 +520,44 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
               "\": no tokenizer.json (a Hugging Face tokenizer folder) there");
   write("model/tokenizer.json", "{}");
   EXPECT_NO_THROW(check_paths(s, false));
+}
+
+TEST_F(run_config_test, check_paths_checks_mask_token_and_taps_against_the_target) {
+  // Issue 19: drafter.mask_token_id outside the target's embedding and tap
+  // layers beyond its depth are config errors naming the config file, the
+  // field and the target's config.json, before any actor starts (today's
+  // engines find them only when a drafter loads: a failed worker, retried).
+  auto model = dir_ / "model";
+  write("model/config.json", "{\"vocab_size\": 2048, \"num_hidden_layers\": 8}");
+  write("model/model.safetensors", "x");
+  write("data/manifest.json", "{}");
+  auto p = write("t.toml", "[model]\ntarget = \"model\"\n[drafter]\nmask_token_id = 2047\n"
+                           "[data]\npath = \"data\"\n");
+  const auto json_file = (model / "config.json").string();
+  EXPECT_NO_THROW(check_paths(load_run_config(p), true));
+  EXPECT_NO_THROW(check_paths(load_run_config(p, {"model.tap_layers=0,7"}), true));
+  EXPECT_EQ(error_of([&] { check_paths(load_run_config(p, {"drafter.mask_token_id=2048"}), true); }),
+            p.string() + ": 'drafter.mask_token_id' = 2048 is not a row of the target's embedding: "
+              + json_file + " has vocab_size = 2048 (ids 0 .. 2047; Qwen3 uses 151669)");
+  EXPECT_EQ(error_of([&] { check_paths(load_run_config(p, {"model.tap_layers=1,5,8"}), true); }),
+            p.string() + ": 'model.tap_layers[2]' = 8 is not a layer of the target: " + json_file
+              + " has num_hidden_layers = 8 (layers 0 .. 7)");
+  // A negative id never gets this far: the reader refuses it, naming the key.
+  EXPECT_NE(error_of([&] { load_run_config(p, {"drafter.mask_token_id=-1"}); })
+              .find("'drafter.mask_token_id'"),
+            std::string::npos);
+  // The target's config.json must state both numbers.
+  write("model/config.json", "{\"vocab_size\": 2048}");
+  EXPECT_EQ(error_of([&] { check_paths(load_run_config(p), true); }),
+            p.string() + ": 'model.target': " + json_file
+              + ": field 'num_hidden_layers' must be a positive integer, and it is missing");
+  write("model/config.json", "{\"vocab_size\": \"big\", \"num_hidden_layers\": 8}");
+  EXPECT_EQ(error_of([&] { check_paths(load_run_config(p), true); }),
+            p.string() + ": 'model.target': " + json_file
+              + ": field 'vocab_size' must be a positive integer, got \"big\"");
+  write("model/config.json", "{\"vocab_size\": ");
+  EXPECT_NE(error_of([&] { check_paths(load_run_config(p), true); }).find("is not valid JSON"),
+            std::string::npos);
 }
 
 TEST_F(run_config_test, faults_from_toml_and_command_line) {

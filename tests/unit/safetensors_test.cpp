@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 
 #include "gpu/device/error.hpp"
 #include "gpu/io/safetensors.hpp"
+#include "gpu/models/qwen3.hpp"
 #include "tests/unit/expect_error.hpp"
 #include "tests/unit/files.hpp"
 
@@ -551,3 +553,80 @@ TEST_F(safetensors_test, tandem_written_file_reads_in_python) {
 }
 
 } // namespace
+
+// ------------------------------------------- a target that fits its config --
+
+namespace {
+
+/// A tiny Qwen3 folder (config.json + model.safetensors) written in C++:
+/// V 32, D 16, I 32, 2 heads of 8, 1 KV head, `layers` layers, tied head.
+std::map<std::string, at::Tensor> tiny_qwen3_tensors(int64_t layers) {
+  auto r = [](at::IntArrayRef shape) { return at::randn(shape); };
+  std::map<std::string, at::Tensor> t{{"model.embed_tokens.weight", r({32, 16})},
+                                      {"model.norm.weight", r({16})}};
+  for (int64_t i = 0; i < layers; ++i) {
+    const auto p = "model.layers." + std::to_string(i) + ".";
+    t[p + "input_layernorm.weight"] = r({16});
+    t[p + "post_attention_layernorm.weight"] = r({16});
+    t[p + "self_attn.q_proj.weight"] = r({16, 16});
+    t[p + "self_attn.k_proj.weight"] = r({8, 16});
+    t[p + "self_attn.v_proj.weight"] = r({8, 16});
+    t[p + "self_attn.o_proj.weight"] = r({16, 16});
+    t[p + "self_attn.q_norm.weight"] = r({8});
+    t[p + "self_attn.k_norm.weight"] = r({8});
+    t[p + "mlp.gate_proj.weight"] = r({32, 16});
+    t[p + "mlp.up_proj.weight"] = r({32, 16});
+    t[p + "mlp.down_proj.weight"] = r({16, 32});
+  }
+  return t;
+}
+
+std::string tiny_qwen3_config(int64_t layers) {
+  return "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 32, \"hidden_size\": 16, "
+         "\"intermediate_size\": 32, \"num_hidden_layers\": " + std::to_string(layers)
+         + ", \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, "
+           "\"tie_word_embeddings\": true}";
+}
+
+} // namespace
+
+TEST_F(safetensors_test, a_target_whose_weights_do_not_match_its_config_names_file_and_tensor) {
+  // Issue 19: a tensor's shape other than config.json implies, a missing
+  // tensor, more layers than the config, a truncated file: each a
+  // bad_input at load naming the weights' file and the tensor.
+  const auto model = dir_ / "target";
+  fs::create_directories(model);
+  const auto weights = model / "model.safetensors";
+  const auto config = model / "config.json";
+  auto load = [&] { return qwen3_target::load(model, at::kCPU, at::kFloat, {0, 1}, true); };
+  write_bytes(config, tiny_qwen3_config(2));
+  auto t = tiny_qwen3_tensors(2);
+  save_safetensors(weights, t);
+  EXPECT_EQ(load().config().num_hidden_layers, 2);
+
+  auto bad = t;
+  bad["model.layers.1.self_attn.k_proj.weight"] = at::randn({16, 16});  // 2 KV heads' worth
+  save_safetensors(weights, bad);
+  expect_bad_input(load, {weights.string(), "tensor model.layers.1.self_attn.k_proj.weight",
+                          "has shape [16, 16], expected [8, 16]", "do not match the config"});
+
+  bad = t;
+  bad.erase("model.layers.1.mlp.up_proj.weight");
+  save_safetensors(weights, bad);
+  expect_bad_input(load, {"missing tensor model.layers.1.mlp.up_proj.weight in " + weights.string()});
+
+  bad = t;
+  bad["model.embed_tokens.weight"] = at::randn({31, 16});  // a tokenizer's length, not the config's
+  save_safetensors(weights, bad);
+  expect_bad_input(load, {weights.string(), "model.embed_tokens.weight", "[31, 16]", "[32, 16]"});
+
+  // Three layers of weights, a config of two.
+  save_safetensors(weights, tiny_qwen3_tensors(3));
+  expect_bad_input(load, {"tensor model.layers.2.", "in " + weights.string(),
+                          "a layer past config.json's num_hidden_layers = 2"});
+
+  save_safetensors(weights, t);
+  const auto bytes = read_bytes(weights);
+  write_bytes(weights, bytes.substr(0, bytes.size() / 2));
+  expect_bad_input(load, {weights.string(), "truncated"});
+}

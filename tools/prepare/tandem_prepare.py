@@ -499,6 +499,11 @@ MANIFEST_OPTIONS = ("block_size", "min_supervised", "max_length", "last_turn_onl
                     "chat_template_kwargs")
 
 
+def _token_id(value):
+    """A special token id for the manifest: an int, or None when the tokenizer has none."""
+    return int(value) if isinstance(value, int) and value >= 0 else None
+
+
 def _differs_from_existing(out_dir, identity):
     """For --reuse: None when out_dir holds a complete data set with this identity; else what
     differs ("inputs", "options", ...), or "" when there is no complete data set there."""
@@ -748,6 +753,10 @@ def run(args):
             "sha256": sha256_file(os.path.join(args.tokenizer, "tokenizer.json")),
             "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
                                      if template is not None else None),
+            # Checked against the target's config.json by `tandem run` (docs/data.md).
+            "eos_token_id": _token_id(tokenizer.eos_token_id),
+            "bos_token_id": _token_id(tokenizer.bos_token_id),
+            "pad_token_id": _token_id(tokenizer.pad_token_id),
         },
         "options": identity["options"],
         "inputs": identity["inputs"],
