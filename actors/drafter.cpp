@@ -126,7 +126,9 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
             [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
             [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {}};
   } catch (const std::exception& e) {
-    self->quit(make_error(errc::bad_input, "drafter " + std::to_string(index) + ": " + e.what()));
+    // Not one of the engine's own errors (an allocation or a CUDA call that
+    // failed): a device failure, which the supervisor may retry.
+    self->quit(make_error(errc::device_failure, "drafter " + std::to_string(index) + ": " + e.what()));
     return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
             [](const group_spec&) { return int64_t{0}; },
             [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },

@@ -25,7 +25,10 @@
 ///   checkpoint `from` ("" = fresh weights; "memory:<k>" = its restore point
 ///   in device memory, which must hold update k: if it does not, the new
 ///   incarnation fails at once and the coordinator falls back to the
-///   checkpoint).  The answer counts the failure
+///   checkpoint).  A drafter whose last incarnation ended with
+///   errc::bad_input (bad data, a truncated target file: the same on every
+///   try) is refused at once with bad_input and its reason, not counted
+///   against the budget: the run stops.  The answer counts the failure
 ///   in j's window (supervision.window_s): the restart's number, the budget
 ///   and the backoff before the new incarnation; past the budget, an error
 ///   (errc::device_failure) naming j and every failure in the window, and no
