@@ -161,9 +161,10 @@ def same(a, b):
                 diffs.append(f"{name}: {k} differs{describe(ta[k], tb[k])}")
     sa = json.load(open(os.path.join(a, "state.json")))
     sb = json.load(open(os.path.join(b, "state.json")))
-    for key in ("step", "generator"):
-        if sa.get(key) != sb.get(key):
-            diffs.append(f"state.json: {key} {sa.get(key)} != {sb.get(key)}")
+    if sa.get("step") != sb.get("step"):
+        diffs.append(f"state.json: step {sa.get('step')} != {sb.get('step')}")
+    if sa.get("generator") != sb.get("generator"):
+        diffs.append("state.json: generator state differs")
     la, lb = json.loads(sa["extra"]), json.loads(sb["extra"])
     for key in ("ledger", "step", "epoch"):
         if la.get(key) != lb.get(key):
@@ -183,7 +184,8 @@ def describe(x, y):
 
 def first_loss_difference(a, b):
     def losses(path):
-        return {x["step"]: x["loss"] for x in records(path) if x["event"] == "step"}
+        # (a non-finite step's record carries the step before it)
+        return {x["step"]: x["loss"] for x in records(path) if x["event"] == "step" and x["finite"]}
     la, lb = losses(a), losses(b)
     for k in sorted(set(la) | set(lb)):
         if la.get(k) != lb.get(k):

@@ -51,16 +51,24 @@ segments=$("$python" -c 'import json,sys; print(len(json.loads(sys.argv[1])))' "
 metrics="$work/soak/metrics.jsonl"
 expect_failures=0
 for ((i = 0; i < segments; i++)); do
-  read -r end at faults <<< "$("$python" -c '
-import json, sys
-g = json.loads(sys.argv[1])[int(sys.argv[2])]
-print(g["end"], g["at"], sum(k != "slow_snapshot" for k, _ in g["faults"]),
-      *[f"--fault drafter=0,kind={k},at_step={s}" for k, s in g["faults"]])' "$plan" "$i")"
-  read -r -a fault_args <<< "${faults#* }"; [[ "$faults" == *" "* ]] || fault_args=()
-  expect_failures=$((expect_failures + ${faults%% *}))
   # A kill before the first checkpoint was durable leaves nothing to resume
   # (--resume would say so and exit 2): start again, as a user would.
-  resume=(); ((i == 0)) || [[ -z "$(newest "$work/soak")" ]] || resume=(--resume)
+  resume=(); from=0
+  if ((i > 0)) && [[ -n "$(newest "$work/soak")" ]]; then
+    resume=(--resume)
+    from=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1] + "/state.json"))["step"])' \
+           "$(newest "$work/soak")")
+  fi
+  # This segment's faults: a throw, nan or hang at or before the step it
+  # resumes from cannot come (a signal stops a few steps after its step).
+  read -r end at faults <<< "$("$python" -c '
+import json, sys
+g, start = json.loads(sys.argv[1])[int(sys.argv[2])], int(sys.argv[3])
+kept = [(k, s) for k, s in g["faults"] if k == "slow_snapshot" or s > start]
+print(g["end"], g["at"], sum(k != "slow_snapshot" for k, _ in kept),
+      *[f"--fault drafter=0,kind={k},at_step={s}" for k, s in kept])' "$plan" "$i" "$from")"
+  read -r -a fault_args <<< "${faults#* }"; [[ "$faults" == *" "* ]] || fault_args=()
+  expect_failures=$((expect_failures + ${faults%% *}))
   offset=$(stat -c %s "$metrics" 2>/dev/null || echo 0)
   "$tandem" run "$work/run.toml" --set run.output_dir="$work/soak" "${common[@]}" "${fault_args[@]}" \
     "${resume[@]}" > "$work/soak-$i.log" 2>&1 &
@@ -83,7 +91,8 @@ print(g["end"], g["at"], sum(k != "slow_snapshot" for k, _ in g["faults"]),
       check test "$rc" = 137
     fi
   fi
-  echo "segment $i: ${resume[*]:-fresh}, ${fault_args[*]:-no faults}, $end at $at; newest checkpoint now:" \
+  how=fresh; ((${#resume[@]} == 0)) || how="--resume from step $from"
+  echo "segment $i: $how, ${fault_args[*]:-no faults}, $end at $at; newest checkpoint now:" \
        "$(basename "$(newest "$work/soak")" 2>/dev/null) ($((SECONDS - t0)) s)"
 done
 
