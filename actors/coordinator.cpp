@@ -140,9 +140,9 @@ std::string status_json(coordinator_state& s) {
   return j.dump();
 }
 
-void on_exhausted(self_ptr self, int32_t source, int64_t epoch) {
+void on_exhausted(self_ptr self, int32_t source, int64_t epoch, int64_t generation) {
   auto& s = self->state;
-  if (epoch == s.epoch && source >= 0 && static_cast<size_t>(source) < s.exhausted.size())
+  if (epoch == s.epoch && generation == s.data_generation && source >= 0 && static_cast<size_t>(source) < s.exhausted.size())
     s.exhausted[static_cast<size_t>(source)] = true;
   maybe_end_epoch(self);
 }
@@ -181,7 +181,9 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](stop_atom) { on_stop(self); },
     [self](status_atom) { return status_json(self->state); },
     [self](batch_desc& batch) { on_batch(self, batch); },
-    [self](exhausted_atom, int32_t source, int64_t epoch) { on_exhausted(self, source, epoch); },
+    [self](exhausted_atom, int32_t source, int64_t epoch, int64_t generation) {
+      on_exhausted(self, source, epoch, generation);
+    },
     [self](work_item& w) { on_work_item(self, w); },
     [self](const step_report& r) { on_step_report(self, r); },
     [self](drafter_down_atom, int32_t d, const std::string& why) { on_drafter_down(self, d, why); },

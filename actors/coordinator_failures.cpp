@@ -95,20 +95,20 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
     s.discarded_to = std::max(s.discarded_to, s.step);
   s.step = restore_step;
   auto credit = drop_in_flight(self);
-  std::vector<std::vector<int64_t>> reissue(s.peers.prefetch.size());
-  for (auto id : back) {
-    auto it = s.sample_source.find(id);
-    const auto src = it == s.sample_source.end() ? 0 : it->second;
-    reissue[static_cast<size_t>(src)].push_back(id);
-    if (it != s.sample_source.end())
-      s.sample_source.erase(it);
-  }
-  (void)s.ledger->take_reissue(back.size());  // the prefetches re-pack them
+  for (auto id : back)
+    s.sample_source.erase(id);
+  (void)s.ledger->take_reissue(back.size());  // the prefetches pack them again
+  // Rewind every prefetch to the restore point: the epoch again, minus the
+  // samples the restored weights hold, as a new data generation.  Its packer
+  // then makes the batches an uninterrupted run makes after that step, so the
+  // steps trained again are the same steps (re-packing only the lost samples
+  // would batch them differently, and the weights would differ).  Batches
+  // packed before a prefetch sees this are dropped on arrival (on_batch).
+  ++s.data_generation;
+  const auto done = s.ledger->consumed();
+  s.exhausted.assign(s.peers.prefetch.size(), false);
   for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
-    if (!reissue[p].empty()) {
-      s.exhausted[p] = false;
-      self->send(s.peers.prefetch[p], reissue_atom::value, reissue[p]);
-    }
+    self->send(s.peers.prefetch[p], epoch_atom::value, s.epoch, s.data_generation, done);
     if (credit[p] > 0 && !s.stopping())
       self->send(s.peers.prefetch[p], credit_atom::value, credit[p]);
   }

@@ -270,9 +270,10 @@ void finish(self_ptr self, const std::string& reason) {
 void start_epoch(self_ptr self, const std::vector<int64_t>& done) {
   auto& s = self->state;
   s.exhausted.assign(s.peers.prefetch.size(), false);
+  ++s.data_generation;
   event(self, epoch_event{s.epoch, s.ledger->num_samples(), static_cast<int64_t>(done.size())});
   for (auto& p : s.peers.prefetch)
-    self->send(p, epoch_atom::value, s.epoch, done);
+    self->send(p, epoch_atom::value, s.epoch, s.data_generation, done);
 }
 
 namespace {
@@ -352,6 +353,13 @@ void on_batch(self_ptr self, batch_desc& batch) {
   auto& s = self->state;
   if (s.stopping()) {
     release(self, batch.source, batch.handle, 0);
+    return;
+  }
+  if (batch.generation != s.data_generation) {
+    // Packed before its prefetch saw a rollback: the rewound packer packs
+    // these samples again, in the uninterrupted run's batches.
+    release(self, batch.source, batch.handle, 0);
+    self->send(s.peers.prefetch[static_cast<size_t>(batch.source)], credit_atom::value, int32_t{1});
     return;
   }
   batch.batch_id = s.ledger->issue(batch.sample_ids);

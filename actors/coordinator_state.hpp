@@ -119,6 +119,7 @@ struct coordinator_state {
   std::set<int32_t> busy;
   std::vector<bool> exhausted;          ///< per prefetch, this epoch
   int64_t epoch = 0;
+  int64_t data_generation = 0;          ///< epoch starts and rollbacks so far (prefetch.hpp): older batches are stale
   int64_t step = 0;
 
   // Checkpoints.

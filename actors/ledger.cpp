@@ -133,6 +133,14 @@ void sample_ledger::next_epoch() {
   ++epoch_;
 }
 
+std::vector<int64_t> sample_ledger::consumed() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < num_samples_; ++i)
+    if (state_[static_cast<size_t>(i)] != state::pending)
+      out.push_back(i);
+  return out;
+}
+
 std::string sample_ledger::save() const {
   return save(-1);
 }

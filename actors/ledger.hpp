@@ -66,6 +66,10 @@ public:
   const counts& state_counts() const { return counts_; }
   bool is_committed(int64_t sample) const;
 
+  /// The samples of this epoch that are not pending (issued, trained or
+  /// committed), ascending: after a rollback, those the restore point holds.
+  std::vector<int64_t> consumed() const;
+
   /// The durable part of the ledger (epoch and committed samples), for a
   /// checkpoint's JSON state; `restore` takes it back.  In-flight and
   /// trained-but-uncommitted samples are deliberately not saved: after a

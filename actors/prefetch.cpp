@@ -25,6 +25,7 @@ struct prefetch_state {
   int32_t device = -1;
   int32_t credit = 0;
   int64_t epoch = -1;
+  int64_t generation = -1;
   bool exhausted = true;
 };
 
@@ -45,7 +46,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
     self->quit(make_error(errc::device_failure, std::string("prefetch ") + std::to_string(index) + ": " + e.what()));
   }
   if (!st.engine) {
-    return {[](shutdown_atom) {}, [](epoch_atom, int64_t, const std::vector<int64_t>&) {},
+    return {[](shutdown_atom) {}, [](epoch_atom, int64_t, int64_t, const std::vector<int64_t>&) {},
             [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
             [](release_atom, uint64_t) {}};
   }
@@ -71,11 +72,12 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
       }
       if (!b) {
         s.exhausted = true;
-        self->send(s.coordinator, exhausted_atom::value, s.index, s.epoch);
+        self->send(s.coordinator, exhausted_atom::value, s.index, s.epoch, s.generation);
         break;
       }
       batch_desc d;
       d.epoch = s.epoch;
+      d.generation = s.generation;
       d.source = s.index;
       d.sample_ids = std::move(b->sample_ids);
       d.rows = b->rows;
@@ -88,9 +90,10 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
     }
   };
   return {
-    [self, pump](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
+    [self, pump](epoch_atom, int64_t epoch, int64_t generation, const std::vector<int64_t>& done) {
       auto& s = self->state;
       s.epoch = epoch;
+      s.generation = generation;
       try {
         s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
       } catch (const gpu::error& e) {

@@ -119,7 +119,7 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<stop_atom>,
   caf::replies_to<status_atom>::with<std::string>,
   caf::reacts_to<batch_desc>,
-  caf::reacts_to<exhausted_atom, int32_t, int64_t>,  ///< prefetch index, epoch
+  caf::reacts_to<exhausted_atom, int32_t, int64_t, int64_t>,  ///< prefetch index, epoch, generation
   caf::reacts_to<work_item>,
   caf::reacts_to<step_report>,
   caf::reacts_to<tick_atom>,

@@ -27,6 +27,7 @@ typename Inspector::result_type inspect(Inspector& f, device_ref& x) {
 struct batch_desc {
   int64_t batch_id = -1;             ///< the ledger's id
   int64_t epoch = 0;
+  int64_t generation = 0;            ///< the data generation it was packed in (see prefetch.hpp)
   int32_t source = 0;                ///< prefetch index
   std::vector<int64_t> sample_ids;   ///< every sample in the batch
   int64_t rows = 0, seq_len = 0;
@@ -37,7 +38,8 @@ struct batch_desc {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, batch_desc& x) {
-  return f(caf::meta::type_name("tandem.batch_desc"), x.batch_id, x.epoch, x.source, x.sample_ids,
+  return f(caf::meta::type_name("tandem.batch_desc"), x.batch_id, x.epoch, x.generation, x.source,
+           x.sample_ids,
            x.rows, x.seq_len, x.real_tokens, x.where, x.handle);
 }
 

@@ -302,6 +302,7 @@ void prefetch_engine::start_epoch(int64_t epoch, const std::unordered_set<int64_
   data::cursor from;
   from.epoch = epoch;
   m.epoch_packer.emplace(m.ds, std::move(order), m.packing(), from);
+  m.reissue_queue.clear();
 }
 
 void prefetch_engine::reissue(const std::vector<int64_t>& sample_ids) {

@@ -74,7 +74,8 @@ public:
   int64_t dataset_samples() const;
 
   /// Starts `epoch`: this rank's order, minus the samples in `done` (already
-  /// committed, on a resumed run).
+  /// committed, on a resumed run; trained into the restore point, after a
+  /// rollback).  Drops the re-issue queue.
   void start_epoch(int64_t epoch, const std::unordered_set<int64_t>& done = {});
 
   /// Samples to pack before anything else (re-issued after a rollback).

@@ -7,6 +7,8 @@ import sys
 
 lines = [json.loads(line) for line in open(sys.argv[1])]
 steps = [x for x in lines if x["event"] == "step"]
+# A non-finite step's record (an injected NaN) has loss null: not averaged.
+finite = [x for x in steps if x.get("finite", True)]
 
 
 def events(kind):
@@ -21,8 +23,8 @@ for x in lines:
     if x["event"] == "checkpoint":
         per_epoch[str(epoch)] = x["committed"]
 print(json.dumps({
-    "first": sum(s["loss"] for s in steps[:5]) / max(1, len(steps[:5])),
-    "last": sum(s["loss"] for s in steps[-5:]) / max(1, len(steps[-5:])),
+    "first": sum(s["loss"] for s in finite[:5]) / max(1, len(finite[:5])),
+    "last": sum(s["loss"] for s in finite[-5:]) / max(1, len(finite[-5:])),
     "steps": len(steps),
     "failed": len(events("drafter_failed")),
     "restarted": len(events("drafter_restarted")),

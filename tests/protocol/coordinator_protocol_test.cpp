@@ -341,7 +341,7 @@ CAF_TEST(the drafter data wait reaches the metrics) {
   CAF_CHECK_EQUAL(w->reports[0].compute_ms, 3.0);
 }
 
-CAF_TEST(a drafter that dies is respawned from the newest checkpoint and its samples re-issued) {
+CAF_TEST(a drafter that dies is respawned from the newest checkpoint and the prefetch rewound to it) {
   setup s;
   s.opts.checkpoint_every = 2;
   w->script = {act::ok, act::ok, act::ok, act::die};
@@ -362,7 +362,8 @@ CAF_TEST(a drafter that dies is respawned from the newest checkpoint and its sam
   CAF_CHECK_EQUAL(failed[0]["steps_lost"], 1);
   CAF_CHECK_EQUAL(failed[0]["checkpoint"], "ckpt/step-2");
   CAF_CHECK(contains(failed[0]["reason"].get<std::string>(), "injected failure"));
-  // Re-issued: every sample sent before the failure and not in steps 1-2.
+  // Re-issued: every sample sent before the failure and not in steps 1-2;
+  // the prefetch starts the epoch again from what steps 1-2 hold.
   std::set<int64_t> durable;
   for (auto& st : w->steps)
     if (st.step <= 2)
@@ -371,10 +372,10 @@ CAF_TEST(a drafter that dies is respawned from the newest checkpoint and its sam
   for (auto x : samples_of(w->prefetch[0].sent))
     if (!durable.count(x))
       expected.insert(x);
-  CAF_REQUIRE_EQUAL(w->prefetch[0].reissues.size(), 1u);
-  const auto& re = w->prefetch[0].reissues[0];
-  CAF_CHECK_EQUAL(std::set<int64_t>(re.begin(), re.end()), expected);
-  CAF_CHECK_EQUAL(failed[0]["samples_reissued"], static_cast<int64_t>(re.size()));
+  CAF_REQUIRE_EQUAL(w->prefetch[0].starts.size(), 2u);
+  const auto& rewound = w->prefetch[0].starts[1];
+  CAF_CHECK_EQUAL(std::set<int64_t>(rewound.begin(), rewound.end()), durable);
+  CAF_CHECK_EQUAL(failed[0]["samples_reissued"], static_cast<int64_t>(expected.size()));
   // No restart before the backoff (0.5 s); then one, from the checkpoint.
   CAF_CHECK(w->respawns.empty());
   advance_time(500ms);
@@ -415,6 +416,41 @@ CAF_TEST(a drafter with a restore point in device memory is restored from it and
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
   CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a batch packed before its prefetch saw the rollback is dropped and its credit returned) {
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->script = {act::ok, act::ok, act::ok, act::die};
+  start(s);
+  sched.run();  // step 4 dies: rolled back to step 2, the prefetch rewound (generation 2)
+  auto& p = w->prefetch[0];
+  CAF_REQUIRE_EQUAL(p.starts.size(), 2u);
+  CAF_REQUIRE_EQUAL(p.generation, 2);
+  CAF_REQUIRE(!p.queue.empty());
+  // A batch of generation 1 that was on its way when the rollback came, with
+  // a sample the rewound prefetch packs again: issuing it would train that
+  // sample twice (the ledger would refuse the second batch).
+  batch_desc stale;
+  stale.generation = 1;
+  stale.source = 0;
+  stale.sample_ids = {p.queue.back()};
+  stale.rows = 1;
+  stale.seq_len = 16;
+  stale.handle = w->next_handle++;
+  p.outstanding.insert(stale.handle);
+  const auto credits = p.credits_received;
+  caf::anon_send(coordinator, stale);
+  sched.run();
+  CAF_CHECK_EQUAL(p.credits_received, credits + 1);  // its credit back
+  CAF_CHECK(!p.outstanding.count(stale.handle));     // released
+  advance_time(500ms);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
   check_exactly(12, 1);
   check_handles_released();
 }

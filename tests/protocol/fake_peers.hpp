@@ -61,6 +61,8 @@ struct peer_world {
     std::vector<int64_t> share;       ///< this prefetch's samples, every epoch
     std::deque<int64_t> queue;        ///< left in the current epoch
     int64_t epoch = -1;
+    int64_t generation = -1;
+    std::vector<std::vector<int64_t>> starts;  ///< each epoch message's `done` (a rollback's rewind too)
     int32_t credit = 0;               ///< granted and unused
     int64_t credits_received = 0;
     bool exhausted = true;
@@ -162,11 +164,12 @@ fake_prefetch(prefetch_actor::stateful_pointer<fake_prefetch_state> self, int32_
     while (p.credit > 0 && !p.exhausted) {
       if (p.queue.empty()) {
         p.exhausted = true;
-        self->send(coordinator, exhausted_atom::value, index, p.epoch);
+        self->send(coordinator, exhausted_atom::value, index, p.epoch, p.generation);
         break;
       }
       batch_desc b;
       b.epoch = p.epoch;
+      b.generation = p.generation;
       b.source = index;
       for (int64_t k = 0; k < w->batch_samples && !p.queue.empty(); ++k) {
         b.sample_ids.push_back(p.queue.front());
@@ -184,9 +187,11 @@ fake_prefetch(prefetch_actor::stateful_pointer<fake_prefetch_state> self, int32_
     }
   };
   return {
-    [=](epoch_atom, int64_t epoch, const std::vector<int64_t>& done) {
+    [=](epoch_atom, int64_t epoch, int64_t generation, const std::vector<int64_t>& done) {
       auto& p = w->prefetch[static_cast<size_t>(index)];
       p.epoch = epoch;
+      p.generation = generation;
+      p.starts.push_back(done);
       p.queue.clear();
       std::set<int64_t> skip(done.begin(), done.end());
       for (auto s : p.share)

@@ -255,7 +255,7 @@ CAF_TEST(every protocol message serializes as a message) {
   };
   const std::vector<int64_t> ids{1, 2, 3};
   // prefetch
-  check(caf::make_message(epoch_atom::value, int64_t{2}, ids));
+  check(caf::make_message(epoch_atom::value, int64_t{2}, int64_t{5}, ids));
   check(caf::make_message(credit_atom::value, int32_t{4}));
   check(caf::make_message(reissue_atom::value, ids));
   check(caf::make_message(release_atom::value, uint64_t{77}));

@@ -57,8 +57,8 @@ CAF_TEST_FIXTURE_SCOPE(prefetch_protocol_tests, fixture)
 
 CAF_TEST(a prefetch stages batches only against credits) {
   auto p = spawn(2);
-  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
-  expect((epoch_atom, int64_t, std::vector<int64_t>), from(self).to(p).with(_, 0, _));
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});
+  expect((epoch_atom, int64_t, int64_t, std::vector<int64_t>), from(self).to(p).with(_, 0, 1, _));
   disallow((batch_desc), from(p).to(coord));
   run();
   CAF_CHECK(log->batches.empty());  // no credit, no batch
@@ -100,7 +100,7 @@ CAF_TEST(a prefetch stages batches only against credits) {
 
 CAF_TEST(an epoch hands out every sample once then says exhausted) {
   auto p = spawn(0);
-  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});
   self->send(p, credit_atom::value, int32_t{100});
   run();
   CAF_CHECK(sent_samples() == range(0, 24));
@@ -117,7 +117,7 @@ CAF_TEST(an epoch hands out every sample once then says exhausted) {
   std::vector<int64_t> done;
   for (int64_t i = 0; i < 10; ++i)
     done.push_back(i);
-  self->send(p, epoch_atom::value, int64_t{1}, done);
+  self->send(p, epoch_atom::value, int64_t{1}, int64_t{2}, done);
   run();
   CAF_CHECK(sent_samples() == range(10, 24));
   CAF_REQUIRE_EQUAL(log->exhausted.size(), 2u);
@@ -132,7 +132,7 @@ CAF_TEST(an epoch hands out every sample once then says exhausted) {
 
 CAF_TEST(re-issued samples are packed first even after the epoch ran out) {
   auto p = spawn(0);
-  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});
   self->send(p, credit_atom::value, int32_t{100});
   run();
   CAF_REQUIRE_EQUAL(log->exhausted.size(), 1u);
@@ -152,7 +152,7 @@ CAF_TEST(re-issued samples are packed first even after the epoch ran out) {
 
 CAF_TEST(re-issued samples wait for a credit) {
   auto p = spawn(0);
-  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});
   self->send(p, credit_atom::value, int32_t{1});
   run();
   CAF_REQUIRE_EQUAL(log->batches.size(), 1u);
@@ -214,7 +214,7 @@ CAF_TEST(a shard whose bytes changed ends the prefetch with bad_input before any
   CAF_REQUIRE(actual != recorded);
   auto p = spawn(0, prefetch_options(dir));
   auto ex = watch(sys, p);
-  self->send(p, epoch_atom::value, int64_t{0}, std::vector<int64_t>{});
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});
   self->send(p, credit_atom::value, int32_t{4});
   run();
   CAF_REQUIRE_EQUAL(ex->reasons.size(), 1u);

@@ -48,7 +48,7 @@ inline bool operator==(const device_ref& a, const device_ref& b) {
 }
 
 inline bool operator==(const batch_desc& a, const batch_desc& b) {
-  return a.batch_id == b.batch_id && a.epoch == b.epoch && a.source == b.source
+  return a.batch_id == b.batch_id && a.epoch == b.epoch && a.generation == b.generation && a.source == b.source
          && a.sample_ids == b.sample_ids && a.rows == b.rows && a.seq_len == b.seq_len
          && a.real_tokens == b.real_tokens && a.where == b.where && a.handle == b.handle;
 }
@@ -216,7 +216,7 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       log->batches.push_back(std::move(b));
       log->order.push_back("batch");
     },
-    [log](exhausted_atom, int32_t i, int64_t e) {
+    [log](exhausted_atom, int32_t i, int64_t e, int64_t) {
       log->exhausted.emplace_back(i, e);
       log->order.push_back("exhausted");
     },
