@@ -1065,19 +1065,7 @@ struct drafter_engine::impl {
                                                                   + ", not " + std::to_string(step));
     auto next_gen = gen.clone();
     detail::set_generator_state(next_gen, p->generator, "the restore point's generator state");
-    {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < masters.size(); ++i)
-        masters[i].copy_(p->masters[i]);
-    }
-    optimizer->load_state(p->exp_avg, p->exp_avg_sq, step);
-    refresh_model();
-    gen = next_gen;
-#ifdef TANDEM_HAVE_CUDA
-    if (sg.graph)
-      sg.graph->reset();  // it registered the generator just replaced: capture again
-#endif
-    applied = step;
+    apply_state(p->masters, p->exp_avg, p->exp_avg_sq, step, next_gen);
     memory = p;
     memory_held = step;
   }
@@ -1162,23 +1150,31 @@ struct drafter_engine::impl {
     else  // another device kind: draws cannot continue bit-exactly; reseed deterministically
       next_gen = detail::private_generator(device, detail::mix_seed(opts.seed, 2 + static_cast<uint64_t>(ck.step)));
     // All checked: apply.
-    {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < masters.size(); ++i)
-        masters[i].copy_(ck.weights[i]);
-    }
     for (auto& m : ck.exp_avg)
       m = m.to(device);
     for (auto& v : ck.exp_avg_sq)
       v = v.to(device);
-    optimizer->load_state(ck.exp_avg, ck.exp_avg_sq, ck.step);
+    apply_state(ck.weights, ck.exp_avg, ck.exp_avg_sq, ck.step, next_gen);
+  }
+
+  /// Takes a checked state (a checkpoint's, a restore point's): masters
+  /// copied in, the moments and update count, the model copy, the generator;
+  /// a captured graph is dropped (it registered the generator replaced here).
+  void apply_state(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& exp_avg,
+                   const std::vector<at::Tensor>& exp_avg_sq, int64_t step, const at::Generator& next_gen) {
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i)
+        masters[i].copy_(weights[i]);
+    }
+    optimizer->load_state(exp_avg, exp_avg_sq, step);
     refresh_model();
     gen = next_gen;
 #ifdef TANDEM_HAVE_CUDA
     if (sg.graph)
-      sg.graph->reset();  // it registered the generator just replaced: capture again
+      sg.graph->reset();
 #endif
-    applied = ck.step;
+    applied = step;
   }
 
   /// drafter_engine::warm_start: weights only, from a checkpoint or a z-lab export.
