@@ -3,7 +3,6 @@
 // keeps the newest `keep` complete ones in the folder, those of earlier
 // processes of the run included (gpu::rotate_checkpoints; never the one just
 // written).  Detached for its blocking file I/O.
-#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -33,9 +32,7 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
   return {
     [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
       auto& s = self->state;
-      char name[32];
-      std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(snap.step));
-      auto target = s.dir / name;
+      auto target = s.dir / gpu::checkpoint_name(snap.step);
       try {
         gpu::write_checkpoint(snap.handle, target, extra);
       } catch (const std::exception& e) {

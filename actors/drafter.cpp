@@ -109,6 +109,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   st.index = index;
   st.coordinator = coordinator;
   st.faults = std::move(faults);
+  std::optional<caf::error> failed;
   try {
     st.engine.emplace(opts);
     // "memory:<k>": the restore point in device memory, which must hold
@@ -118,17 +119,17 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
     else if (!restore_from.empty())
       st.engine->restore(restore_from);
   } catch (const gpu::error& e) {
-    // A restore point that is gone is a failure of this incarnation (the
-    // coordinator falls back to the checkpoint), not bad input.
-    self->quit(make_error(e.code(), "drafter " + std::to_string(index) + ": " + e.what()));
-    return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
-            [](const group_spec&) { return int64_t{0}; },
-            [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
-            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {}};
+    // The engine's own code: bad_input stops the run (the supervisor does
+    // not retry it); a restore point that is gone is a device_failure, and
+    // the coordinator falls back to the checkpoint.
+    failed = make_error(e.code(), "drafter " + std::to_string(index) + ": " + e.what());
   } catch (const std::exception& e) {
     // Not one of the engine's own errors (an allocation or a CUDA call that
     // failed): a device failure, which the supervisor may retry.
-    self->quit(make_error(errc::device_failure, "drafter " + std::to_string(index) + ": " + e.what()));
+    failed = make_error(errc::device_failure, "drafter " + std::to_string(index) + ": " + e.what());
+  }
+  if (failed) {
+    self->quit(*failed);
     return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
             [](const group_spec&) { return int64_t{0}; },
             [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },

@@ -34,6 +34,10 @@ void write_checkpoint(transport::handle snap, const std::filesystem::path& dir,
 /// gpu::error(bad_input) naming the file for a missing or malformed state.json.
 std::string read_checkpoint_extra(const std::filesystem::path& dir);
 
+/// The folder name of the checkpoint of `step`: step-<k>, zero-padded to 8
+/// digits (so names sort as steps do up to 10^8).
+std::string checkpoint_name(int64_t step);
+
 /// `root`/latest names the newest checkpoint written (its folder name, one
 /// line), replaced atomically (write, fsync, rename, fsync the folder) after
 /// the checkpoint itself is in place.  For people and tools: a kill between

@@ -47,7 +47,7 @@ void remove_tree(const fs::path& p) {
     FTW_DEPTH | FTW_PHYS);
 }
 
-/// The step in a checkpoint folder's name (step-<k>), or -1.
+/// The step in a checkpoint folder's name (checkpoint_name), or -1.
 int64_t step_of(const fs::path& dir) {
   const auto name = dir.filename().string();
   if (name.rfind("step-", 0) != 0 || name.size() == 5)
@@ -316,6 +316,12 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
       out_of_space(std::string("disk full (") + e.what() + ")");
     fail(dir, std::string("cannot write checkpoint: ") + e.what());
   }
+}
+
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
 }
 
 void write_latest(const fs::path& root, const std::string& name) {

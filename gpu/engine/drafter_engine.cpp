@@ -871,13 +871,22 @@ struct drafter_engine::impl {
       h.exp_avg_sq.push_back(make(m));
     }
     h.step = make(optimizer->step_count());
-    if (host_sets.size() < 2) {
-      host_sets.push_back(std::move(h));
-      return host_sets.back();
-    }
-    // Both kept sets are still being written: a one-off set (freed with it).
+    // A third set (both kept ones still being written) is a one-off:
+    // begin_snapshot drops sets beyond two once they are free.
     host_sets.push_back(std::move(h));
     return host_sets.back();
+  }
+
+  /// Copies the masters and both moments into `w`, `m`, `v` (tensors of
+  /// the masters' shapes) on the current stream, asynchronously where the
+  /// devices allow.
+  void copy_state_to(std::vector<at::Tensor>& w, std::vector<at::Tensor>& m, std::vector<at::Tensor>& v) const {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < masters.size(); ++i) {
+      w[i].copy_(masters[i], /*non_blocking=*/true);
+      m[i].copy_(optimizer->exp_avg()[i], true);
+      v[i].copy_(optimizer->exp_avg_sq()[i], true);
+    }
   }
 
   void begin_snapshot() {
@@ -893,11 +902,7 @@ struct drafter_engine::impl {
     snapshot_parts parts;
     parts.state = state_json().dump();
     auto copy_all = [&] {
-      for (size_t i = 0; i < masters.size(); ++i) {
-        h.weights[i].copy_(masters[i], /*non_blocking=*/true);
-        h.exp_avg[i].copy_(optimizer->exp_avg()[i], true);
-        h.exp_avg_sq[i].copy_(optimizer->exp_avg_sq()[i], true);
-      }
+      copy_state_to(h.weights, h.exp_avg, h.exp_avg_sq);
       h.step.copy_(optimizer->step_count(), true);
     };
 #ifdef TANDEM_HAVE_CUDA
@@ -996,11 +1001,7 @@ struct drafter_engine::impl {
     at::NoGradGuard no_grad;
     auto copy_all = [&] {
       memory->marker.fill_(int64_t{-1});
-      for (size_t i = 0; i < masters.size(); ++i) {
-        memory->masters[i].copy_(masters[i], /*non_blocking=*/true);
-        memory->exp_avg[i].copy_(optimizer->exp_avg()[i], true);
-        memory->exp_avg_sq[i].copy_(optimizer->exp_avg_sq()[i], true);
-      }
+      copy_state_to(memory->masters, memory->exp_avg, memory->exp_avg_sq);
       memory->marker.fill_(applied);
     };
 #ifdef TANDEM_HAVE_CUDA

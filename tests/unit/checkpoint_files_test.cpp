@@ -66,15 +66,9 @@ transport::handle synthetic_snapshot(int64_t step, int64_t numel = 1000) {
   return publish_snapshot(p);
 }
 
-std::string step_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
-  return name;
-}
-
 void write_step(const fs::path& root, int64_t step, int64_t numel = 1000) {
   auto h = synthetic_snapshot(step, numel);
-  write_checkpoint(h, root / step_name(step), "{\"step\": " + std::to_string(step) + "}");
+  write_checkpoint(h, root / checkpoint_name(step), "{\"step\": " + std::to_string(step) + "}");
   transport::release(h);
 }
 
@@ -215,7 +209,7 @@ TEST(checkpoint_files, sigkill_during_writes_never_leaves_a_torn_checkpoint_for_
         // Bigger tensors now and then, so a random kill lands mid-file too
         // (below 32768 elements: no intra-op threads in a forked child).
         write_step(t.dir, k, k % 3 == 0 ? 30000 : 1000);
-        rotate_checkpoints(t.dir, 2, t.dir / step_name(k));
+        rotate_checkpoints(t.dir, 2, t.dir / checkpoint_name(k));
         if (::write(fds[1], &k, sizeof k) != sizeof k)
           ::_exit(3);
       }
