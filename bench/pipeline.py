@@ -8,6 +8,7 @@ data-wait share (overall and per drafter).
                                    [--target-device cuda:0[,cuda:1...]]
                                    [--drafter-device cuda:1[,cuda:2...]]
                                    [--size 8b|tiny] [--keep] [--timeout S]
+                                   [--fault SPEC]... [--set KEY=VALUE]... [--setup-only]
 
 Several drafter devices make data-parallel drafters (one NCCL group, lockstep steps); the
 seed topology is --target-device cuda:0,cuda:1,cuda:2,cuda:3,cuda:4
@@ -23,7 +24,18 @@ then runs `tandem run run.toml` and reads its metrics.jsonl.  The data-wait shar
 Σ wait_ms / Σ (wait_ms + compute_ms) over the steps after the first `--skip` (default 5,
 the graph warm-up and capture), leaving out each drafter's first step after a failure,
 whose wait was for the recovery (reported as recovery_wait_s;
-data_wait_share_incl_recovery counts it).  Needs torch, numpy and safetensors.
+data_wait_share_incl_recovery counts it).  `--setup-only` writes target/, data/ and
+run.toml into --work and stops there (tools/gpu-host/soak.sh runs `tandem run` itself).
+Writing the target and data needs torch, numpy and safetensors; reading metrics does not
+(tools/gpu-host/soak_summary.py imports workers() and recoveries() from here).
+
+`tandem run` supervises a worker process: a worker that dies (a signal, or exit status 75
+after a sticky CUDA error) is replaced by a new one resuming from the newest restore point,
+and each worker's metrics clock (`time_s`) starts near 0 again (see workers()).  Step
+statistics are therefore taken per worker and summed: each worker skips its own first
+--skip steps (it captures its graphs again), the span is the sum of the workers' spans, and
+`recoveries` lists each drafter failure (kind "drafter") and each worker restart (kind
+"worker": the exit, steps lost, the restore tier, the time to training again).
 
 Progress goes to stderr while it runs (setup phases, every 10th step, failures, restarts,
 group formations, checkpoints).  `--timeout S` bounds the run; when it expires, or when
@@ -43,11 +55,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
-from safetensors.numpy import save_file as save_np
-from safetensors.torch import save_file as save_torch
-
 PEAK_TFLOPS = 989.0  # dense bf16, H100/H200: the MFU denominator (docs/bench.md)
 
 SIZES = {
@@ -61,6 +68,9 @@ SIZES = {
 
 
 def make_target(out, s, device):
+    import torch
+    from safetensors.torch import save_file as save_torch
+
     os.makedirs(out)
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
            "hidden_size": s["hidden_size"], "intermediate_size": s["intermediate_size"],
@@ -123,6 +133,9 @@ def make_target(out, s, device):
 
 
 def make_data(out, vocab, samples, lo, hi):
+    import numpy as np
+    from safetensors.numpy import save_file as save_np
+
     os.makedirs(out)
     rng = np.random.default_rng(0)
     toks, masks, lens = [], [], []
@@ -174,21 +187,132 @@ class metrics_reader:
         return self.rows
 
 
+def workers(rows):
+    """Which worker process wrote each row, and when on the wall clock.
+
+    `tandem run` is a parent process that supervises one worker process at a time.  When
+    the worker dies (a signal, or exit status 75 after a sticky CUDA error) the parent
+    starts another, which appends {"event": "worker_restarted", "exit", "restart",
+    "budget", "unix_s": the death, wall clock} and {"event": "resumed", "step", "from",
+    "tier", "unix_s"} as it starts.  Each worker's metrics clock (`time_s`, on every line)
+    starts near 0, so a line of a later worker is at  resumed.unix_s - resumed.time_s +
+    time_s  on the wall clock (resumed.unix_s and its time_s must be one moment).
+
+    Returns (worker, wall): per row its worker (0 until the first `worker_restarted` line,
+    which opens worker 1, and so on) and its wall-clock time (a line's own unix_s where it
+    has one), None where no `resumed` line anchors its worker's clock (the first worker's,
+    unless it was itself resumed)."""
+    worker, base = [], [None]
+    for x in rows:
+        if x.get("event") == "worker_restarted":
+            base.append(None)
+        k = len(base) - 1
+        if x.get("event") == "resumed" and base[k] is None and "unix_s" in x and "time_s" in x:
+            base[k] = x["unix_s"] - x["time_s"]
+        worker.append(k)
+
+    def wall(x, k):
+        if "unix_s" in x:
+            return x["unix_s"]
+        if base[k] is not None and "time_s" in x:
+            return base[k] + x["time_s"]
+        return None
+
+    return worker, [wall(x, k) for x, k in zip(rows, worker)]
+
+
+def seconds_between(rows, worker, wall, i, j):
+    """Row j's time minus row i's: on their worker's clock when they share one, else on the
+    wall clock; None when that is unknown, or when j is None."""
+    if j is None:
+        return None
+    if worker[i] == worker[j] and "time_s" in rows[i] and "time_s" in rows[j]:
+        return rows[j]["time_s"] - rows[i]["time_s"]
+    if wall[i] is not None and wall[j] is not None:
+        return wall[j] - wall[i]
+    return None
+
+
+def recoveries(rows):
+    """Each recovery, in the order of the failures:
+      kind "drafter": a `drafter_failed` line (the drafter was restarted inside its worker
+        process): when (`at_s`, on its worker's clock), why, `steps_lost` and
+        `restore_from` as the line says, and the seconds from it to the next group formed
+        and to the next step report;
+      kind "worker": a `worker_restarted` line (the worker process died, `exit` says how,
+        and the parent started another): `steps_lost` = the last step reported before the
+        death minus the step the next worker resumed at, `restore_from` = that worker's
+        restore tier ("host" or "disk"), `training_again_after_s` = from the death to the
+        first step report after its `resumed` line (wall clock).  A worker that never
+        resumed (the restart budget spent, or the run stopped) leaves those None."""
+    worker, wall = workers(rows)
+
+    def first(i, event, stop=None):
+        """The index of the first row after row i with `event`, or None (or at `stop`)."""
+        for j in range(i + 1, len(rows)):
+            if rows[j].get("event") == event:
+                return j
+            if rows[j].get("event") == stop:
+                return None
+        return None
+
+    out, last_step = [], None
+    for i, x in enumerate(rows):
+        ev = x.get("event")
+        if ev == "step":
+            last_step = x["step"]
+        elif ev == "drafter_failed":
+            out.append({
+                "kind": "drafter", "worker": worker[i], "drafter": x.get("drafter"), "at_s": x.get("time_s"),
+                "reason": x.get("reason", "")[:120], "steps_lost": x.get("steps_lost"),
+                "restore_from": x.get("restore_from", "checkpoint"),
+                "group_formed_after_s": seconds_between(rows, worker, wall, i, first(i, "group_formed")),
+                "training_again_after_s": seconds_between(rows, worker, wall, i, first(i, "step"))})
+        elif ev == "worker_restarted":
+            r = first(i, "resumed", stop="worker_restarted")
+            resumed = rows[r] if r is not None else {}
+            again = first(r, "step", stop="worker_restarted") if r is not None else None
+            # From the death (the line's unix_s, not its time_s: the new
+            # worker wrote it) on the wall clock.
+            since = (wall[again] - x["unix_s"]
+                     if again is not None and wall[again] is not None and "unix_s" in x else None)
+            out.append({
+                "kind": "worker", "worker": worker[i], "exit": x.get("exit"), "restart": x.get("restart"),
+                "budget": x.get("budget"), "unix_s": x.get("unix_s"), "last_step": last_step,
+                "resumed_step": resumed.get("step"),
+                "steps_lost": (last_step - resumed["step"]
+                               if last_step is not None and "step" in resumed else None),
+                "restore_from": resumed.get("tier"), "checkpoint": resumed.get("from"),
+                "training_again_after_s": since})
+    return out
+
+
 def summarize(rows, a, targets, drafters, prep_s, run_s):
     """The JSON line from metrics rows (complete or not)."""
+    worker, wall = workers(rows)
+    of = {id(x): k for x, k in zip(rows, worker)}
     all_steps = [x for x in rows if x.get("event") == "step"]
-    # Skip the first --skip optimizer steps (every drafter's report of them).
-    numbers = sorted({x["step"] for x in all_steps})
-    kept = set(numbers[a.skip:])
-    steps = [x for x in all_steps if x["step"] in kept]
+    # Per worker process, skip its first --skip optimizer steps (every drafter's
+    # report of them: the warm-up and the graphs' capture, again in every new
+    # worker); its span runs from its first kept report to its last.
+    segments = []
+    for k in sorted({of[id(x)] for x in all_steps}):
+        mine = [x for x in all_steps if of[id(x)] == k]
+        skipped = set(sorted({x["step"] for x in mine})[:a.skip])
+        mine = [x for x in mine if x["step"] not in skipped]
+        if mine:
+            segments.append(mine)
+    steps = [x for seg in segments for x in seg]
     if not steps:
         return {"case": "pipeline", "error": "no steps after --skip", "rows": len(rows)}
+    kept = {x["step"] for x in steps}
     # A drafter's first step after a failure waited for the recovery (its own
-    # restart, or the group re-formed around it), not for data: that wait is
-    # reported apart (recovery_wait_s) and left out of data_wait_share.
+    # restart, or the group re-formed around it, or a new worker process), not
+    # for data: that wait is reported apart (recovery_wait_s) and left out of
+    # data_wait_share.
     recovering, flagged = set(), set()
     for x in rows:
-        if x.get("event") == "drafter_failed":
+        if x.get("event") in ("drafter_failed", "worker_restarted"):
             recovering = {y.get("drafter", 0) for y in all_steps}
         elif x.get("event") == "step" and x.get("drafter", 0) in recovering:
             recovering.discard(x.get("drafter", 0))
@@ -200,11 +324,18 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     wait = data_wait(steps)
     wait_all = sum(x["wait_ms"] for x in steps)
     compute = sum(x["compute_ms"] for x in steps)
-    span_s = steps[-1]["time_s"] - steps[0]["time_s"]
-    n = len(kept) - 1  # optimizer steps in the span (one report per drafter each)
-    first = min(kept)
+    # Each worker's span on its own clock; a worker restart's gap (the death,
+    # the new process, its model loading) is in `recoveries`, not here.
+    span_s = sum(seg[-1]["time_s"] - seg[0]["time_s"] for seg in segments)
+    # Optimizer steps in the spans (one report per drafter each): each
+    # worker's first kept step starts its span.
+    n = len(kept) - len(segments)
+    firsts = set()
+    for seg in segments:
+        start = min(x["step"] for x in seg)
+        firsts |= {id(x) for x in seg if x["step"] == start}
     batches = [x.get("batch") for x in steps]
-    tokens = sum(x.get("tokens", 0) for x in steps if x["step"] != first)
+    tokens = sum(x.get("tokens", 0) for x in steps if id(x) not in firsts)
     per_drafter = {}
     for d in sorted({x.get("drafter", 0) for x in steps}):
         mine = [x for x in steps if x.get("drafter", 0) == d]
@@ -221,6 +352,7 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
            "drafter_mfu": (statistics.mean(v["mfu"] for v in per_drafter.values())
                            if all(v["mfu"] is not None for v in per_drafter.values()) else None),
            "failures": sum(1 for x in rows if x.get("event") == "drafter_failed"),
+           "worker_restarts": sum(1 for x in rows if x.get("event") == "worker_restarted"),
            "step_ms_median": statistics.median(x["compute_ms"] + x["wait_ms"] for x in steps),
            "compute_ms_median": statistics.median(x["compute_ms"] for x in steps),
            "wait_ms_median": statistics.median(x["wait_ms"] for x in steps),
@@ -231,24 +363,25 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
            "tokens_per_s": tokens / span_s if span_s > 0 else None,
            "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
            "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}
-    # Each failure: when it was detected, when training resumed (the first step
-    # report after it), steps lost and how the state was restored.
-    recoveries = []
-    for i, x in enumerate(rows):
-        if x.get("event") != "drafter_failed":
-            continue
-        after = [y for y in rows[i + 1:] if y.get("event") == "step"]
-        formed = [y for y in rows[i + 1:] if y.get("event") == "group_formed"]
-        recoveries.append({
-            "drafter": x.get("drafter"), "at_s": x.get("time_s"), "reason": x.get("reason", "")[:120],
-            "steps_lost": x.get("steps_lost"), "restore_from": x.get("restore_from", "checkpoint"),
-            "group_formed_after_s": formed[0]["time_s"] - x["time_s"] if formed else None,
-            "training_again_after_s": after[0]["time_s"] - x["time_s"] if after else None})
-    out["recoveries"] = recoveries
+    out["recoveries"] = recoveries(rows)
     end = [x for x in rows if x.get("event") == "checkpoint"]
     if end and span_s > 0:
-        # committed samples over the measured span (one row per step packs ~S/avg samples)
-        out["samples_per_s"] = end[-1].get("committed", 0) / (steps[-1]["time_s"] - rows[0].get("time_s", 0) + 1e-9)
+        # committed samples over the run from its first line to the last step
+        # report, start-up included (one row per step packs ~S/avg samples);
+        # past a worker restart on the wall clock, from the first death on (the
+        # first worker's clock has no wall-clock anchor: its time from its last
+        # line to its death is left out)
+        last = max(i for i, x in enumerate(rows) if x.get("event") == "step")
+        death = next((i for i, x in enumerate(rows) if x.get("event") == "worker_restarted"), None)
+        if death is None or last < death:
+            run = rows[last]["time_s"] - rows[0].get("time_s", 0)
+        elif wall[last] is not None and wall[death] is not None:
+            before = max(x["time_s"] for x in rows[:death] if "time_s" in x)
+            run = before - rows[0].get("time_s", 0) + wall[last] - wall[death]
+        else:
+            run = None
+        if run is not None:
+            out["samples_per_s"] = end[-1].get("committed", 0) / (run + 1e-9)
     return out
 
 
@@ -261,9 +394,9 @@ def progress(rows, seen, total):
                   f"compute {x.get('compute_ms', 0):.1f} ms wait {x.get('wait_ms', 0):.2f} ms",
                   file=sys.stderr, flush=True)
         elif ev in ("drafter_failed", "drafter_restarted", "group_formed", "checkpoint",
-                    "budget_exhausted", "end"):
-            keep = {k: x[k] for k in ("drafter", "step", "reason", "restore_from", "steps_lost", "dir")
-                    if k in x}
+                    "budget_exhausted", "end", "worker_restarted", "resumed"):
+            keep = {k: x[k] for k in ("drafter", "step", "reason", "restore_from", "steps_lost", "dir",
+                                      "exit", "restart", "budget", "tier", "from") if k in x}
             print(f"pipeline: {ev} {json.dumps(keep)[:300]}", file=sys.stderr, flush=True)
     return len(rows)
 
@@ -279,12 +412,20 @@ def main():
     p.add_argument("--drafter-device", default="cuda:1")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--fault", action="append", default=[],
-                   help="passed to tandem run (drafter=N,kind=throw|nan|hang,at_step=K); the line "
-                        "then reports each recovery")
+                   help="passed to tandem run: drafter=N,kind=K,at_step=S, K one of throw, nan, "
+                        "hang (past runtime.step_timeout_s), slow_snapshot, throw_in_snapshot, "
+                        "cuda_error (a non-sticky CUDA error: the drafter restarts in its process), "
+                        "cuda_sticky (an illegal address: the worker process exits 75 and is "
+                        "restarted), abort (the worker process aborts and is restarted); each "
+                        "fires once per run.  The line then reports each recovery")
     p.add_argument("--set", action="append", default=[], help="passed to tandem run (KEY=VALUE)")
     p.add_argument("--timeout", type=float, default=0,
                    help="seconds for `tandem run` (0: none); past it the line is partial")
+    p.add_argument("--setup-only", action="store_true",
+                   help="write target/, data/ and run.toml into --work (kept), print a line and stop")
     a = p.parse_args()
+    if a.setup_only and not a.work:
+        p.error("--setup-only needs --work (a temporary folder would be deleted)")
     stop = {"why": None}
 
     def on_signal(sig, _frame):
@@ -298,6 +439,7 @@ def main():
     try:
         if not os.path.exists(os.path.join(work, "target", "config.json")):
             shutil.rmtree(os.path.join(work, "target"), ignore_errors=True)
+            import torch
             gen_device = a.target_device.split(",")[0] if torch.cuda.is_available() else "cpu"
             print(f"pipeline: writing a random {a.size} target into {work}/target", file=sys.stderr, flush=True)
             make_target(os.path.join(work, "target"), s, gen_device)
@@ -336,6 +478,10 @@ progress = false
 [run]
 output_dir = "out"
 """)
+        if a.setup_only:
+            print(json.dumps({"case": "pipeline", "setup_only": True, "size": a.size, "work": work,
+                              "setup_s": round(prep_s, 1)}))
+            return 0
         shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
         t1 = time.time()
         cmd = [a.tandem, "run", os.path.join(work, "run.toml")]
@@ -351,7 +497,9 @@ output_dir = "out"
         stopped = None
         seen = 0
         with open(os.path.join(work, "tandem.stderr"), "w+") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            # Its own process group: `tandem run` and the worker process it
+            # supervises are stopped together.
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
             while proc.poll() is None:
                 time.sleep(1)
                 seen = progress(metrics.read(), seen, a.steps)
@@ -360,7 +508,11 @@ output_dir = "out"
                 if stop["why"]:
                     stopped = stop["why"]
                     print(f"pipeline: stopping tandem run ({stopped})", file=sys.stderr, flush=True)
-                    proc.kill()  # a SIGTERM would write a checkpoint first (minutes at 8b)
+                    # (a SIGTERM would write a checkpoint first: minutes at 8b)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                     proc.wait()
                     break
             progress(metrics.read(), seen, a.steps)
