@@ -21,14 +21,16 @@ struct checkpointer_state {
   static inline const char* name = "tandem.checkpointer";
   std::filesystem::path dir;
   int keep = 3;
+  std::filesystem::path pinned;  ///< never rotated away ("" = none)
 };
 
 checkpointer_actor::behavior_type
 checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> self,
-                      std::filesystem::path dir, int keep) {
+                      std::filesystem::path dir, int keep, std::filesystem::path pinned) {
   install_default_handler(self, checkpointer_state::name);
   self->state.dir = std::move(dir);
   self->state.keep = keep;
+  self->state.pinned = std::move(pinned);
   return {
     [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
       auto& s = self->state;
@@ -43,7 +45,7 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
                                              : "checkpoint " + target.string() + ": " + what);
       }
       gpu::transport::release(snap.handle);
-      for (const auto& old : gpu::rotate_checkpoints(s.dir, s.keep, target))
+      for (const auto& old : gpu::rotate_checkpoints(s.dir, s.keep, {target, s.pinned}))
         spdlog::debug("checkpoint {} removed (checkpoint.keep = {})", old.string(), s.keep);
       return target.string();
     },
@@ -54,12 +56,15 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
 } // namespace
 
 template <caf::spawn_options Os>
-checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep) {
-  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep);
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep,
+                                      std::filesystem::path pinned) {
+  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep, std::move(pinned));
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).
-template checkpointer_actor spawn_checkpointer<caf::detached>(caf::actor_system&, std::filesystem::path, int);
-template checkpointer_actor spawn_checkpointer<caf::no_spawn_options>(caf::actor_system&, std::filesystem::path, int);
+template checkpointer_actor spawn_checkpointer<caf::detached>(caf::actor_system&, std::filesystem::path, int,
+                                                              std::filesystem::path);
+template checkpointer_actor spawn_checkpointer<caf::no_spawn_options>(caf::actor_system&, std::filesystem::path, int,
+                                                                      std::filesystem::path);
 
 } // namespace tandem

@@ -171,6 +171,17 @@ void on_escalate(self_ptr self, const std::string& why) {
   finish(self, "escalated");
 }
 
+/// A device's context is lost (messages/coordinator.hpp): fail now, saying
+/// which step the newest durable checkpoint holds; nothing more can be
+/// saved from this process.
+void on_device_lost(self_ptr self, const std::string& why) {
+  auto& s = self->state;
+  if (!s.running())
+    return;
+  spdlog::error("device context lost at step {}: {}", s.step, why);
+  fail(self, make_error(errc::device_lost, why));
+}
+
 } // namespace
 
 coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator_options opts) {
@@ -190,6 +201,7 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
     [self](escalate_atom, const std::string& why) { on_escalate(self, why); },
     [self](tick_atom) { on_tick(self); },
+    [self](device_lost_atom, const std::string& why) { on_device_lost(self, why); },
     [self](shutdown_atom) { self->quit(); },  // the supervisor shuts the drafters down
   };
 }

@@ -2,6 +2,7 @@
 // credits, the sample ledger's accounting of steps, checkpoints, epochs and
 // the run's end (actors/coordinator_state.hpp).
 #include <algorithm>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -155,12 +156,20 @@ void checkpoint(self_ptr self, std::function<void()> then) {
     }
     return;
   }
+  const auto src = snapshot_source(self);
+  if (s.slot(src).snapshot_pending) {
+    // Its thread is copying a restore point for the shared-memory tier
+    // (the drafter takes one snapshot at a time): this one follows the
+    // moment that copy is answered, at the same step (no work is sent
+    // meanwhile).
+    s.checkpoint_after_host = true;
+    return;
+  }
   s.checkpoint = checkpoint_phase::snapshot;
   s.checkpoint_step = s.step;
   s.checkpoint_due = false;
   const auto extra = ledger_json(self);
   const auto lineage = s.lineage;
-  const auto src = snapshot_source(self);
   s.slot(src).snapshot_pending = true;
   const auto addr = s.slot(src).addr;
   // The drafter is busy while it copies (not asked for heartbeats); this
@@ -189,6 +198,69 @@ void checkpoint(self_ptr self, std::function<void()> then) {
         answered();
         self->state.checkpoint = checkpoint_phase::none;
         spdlog::warn("checkpoint: snapshot failed: {}", self->system().render(err));
+      });
+}
+
+/// A restore point in shared memory (coordinator_settings::host_every):
+/// the drafter's state at this step, snapshotted as a checkpoint is and
+/// written by the host checkpointer into a folder that outlives the worker
+/// process.  It commits nothing in the ledger (its own saved ledger counts
+/// the steps it holds, for the worker that resumes from it).  One at a
+/// time; one due while a snapshot or write is in progress is taken after
+/// the next step.  A failed write turns the tier off for this process.
+void host_restore_point(self_ptr self) {
+  auto& s = self->state;
+  if (!s.peers.host_checkpointer || s.host_off || s.stopping())
+    return;
+  const auto src = snapshot_source(self);
+  auto& slot = s.slot(src);
+  if (s.host_busy || slot.snapshot_pending || slot.down || (s.checkpointing() && s.checkpoint_step == s.step)) {
+    // Busy, or a checkpoint of this very step is being taken (it holds
+    // more than this would).
+    s.host_due = s.host_busy || slot.snapshot_pending || slot.down;
+    return;
+  }
+  s.host_busy = true;
+  s.host_due = false;
+  const auto extra = ledger_json(self);
+  slot.snapshot_pending = true;
+  const auto addr = slot.addr;
+  auto answered = [self, src, addr] {
+    auto& s = self->state;
+    auto& slot = s.slot(src);
+    if (slot.addr == addr) {
+      slot.snapshot_pending = false;
+      slot.last_heartbeat = self->clock().now();
+    }
+    if (std::exchange(s.checkpoint_after_host, false) && !s.checkpointing())
+      checkpoint(self, nullptr);  // asked for meanwhile: the drafter is still at this step
+    dispatch(self);
+  };
+  self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
+    .then(
+      [self, extra, answered](const snapshot_desc& snap) {
+        answered();
+        self->request(self->state.peers.host_checkpointer, std::chrono::minutes(30), snap, extra)
+          .then(
+            [self, step = snap.step](const std::string& dir) {
+              self->state.host_busy = false;
+              event(self, restore_point_event{"host", step, dir, ""});
+            },
+            [self, step = snap.step](const caf::error& err) {
+              auto& s = self->state;
+              s.host_busy = false;
+              s.host_off = true;
+              const auto why = self->system().render(err);
+              spdlog::warn("restore point in shared memory at step {} failed: {} (the tier is off for the rest "
+                           "of this process; checkpoints go on)",
+                           step, why);
+              event(self, restore_point_event{"host", step, "", why});
+            });
+      },
+      [self, answered](const caf::error& err) {
+        self->state.host_busy = false;
+        answered();
+        spdlog::warn("restore point in shared memory: snapshot failed: {}", self->system().render(err));
       });
 }
 
@@ -330,6 +402,8 @@ void after_step(self_ptr self) {
   if ((s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
       || (s.checkpoint_due && !s.checkpointing()))
     checkpoint(self, [self] { maybe_end_epoch(self); });
+  if ((s.opts.host_every > 0 && s.step % s.opts.host_every == 0) || s.host_due)
+    host_restore_point(self);
   dispatch(self);
   maybe_end_epoch(self);
 }

@@ -130,6 +130,14 @@ struct coordinator_state {
   int64_t checkpoint_step = -1;         ///< the step of the checkpoint in progress
   bool checkpoint_due = false;          ///< one came due meanwhile: taken after the next step
   std::vector<std::function<void()>> after_checkpoint;
+  /// A checkpoint asked for while its drafter was copying a restore point
+  /// in shared memory: taken as soon as that copy is answered.
+  bool checkpoint_after_host = false;
+
+  // Restore points in shared memory (opts.host_every; host_restore_point).
+  bool host_busy = false;               ///< one is being copied or written
+  bool host_due = false;                ///< one came due meanwhile: taken after the next step
+  bool host_off = false;                ///< a write failed: the tier is off for this process
 
   // Failures.
   std::vector<drafter_slot> drafters;            ///< by drafter index
@@ -174,6 +182,7 @@ bool epoch_tail(self_ptr self);
 void dispatch(self_ptr self);
 void fail(self_ptr self, const caf::error& err);
 void checkpoint(self_ptr self, std::function<void()> then);
+void host_restore_point(self_ptr self);
 void deliver(self_ptr self);
 void try_complete(self_ptr self);
 void finish(self_ptr self, const std::string& reason);

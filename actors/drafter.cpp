@@ -3,6 +3,7 @@
 // faults (fault_plan) fire here.  Detached; its engine is built inside the
 // behaviour, on its own thread.
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
+#include "actors/device_health.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
 #include "gpu/device/error.hpp"
@@ -42,12 +44,19 @@ void apply_faults(drafter_state& s, int64_t next_step) {
         || f->at_step != next_step || f->fired.exchange(true))
       continue;
     spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
+    s.faults->record_fired(*f);
     if (f->kind == "throw")
       s.engine->inject(gpu::fault::throw_in_step);
     else if (f->kind == "nan")
       s.engine->inject(gpu::fault::nan_loss);
+    else if (f->kind == "cuda_error")
+      s.engine->inject(gpu::fault::cuda_error);
+    else if (f->kind == "cuda_sticky")
+      s.engine->inject(gpu::fault::cuda_sticky);
     else if (f->kind == "hang")
       std::this_thread::sleep_for(std::chrono::duration<double>(s.faults->hang_s));
+    else if (f->kind == "abort")
+      std::abort();  // the worker process dies (tandem run's parent restarts it)
   }
 }
 
@@ -62,6 +71,7 @@ bool apply_snapshot_faults(drafter_state& s) {
     if (f->drafter != s.index || (f->kind != "slow_snapshot" && f->kind != "throw_in_snapshot")
         || s.engine->step() < f->at_step || f->fired.exchange(true))
       continue;
+    s.faults->record_fired(*f);
     if (f->kind == "throw_in_snapshot") {
       spdlog::warn("drafter {}: injected fault 'throw_in_snapshot' at step {}", s.index, s.engine->step());
       die = true;
@@ -91,8 +101,9 @@ void poll_snapshot(drafter_actor::stateful_pointer<drafter_state> self) {
     s.snapshot_reply.reset();
     s.idle_since = clock_type::now();  // the copy was work, not a wait for data
   } catch (const std::exception& e) {
-    auto err = make_error(errc::device_failure, "drafter " + std::to_string(s.index) + ": snapshot at step "
-                                                  + std::to_string(s.snapshot.step) + ": " + e.what());
+    const auto c = classify_failure(errc::device_failure, s.engine->info().device);
+    auto err = make_error(c.code, "drafter " + std::to_string(s.index) + ": snapshot at step "
+                                    + std::to_string(s.snapshot.step) + ": " + e.what() + c.suffix);
     s.snapshot_reply->deliver(err);
     s.snapshot_reply.reset();
     self->quit(err);
@@ -174,11 +185,12 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
           self->send(s.coordinator, rep);
           return;
         }
-        self->quit(make_error(e.code(), "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        const auto c = classify_failure(e.code(), s.engine->info().device);
+        self->quit(make_error(c.code, "step " + std::to_string(s.engine->step() + 1) + ": " + e.what() + c.suffix));
         return;
       } catch (const std::exception& e) {
-        self->quit(make_error(errc::device_failure,
-                              "step " + std::to_string(s.engine->step() + 1) + ": " + e.what()));
+        const auto c = classify_failure(errc::device_failure, s.engine->info().device);
+        self->quit(make_error(c.code, "step " + std::to_string(s.engine->step() + 1) + ": " + e.what() + c.suffix));
         return;
       }
       step_report rep;
@@ -200,8 +212,9 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
         try {
           rep.restore_point = s.engine->keep_restore_point();
         } catch (const std::exception& e) {
-          self->quit(make_error(errc::device_failure, "step " + std::to_string(r.step)
-                                                        + ": keeping the restore point in device memory: " + e.what()));
+          const auto c = classify_failure(errc::device_failure, s.engine->info().device);
+          self->quit(make_error(c.code, "step " + std::to_string(r.step) + ": keeping the restore point in device memory: "
+                                          + e.what() + c.suffix));
           return;
         }
       }

@@ -61,6 +61,12 @@ struct line_writer {
   nlohmann::json operator()(const checkpoint_skipped_event& x) const {
     return {{"event", "checkpoint_skipped"}, {"step", x.step}, {"writing", x.writing}};
   }
+  nlohmann::json operator()(const restore_point_event& x) const {
+    nlohmann::json j{{"event", "restore_point"}, {"tier", x.tier}, {"step", x.step}, {"dir", x.dir}};
+    if (!x.error.empty())
+      j["error"] = x.error;
+    return j;
+  }
   nlohmann::json operator()(const end_event& x) const {
     nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
                      {"checkpoint", x.checkpoint}, {"durable_step", x.durable_step}};

@@ -46,18 +46,26 @@ target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_eng
                           coordinator_actor coordinator);
 
 /// Injected faults (config `[[faults.inject]]`, `--fault`): each fires once
-/// per run, whichever incarnation of its drafter reaches its step first.
+/// per run, whichever incarnation of its drafter reaches its step first —
+/// and, with `fired_file`, whichever worker process of one `tandem run`
+/// does (a fault that killed the worker does not fire again in the next).
 /// Test and demonstration machinery, shared by the drafter's incarnations.
 struct fault_plan {
   struct entry {
     int32_t drafter = 0;
-    std::string kind;       ///< "throw", "nan", "hang"
+    std::string kind;       ///< launch/run_config.hpp, fault_spec
     int64_t at_step = 0;    ///< fires when the drafter is about to take this step
     std::atomic<bool> fired{false};
   };
   std::vector<std::unique_ptr<entry>> entries;
   double hang_s = 0;        ///< how long "hang" blocks (beyond the step timeout)
   double slow_snapshot_s = 0;  ///< how long "slow_snapshot" keeps the snapshot copying
+  /// "" or a file of the faults fired by earlier worker processes of this
+  /// `tandem run` (one "drafter,kind,at_step" line each): those are marked
+  /// fired at spawn_system, and record_fired appends (and fsyncs) before a
+  /// fault acts, so one that kills the process is on record.
+  std::string fired_file;
+  void record_fired(const entry& e) const;
 };
 
 /// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
@@ -66,9 +74,11 @@ drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_
                             std::string restore_from, coordinator_actor coordinator,
                             std::shared_ptr<fault_plan> faults = nullptr);
 
-/// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`.
+/// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`
+/// and `pinned` (a restore point a resumed run may still roll back to).
 template <caf::spawn_options Os = caf::detached>
-checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep);
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep,
+                                      std::filesystem::path pinned = {});
 
 /// metrics_options: launch/options.hpp (plain data, filled by the launch plan).
 metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);

@@ -54,6 +54,13 @@ bool is_bad_input(const caf::error& reason) {
          && reason.code() == static_cast<uint8_t>(errc::bad_input);
 }
 
+/// An exit reason in errc::device_lost: the device's context is poisoned;
+/// no restart in this process can work.
+bool is_device_lost(const caf::error& reason) {
+  return reason.category() == error_category
+         && reason.code() == static_cast<uint8_t>(errc::device_lost);
+}
+
 /// The context sentence of a Tandem error (what make_error was given), or
 /// the rendered error when it has none.
 std::string bad_input_text(const caf::error& reason, const std::string& rendered) {
@@ -146,6 +153,18 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
       auto& s = self->state;
       if (s.stopped)
         return;
+      if (is_device_lost(m.reason)) {
+        // Whoever it was: the process cannot go on (messages/coordinator.hpp).
+        if (auto d = drafter_of(self, m.source); d >= 0) {
+          s.drafters[static_cast<size_t>(d)] = drafter_actor{};
+          s.drafter_addr[static_cast<size_t>(d)] = caf::actor_addr{};
+        }
+        s.others.erase(m.source);
+        auto why = bad_input_text(m.reason, self->system().render(m.reason));
+        spdlog::error("tandem.supervisor: {}", why);
+        self->send(s.coordinator, device_lost_atom::value, std::move(why));
+        return;
+      }
       if (auto d = drafter_of(self, m.source); d >= 0) {
         // Its restart waits for the coordinator's rollback and request.
         const auto di = static_cast<size_t>(d);
@@ -183,6 +202,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         for (size_t i = 0; i < peers.prefetch.size(); ++i)
           watch(self, peers.prefetch[i], "prefetch " + std::to_string(i));
         watch(self, peers.checkpointer, std::string("the checkpointer"));
+        watch(self, peers.host_checkpointer, std::string("the host checkpointer"));
         watch(self, peers.metrics, std::string("the metrics actor"));
       },
       [self](restart_atom, int32_t d, const std::string& why, const std::string& from) {

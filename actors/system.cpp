@@ -1,6 +1,11 @@
 #include "actors/system.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <memory>
+#include <set>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -11,19 +16,58 @@
 
 namespace tandem {
 
+namespace {
+
+std::string fired_line(int32_t drafter, const std::string& kind, int64_t at_step) {
+  return std::to_string(drafter) + "," + kind + "," + std::to_string(at_step);
+}
+
+} // namespace
+
+void fault_plan::record_fired(const entry& e) const {
+  if (fired_file.empty())
+    return;
+  const auto line = fired_line(e.drafter, e.kind, e.at_step) + "\n";
+  const int fd = ::open(fired_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    spdlog::warn("faults: cannot record a fired fault in {}", fired_file);
+    return;
+  }
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) || ::fsync(fd) != 0)
+    spdlog::warn("faults: cannot record a fired fault in {}", fired_file);
+  ::close(fd);
+}
+
 running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
   running_system run;
   run.peers.metrics = spawn_metrics(sys, plan.metrics);
   run.peers.checkpointer = spawn_checkpointer(sys, plan.checkpointer.dir, plan.checkpointer.keep);
+  if (plan.coordinator.host_every > 0) {
+    // A run resumed from a restore point in shared memory may roll back to
+    // it until a checkpoint holds a newer step: never rotated away.
+    const auto resumed = std::filesystem::path(plan.restore_from);
+    const bool from_host = !resumed.empty() && resumed.parent_path() == plan.host_checkpointer.dir;
+    run.peers.host_checkpointer = spawn_checkpointer(sys, plan.host_checkpointer.dir, plan.host_checkpointer.keep,
+                                                     from_host ? resumed : std::filesystem::path{});
+  }
 
   auto faults = std::make_shared<fault_plan>();
   faults->hang_s = plan.hang_s;
   faults->slow_snapshot_s = plan.slow_snapshot_s;
+  faults->fired_file = plan.faults_fired_file;
+  std::set<std::string> fired_before;
+  if (!faults->fired_file.empty()) {
+    std::ifstream in(faults->fired_file);
+    for (std::string line; std::getline(in, line);)
+      fired_before.insert(line);
+  }
   for (const auto& f : plan.faults) {
     auto e = std::make_unique<fault_plan::entry>();
     e->drafter = static_cast<int32_t>(f.drafter);
     e->kind = f.kind;
     e->at_step = f.at_step;
+    if (fired_before.count(fired_line(e->drafter, e->kind, e->at_step)))
+      e->fired = true;  // an earlier worker process of this run fired it
     faults->entries.push_back(std::move(e));
   }
 
@@ -99,6 +143,8 @@ void shutdown_system(const running_system& run) {
   for (auto& d : run.peers.drafters)
     caf::anon_send(d, shutdown_atom::value);
   caf::anon_send(run.peers.checkpointer, shutdown_atom::value);
+  if (run.peers.host_checkpointer)
+    caf::anon_send(run.peers.host_checkpointer, shutdown_atom::value);
   caf::anon_send(run.peers.metrics, shutdown_atom::value);
   caf::anon_send(run.coordinator, shutdown_atom::value);
 }

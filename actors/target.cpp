@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
+#include "actors/device_health.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
 #include "gpu/device/error.hpp"
@@ -55,9 +56,12 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
       try {
         w.features.handle = s.engine->forward(batch.handle);
       } catch (const std::exception& e) {
-        self->quit(make_error(errc::device_failure, "target " + std::to_string(s.index)
-                                                      + ", batch " + std::to_string(batch.batch_id)
-                                                      + ": " + e.what()));
+        // The engine's own code where it has one (bad_input: out of memory
+        // for these shapes); a lost device context is device_lost.
+        const auto* ge = dynamic_cast<const gpu::error*>(&e);
+        const auto c = classify_failure(ge ? ge->code() : errc::device_failure, s.engine->info().device);
+        self->quit(make_error(c.code, "target " + std::to_string(s.index) + ", batch "
+                                        + std::to_string(batch.batch_id) + ": " + e.what() + c.suffix));
         return;
       }
       w.features.forward_ms = ms_since(t0);

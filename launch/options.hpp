@@ -20,6 +20,11 @@ struct coordinator_settings {
   int64_t max_steps = 0;             ///< 0: run `epochs`
   int64_t epochs = 1;
   int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
+  /// Steps between restore points in shared memory (checkpoint.host_every;
+  /// 0 = none): snapshots written by the host checkpointer into a folder
+  /// that outlives the worker process, never committing the ledger (only a
+  /// durable checkpoint does); a new worker resumes from the newest.
+  int64_t host_every = 0;
   /// A stop request (SIGINT/SIGTERM, checkpoint.on_signal) finishes the step
   /// and writes a checkpoint first; false: it finishes the step and ends
   /// without one (the ledger commits only what an earlier checkpoint holds).

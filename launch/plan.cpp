@@ -1,6 +1,9 @@
 #include "launch/plan.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +21,23 @@ int64_t schedule_steps(const run_config& c, const data_facts& data) {
 }
 
 } // namespace
+
+std::filesystem::path host_restore_dir(const run_config& c) {
+  if (!c.checkpoint.host_dir.empty())
+    return c.checkpoint.host_dir.is_absolute() ? c.checkpoint.host_dir : c.run.output_dir / c.checkpoint.host_dir;
+  // FNV-1a of the output folder: two runs of one name in different places
+  // never share restore points.
+  uint32_t h = 2166136261u;
+  for (const unsigned char ch : std::filesystem::absolute(c.run.output_dir).lexically_normal().string())
+    h = (h ^ ch) * 16777619u;
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", h);
+  std::string name = c.run.name;
+  for (auto& ch : name)
+    if (ch == '/' || ch == '\\' || ch == ' ')
+      ch = '_';
+  return std::filesystem::path("/dev/shm") / ("tandem-" + std::to_string(::getuid())) / (name + "-" + hex);
+}
 
 launch_plan make_plan(const run_config& c, const inventory& devices, const data_facts& data,
                       const std::optional<resume_point>& resume) {
@@ -37,6 +57,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
   co.max_steps = c.train.max_steps;
   co.epochs = c.data.epochs;
   co.checkpoint_every = c.checkpoint.every_steps;
+  co.host_every = c.checkpoint.host_every;
   co.checkpoint_on_stop = c.checkpoint.on_signal;
   co.step_timeout_s = c.runtime.step_timeout_s;
   co.heartbeat_s = c.runtime.heartbeat_s;
@@ -63,6 +84,10 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
 
   p.checkpointer.dir = c.checkpoint_dir();
   p.checkpointer.keep = static_cast<int>(c.checkpoint.keep);
+  p.host_checkpointer.dir = host_restore_dir(c);
+  p.host_checkpointer.keep = 1;
+  p.gpu_memory_fraction = c.runtime.gpu_memory_fraction;
+  p.worker_restarts = c.supervision.worker_restarts;
 
   const auto world = static_cast<int32_t>(p.placement.targets.size());
   for (const auto& t : p.placement.targets) {
@@ -114,6 +139,11 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     p.drafters.push_back(o);
   }
   p.faults = c.faults;
+  for (const auto& f : p.faults)
+    if ((f.kind == "cuda_error" || f.kind == "cuda_sticky")
+        && (f.drafter >= static_cast<int64_t>(p.drafters.size()) || p.drafters[static_cast<size_t>(f.drafter)].device < 0))
+      throw config_error(at + "fault " + f.to_string() + ": kind " + f.kind + " needs drafter "
+                         + std::to_string(f.drafter) + " on a CUDA device (placement.drafters)");
   p.hang_s = 2 * c.runtime.step_timeout_s + 1;
   p.slow_snapshot_s = 2 * c.runtime.heartbeat_s + 1;
   return p;
@@ -151,7 +181,7 @@ std::string to_json(const launch_plan& p) {
   const auto& co = p.coordinator;
   j["coordinator"] = {{"num_samples", co.num_samples}, {"credits", co.credits},
                       {"max_steps", co.max_steps}, {"epochs", co.epochs},
-                      {"checkpoint_every", co.checkpoint_every},
+                      {"checkpoint_every", co.checkpoint_every}, {"host_every", co.host_every},
                       {"checkpoint_on_stop", co.checkpoint_on_stop},
                       {"resume_ledger", co.resume_ledger}, {"resume_step", co.resume_step},
                       {"resume_checkpoint", co.resume_checkpoint},
@@ -163,6 +193,9 @@ std::string to_json(const launch_plan& p) {
                   {"progress", p.metrics.progress}, {"every_s", p.metrics.every_s},
                   {"total_steps", p.metrics.total_steps}, {"log_every", p.metrics.log_every}};
   j["checkpointer"] = {{"dir", p.checkpointer.dir.string()}, {"keep", p.checkpointer.keep}};
+  j["host_checkpointer"] = {{"dir", p.host_checkpointer.dir.string()}, {"keep", p.host_checkpointer.keep}};
+  j["gpu_memory_fraction"] = p.gpu_memory_fraction;
+  j["worker_restarts"] = p.worker_restarts;
   j["prefetch"] = json::array();
   for (const auto& o : p.prefetch)
     j["prefetch"].push_back({{"dataset", o.dataset.string()}, {"device", device_string(o.device)},

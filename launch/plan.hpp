@@ -55,6 +55,12 @@ struct resume_point {
   std::string ledger;      ///< the ledger saved with it (JSON text)
 };
 
+/// checkpoint.host_dir when set (relative: to run.output_dir), else
+/// /dev/shm/tandem-<uid>/<run.name>-<8 hex digits of run.output_dir's
+/// absolute path>: one folder per run and user, found again by the next
+/// worker process and by `--resume`.
+std::filesystem::path host_restore_dir(const run_config& c);
+
 /// Every setting of every actor of one run.
 struct launch_plan {
   std::string run_name;               ///< run.name (default: the config file's stem)
@@ -68,10 +74,18 @@ struct launch_plan {
   supervisor_settings supervisor;
   metrics_options metrics;
   checkpointer_options checkpointer;
+  /// The restore points in shared memory (checkpoint.host_every > 0): a
+  /// second checkpointer writing into host_restore_dir, keeping the newest
+  /// one; coordinator.host_every says how often.  keep = 1.
+  checkpointer_options host_checkpointer;
+  double gpu_memory_fraction = 1.0;   ///< runtime.gpu_memory_fraction, for every GPU of the run
+  int64_t worker_restarts = 3;        ///< supervision.worker_restarts (tandem run's parent process)
   std::vector<gpu::prefetch_engine_options> prefetch;  ///< [i] serves targets[i]
   std::vector<gpu::target_engine_options> targets;
   std::vector<gpu::drafter_engine_options> drafters;   ///< [i] for drafter i, every incarnation
   std::vector<fault_spec> faults;     ///< injected faults (tests and demonstrations)
+  std::string faults_fired_file;      ///< faults fired by earlier worker processes (tandem run
+                                      ///< sets it; actors/spawn.hpp, fault_plan)
   double hang_s = 0;                  ///< how long an injected "hang" blocks
   double slow_snapshot_s = 0;         ///< how long an injected "slow_snapshot" copies (past
                                       ///< two heartbeat deadlines)

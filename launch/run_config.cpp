@@ -525,6 +525,10 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.runtime.capture_graphs = v.boolean(); },
    [](const rc& c) { return w_bool(c.runtime.capture_graphs); },
    "capture each step as a CUDA graph (ignored on the CPU)"},
+  {"runtime", "gpu_memory_fraction", kind::number, false,
+   [](rc& c, const vr& v) { c.runtime.gpu_memory_fraction = v.number(0, true, 1, false, "a number in (0, 1]"); },
+   [](const rc& c) { return w_num(c.runtime.gpu_memory_fraction); },
+   "the share of each GPU's memory this run may allocate, in (0, 1]"},
   // [checkpoint]
   {"checkpoint", "dir", kind::path, false,
    [](rc& c, const vr& v) { c.checkpoint.dir = v.relative_path(false); },
@@ -543,6 +547,17 @@ const field_def fields[] = {
    [](const rc& c) { return w_int(c.checkpoint.memory_every); },
    "steps between restore points in device memory (a single drafter's masters and moments "
    "copied on its device; a failure in this process restores them); 0 = none"},
+  {"checkpoint", "host_every", kind::integer, false,
+   [](rc& c, const vr& v) { c.checkpoint.host_every = v.non_negative(); },
+   [](const rc& c) { return w_int(c.checkpoint.host_every); },
+   "steps between restore points in shared memory (checkpoint.host_dir, written like a checkpoint "
+   "from the drafter's page-locked snapshot): they outlive the worker process, so a sticky CUDA error "
+   "or a killed worker resumes from them, not from the older checkpoint; 0 = none"},
+  {"checkpoint", "host_dir", kind::path, false,
+   [](rc& c, const vr& v) { c.checkpoint.host_dir = v.relative_path(true); },
+   [](const rc& c) { return w_path(c.checkpoint.host_dir); },
+   "folder of the restore points in shared memory; \"\" = /dev/shm/tandem-<uid>/<run.name>-<hash of "
+   "run.output_dir>"},
   {"checkpoint", "on_signal", kind::boolean, false,
    [](rc& c, const vr& v) { c.checkpoint.on_signal = v.boolean(); },
    [](const rc& c) { return w_bool(c.checkpoint.on_signal); },
@@ -566,6 +581,11 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.supervision.window_s = v.positive_number(); },
    [](const rc& c) { return w_num(c.supervision.window_s); },
    "failures older than this many seconds do not count against the budget"},
+  {"supervision", "worker_restarts", kind::integer, false,
+   [](rc& c, const vr& v) { c.supervision.worker_restarts = v.non_negative(); },
+   [](const rc& c) { return w_int(c.supervision.worker_restarts); },
+   "new worker processes `tandem run` starts after its worker died (a signal, or a lost CUDA context: "
+   "exit status 75), each resuming from the newest restore point; 0 = the run ends with the worker"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -611,8 +631,10 @@ const section_def sections[] = {
 };
 
 const char* const fault_keys[] = {"drafter", "kind", "at_step"};
-const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot"};
-constexpr std::string_view fault_usage = "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S";
+const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot",
+                                           "cuda_error", "cuda_sticky", "abort"};
+constexpr std::string_view fault_usage =
+  "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S";
 
 const field_def* find_field(std::string_view section, std::string_view key) {
   for (auto& f : fields)
@@ -962,9 +984,12 @@ fault_spec parse_fault(const std::string& spec) {
   f.drafter = integer("drafter");
   f.at_step = integer("at_step");
   f.kind = values["kind"];
-  if (std::find(fault_kinds.begin(), fault_kinds.end(), f.kind) == fault_kinds.end())
-    throw config_error(where + ": 'kind' must be one of \"throw\", \"nan\", \"hang\", \"slow_snapshot\", \"throw_in_snapshot\", got " +
-                       quote(f.kind));
+  if (std::find(fault_kinds.begin(), fault_kinds.end(), f.kind) == fault_kinds.end()) {
+    std::string list;
+    for (const auto& k : fault_kinds)
+      list += (list.empty() ? "" : ", ") + quote(k);
+    throw config_error(where + ": 'kind' must be one of " + list + ", got " + quote(f.kind));
+  }
   return f;
 }
 

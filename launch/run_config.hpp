@@ -45,7 +45,11 @@ struct fault_spec {
   std::string kind;     ///< "throw" (an exception), "nan" (a non-finite loss),
                         ///< "hang" (its step never ends; step_timeout_s catches it),
                         ///< "slow_snapshot" (the first snapshot taken at or after
-                        ///< at_step copies slowly: the drafter is busy, not dead)
+                        ///< at_step copies slowly: the drafter is busy, not dead),
+                        ///< "throw_in_snapshot", "cuda_error" (a real non-sticky CUDA
+                        ///< error), "cuda_sticky" (an illegal address: the context is
+                        ///< lost, the worker process restarts), "abort" (the worker
+                        ///< process aborts)
   int64_t at_step = 0;  ///< the global optimizer step at which it fails
 
   /// The `--fault` form: "drafter=0,kind=nan,at_step=5".
@@ -125,6 +129,7 @@ struct run_config {
     double step_timeout_s = 120.0;  ///< step_timeout_s: a step slower than this is a failure
     double group_timeout_s = 30.0;  ///< group_timeout_s: data-parallel drafters' group forming and collectives
     bool capture_graphs = true;   ///< capture_graphs: CUDA graphs (ignored on the CPU)
+    double gpu_memory_fraction = 1.0;  ///< gpu_memory_fraction: the caching allocator's cap per GPU, (0, 1]
   } runtime;
 
   /// [checkpoint]: snapshots.
@@ -135,6 +140,9 @@ struct run_config {
     bool on_signal = true;      ///< on_signal: snapshot on SIGINT/SIGTERM before exiting
     int64_t memory_every = 1;   ///< memory_every: steps between restore points in device memory
                                 ///< (a single drafter; 0 = none)
+    int64_t host_every = 25;    ///< host_every: steps between restore points in shared memory
+                                ///< (they outlive the worker process; 0 = none)
+    std::filesystem::path host_dir;  ///< host_dir: their folder; "" = under /dev/shm (plan.hpp)
   } checkpoint;
 
   /// [supervision]: restarting failed drafters.
@@ -142,6 +150,7 @@ struct run_config {
     int64_t restart_budget = 3;              ///< restart_budget: restarts per drafter within window_s
     std::vector<double> backoff_s{1, 2, 4};  ///< backoff_s: wait before restart k (the last repeats)
     double window_s = 600.0;                 ///< window_s: failures older than this do not count
+    int64_t worker_restarts = 3;             ///< worker_restarts: new worker processes after deaths
   } supervision;
 
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.

@@ -81,6 +81,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using drafter_down_atom = caf::atom_constant<caf::atom("down")>;
 using drafter_up_atom = caf::atom_constant<caf::atom("up")>;
 using escalate_atom = caf::atom_constant<caf::atom("escalate")>;
+using device_lost_atom = caf::atom_constant<caf::atom("devlost")>;
 
 /// How a run ended.
 struct run_summary {
@@ -106,12 +107,15 @@ struct coordinator_peers {
   std::vector<drafter_actor> drafters;
   checkpointer_actor checkpointer;
   metrics_actor metrics;
+  /// Writes the restore points in shared memory (coordinator_settings::
+  /// host_every); none: the tier is off.
+  checkpointer_actor host_checkpointer;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, coordinator_peers& x) {
   return f(caf::meta::type_name("tandem.coordinator_peers"), x.prefetch, x.targets, x.drafters,
-           x.checkpointer, x.metrics);
+           x.checkpointer, x.metrics, x.host_checkpointer);
 }
 
 using coordinator_actor = caf::typed_actor<
@@ -127,6 +131,12 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<drafter_up_atom, int32_t, drafter_actor>,  ///< supervisor: j's new incarnation
   caf::reacts_to<escalate_atom, std::string>,               ///< supervisor: a worker it does not
                                                             ///< restart ended (why)
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  /// supervisor: a worker ended with errc::device_lost (why): its device's
+  /// context is poisoned, so nothing on it (a restart, a last snapshot) can
+  /// run in this process.  The run fails at once with device_lost; `tandem
+  /// run`'s worker process exits 75 and its parent starts a new one from
+  /// the newest restore point that outlived this process.
+  caf::reacts_to<device_lost_atom, std::string>>;
 
 } // namespace tandem

@@ -10,6 +10,7 @@ std::string to_string(errc x) {
     case errc::bad_input: return "bad_input";
     case errc::timeout: return "timeout";
     case errc::unexpected_message: return "unexpected_message";
+    case errc::device_lost: return "device_lost";
   }
   return "errc(" + std::to_string(static_cast<int>(x)) + ")";
 }

@@ -26,6 +26,12 @@ enum class errc : uint8_t {
   timeout = 5,
   /// An actor received a message its protocol does not handle.
   unexpected_message = 6,
+  /// A device's CUDA context is poisoned (a sticky error such as an illegal
+  /// address): nothing on that device can be used again in this process.
+  /// Not retried in-process; `tandem run`'s worker exits with status 75 and
+  /// its parent starts a new worker from the newest restore point that
+  /// outlived it (DESIGN.md §3, restore tiers).
+  device_lost = 7,
 };
 
 /// The error category atom of every Tandem error.

@@ -30,6 +30,14 @@
 ///   escalated             reason, step
 ///   end                   reason, steps, checkpoint, durable_step, [error]
 ///   checkpoint_skipped    step, writing
+///   restore_point         tier ("host"), step, dir, [error]
+///
+/// Written by `tandem run` itself as free-form lines (event_atom), not by
+/// the coordinator:
+///   worker_restarted      exit ("signal 6", "status 75"), restart, budget,
+///                         unix_s (wall clock of the worker's death)
+///   resumed               step, from (folder), tier ("host", "disk"),
+///                         durable_step, unix_s (wall clock at the start)
 ///
 /// Room for more: a new kind is a new struct APPENDED to `run_event`'s
 /// alternatives (the alternative's index is on the wire: never reorder) and
@@ -154,12 +162,24 @@ struct checkpoint_skipped_event {
   int64_t writing = 0;
 };
 
+/// "restore_point": a restore point in shared memory (`tier` "host",
+/// checkpoint.host_every) holding `step` is written in `dir`; it commits
+/// nothing (only checkpoints on disk do) and is what a new worker process
+/// resumes from when it is newer than the newest checkpoint.  `error`: the
+/// write failed (the tier is off for the rest of the process).
+struct restore_point_event {
+  std::string tier;
+  int64_t step = 0;
+  std::string dir;
+  std::string error;
+};
+
 /// One of the run's events.  Append only (see above).
 using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discarded_event,
                                group_formed_event, group_step_abandoned_event,
                                drafter_failed_event, budget_exhausted_event,
                                drafter_restarted_event, escalated_event, end_event,
-                               checkpoint_skipped_event>;
+                               checkpoint_skipped_event, restore_point_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -212,6 +232,11 @@ typename Inspector::result_type inspect(Inspector& f, escalated_event& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, checkpoint_skipped_event& x) {
   return f(caf::meta::type_name("tandem.checkpoint_skipped_event"), x.step, x.writing);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, restore_point_event& x) {
+  return f(caf::meta::type_name("tandem.restore_point_event"), x.tier, x.step, x.dir, x.error);
 }
 
 template <class Inspector>

@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 
 #ifdef TANDEM_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
 #ifdef TANDEM_HAVE_NCCL
@@ -52,6 +53,72 @@ runtime_info query_runtime() {
     info.devices.push_back(d);
   }
   return info;
+}
+
+std::string context_error(int32_t device) {
+#ifdef TANDEM_HAVE_CUDA
+  if (device < 0)
+    return "";
+  // Sticky errors (CUDA's "the context cannot be used any more" class):
+  // every later call in the process returns them.  A transient one (an
+  // invalid launch configuration, an allocation that failed) is not among
+  // them and leaves the context usable.
+  auto sticky = [](cudaError_t e) {
+    switch (e) {
+      case cudaErrorIllegalAddress:
+      case cudaErrorLaunchFailure:
+      case cudaErrorHardwareStackError:
+      case cudaErrorIllegalInstruction:
+      case cudaErrorMisalignedAddress:
+      case cudaErrorInvalidAddressSpace:
+      case cudaErrorInvalidPc:
+      case cudaErrorAssert:
+      case cudaErrorLaunchTimeout:
+      case cudaErrorECCUncorrectable:
+      case cudaErrorContextIsDestroyed:
+      case cudaErrorDevicesUnavailable:
+        return true;
+      default:
+        return false;
+    }
+  };
+  int before = 0;
+  cudaGetDevice(&before);
+  std::string what;
+  auto check = [&](cudaError_t e) {
+    if (what.empty() && e != cudaSuccess && sticky(e))
+      what = cudaGetErrorString(e);
+    return e == cudaSuccess;
+  };
+  if (check(cudaSetDevice(device))) {
+    cudaStream_t s = nullptr;
+    if (check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))) {
+      check(cudaStreamSynchronize(s));
+      cudaStreamDestroy(s);
+    }
+    cudaEvent_t e = nullptr;
+    if (check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming))) {
+      check(cudaEventQuery(e));
+      cudaEventDestroy(e);
+    }
+  }
+  cudaSetDevice(before);
+  return what;
+#else
+  (void)device;
+  return "";
+#endif
+}
+
+void set_memory_fraction(int32_t device, double fraction) {
+#ifdef TANDEM_HAVE_CUDA
+  if (device < 0 || fraction >= 1.0)
+    return;
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device);
+#else
+  (void)device;
+  (void)fraction;
+#endif
 }
 
 } // namespace tandem::gpu

@@ -30,4 +30,16 @@ struct runtime_info {
 /// device list is the answer then.
 runtime_info query_runtime();
 
+/// "" while CUDA device `device`'s context in this process still works;
+/// else the sticky error that poisoned it ("an illegal memory access was
+/// encountered"), after which no CUDA call on it can succeed again in this
+/// process (errc::device_lost).  Asks with calls that cannot block on other
+/// threads' work (an empty stream of its own); on the thread that owns the
+/// device.  "" on the CPU (device < 0) and without CUDA.
+std::string context_error(int32_t device);
+
+/// Limits the caching allocator on `device` to `fraction` of its memory
+/// (runtime.gpu_memory_fraction; ≥ 1: no limit).  No-op on the CPU.
+void set_memory_fraction(int32_t device, double fraction);
+
 } // namespace tandem::gpu

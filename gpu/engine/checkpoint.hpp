@@ -68,6 +68,10 @@ struct resume_lookup {
 /// not (torn, truncated, bit-flipped) is renamed to <name>.corrupt, out of
 /// the way of later lookups and rotation, and named in `warnings`.
 resume_lookup find_resume_checkpoint(const std::filesystem::path& root);
+/// The same over several roots (the checkpoints and the restore points in
+/// shared memory): the newest that verifies in any of them; of equal
+/// steps, the earlier root's.  Only what is newer than the result is read.
+resume_lookup find_resume_checkpoint(const std::vector<std::filesystem::path>& roots);
 
 /// Deletes the oldest complete checkpoints under `root` until the newest
 /// `keep` remain (keep ≤ 0: none deleted); never `protect`.  Also removes
@@ -75,6 +79,9 @@ resume_lookup find_resume_checkpoint(const std::filesystem::path& root);
 /// after a write).  Returns what it removed.
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int keep,
                                                       const std::filesystem::path& protect);
+/// The same, never deleting any of `protect`.
+std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int keep,
+                                                      const std::vector<std::filesystem::path>& protect);
 
 /// One checkpoint's size on disk for a drafter of `parameters` trainable
 /// parameters (fp32 weights and two fp32 moments, 12 bytes each, + 64 KiB).

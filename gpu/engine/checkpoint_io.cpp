@@ -362,8 +362,19 @@ void verify_checkpoint(const fs::path& dir) {
 }
 
 resume_lookup find_resume_checkpoint(const fs::path& root) {
+  return find_resume_checkpoint(std::vector<fs::path>{root});
+}
+
+resume_lookup find_resume_checkpoint(const std::vector<fs::path>& roots) {
   resume_lookup r;
-  for (const auto& dir : list_checkpoints(root)) {
+  std::vector<fs::path> all;
+  for (const auto& root : roots)
+    for (auto& dir : list_checkpoints(root))
+      all.push_back(std::move(dir));
+  // Newest first; of equal steps, the earlier root's.
+  std::stable_sort(all.begin(), all.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
+  for (const auto& dir : all) {
+    const auto root = dir.parent_path();
     try {
       verify_checkpoint(dir);
     } catch (const std::exception& e) {
@@ -390,14 +401,21 @@ resume_lookup find_resume_checkpoint(const fs::path& root) {
 }
 
 std::vector<fs::path> rotate_checkpoints(const fs::path& root, int keep, const fs::path& protect) {
+  return rotate_checkpoints(root, keep, std::vector<fs::path>{protect});
+}
+
+std::vector<fs::path> rotate_checkpoints(const fs::path& root, int keep, const std::vector<fs::path>& protect) {
   std::vector<fs::path> removed;
   if (keep <= 0)
     return removed;
   const auto all = list_checkpoints(root);
   std::error_code ec;
-  const auto keep_too = fs::weakly_canonical(protect, ec);
+  std::vector<fs::path> keep_too;
+  for (const auto& p : protect)
+    if (!p.empty())
+      keep_too.push_back(fs::weakly_canonical(p, ec));
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
-    if (!protect.empty() && fs::weakly_canonical(all[i], ec) == keep_too)
+    if (std::find(keep_too.begin(), keep_too.end(), fs::weakly_canonical(all[i], ec)) != keep_too.end())
       continue;
     remove_tree(all[i]);
     if (!fs::exists(all[i], ec))

@@ -34,6 +34,8 @@
 #ifdef TANDEM_HAVE_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include "gpu/kernels/fault.hpp"
 #endif
 
 namespace tandem::gpu {
@@ -209,7 +211,13 @@ struct drafter_engine::impl {
   at::Generator gen;                 ///< anchors; private, on the device
   drafter_info info;
   int64_t applied = 0;               ///< host mirror of the optimizer's update count
-  bool nan_armed = false, throw_armed = false;
+  int64_t steps_here = 0;            ///< steps this engine completed (the first two, eager and
+                                     ///< captured, allocate what later ones reuse)
+  bool nan_armed = false;
+  /// An injected fault that fails the step after backward, before the
+  /// update (the step then runs eagerly, also when graphed).
+  enum class armed_failure : uint8_t { none, throw_in_step, cuda_error, cuda_sticky };
+  armed_failure failure_armed = armed_failure::none;
   mutable double slow_snapshot_s = 0;  ///< > 0: the next snapshot copies for this long (a fault)
   at::Tensor poison;                 ///< [] float32 on the device: the loss's factor — 1, NaN (an
                                      ///< injected nan fault), 0 (a rank that does not contribute)
@@ -240,6 +248,10 @@ struct drafter_engine::impl {
 #ifdef TANDEM_HAVE_CUDA
   std::optional<copy_event> snapshot_copied;  ///< recorded after the copy in flight
 #endif
+  /// The snapshot in flight copies from the restore point in device memory
+  /// (it held this very step), not from the masters: the next update need
+  /// not wait for it; keep_restore_point skips steps until it has landed.
+  bool snapshot_reads_memory = false;
   const uint64_t incarnation = ++incarnations;  ///< newer engines own the restore point
   std::shared_ptr<memory_restore_point> memory;  ///< the restore point this engine writes (null: none)
   int64_t memory_held = -1;                      ///< the update count it holds once its copy lands
@@ -467,11 +479,14 @@ struct drafter_engine::impl {
   /// [loss, accuracy, grad_norm, lr, scored, skipped, step] as float32 on
   /// the device.
   ///
-  /// `fail_after_backward` (an injected throw fault; eager only) throws
-  /// between backward and the update, so the update never runs.
+  /// `fail_after_backward` (an injected fault; eager only) fails the step
+  /// between backward and the update, so the update never runs: a throw, a
+  /// real non-sticky CUDA error (a launch of too many threads a block) or a real
+  /// sticky one (a kernel storing to an unmapped address: the read-back
+  /// after it fails, and the context is lost for the process).
   at::Tensor step_body(const at::Tensor& tokens, const at::Tensor& loss_mask,
                        const at::Tensor& doc_lengths, const at::Tensor& taps,
-                       bool fail_after_backward = false) {
+                       armed_failure fail_after_backward = armed_failure::none) {
     const auto s = tokens.size(1);
     if (flat.grad.defined())
       at::_foreach_zero_(flat.vector_grads);  // the matrices' are written by their GEMMs
@@ -500,8 +515,25 @@ struct drafter_engine::impl {
                     + std::to_string(flat.matrices)
                     + " weight matrices got their gradient from fused_linear this step (a "
                       "projection that bypasses it would keep a stale gradient)");
-    if (fail_after_backward)
-      throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
+    switch (fail_after_backward) {
+      case armed_failure::none: break;
+      case armed_failure::throw_in_step:
+        throw error(errc::device_failure, who + ": injected fault (throw_in_step)");
+#ifdef TANDEM_HAVE_CUDA
+      case armed_failure::cuda_error: {
+        const auto rc = kernels::launch_invalid_configuration(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        throw error(errc::device_failure, who + ": CUDA error: " + cudaGetErrorString(rc)
+                                            + " (injected fault cuda_error)");
+      }
+      case armed_failure::cuda_sticky:
+        kernels::launch_illegal_store(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        break;  // the step's read-back fails
+#else
+      case armed_failure::cuda_error:
+      case armed_failure::cuda_sticky:
+        throw error(errc::bad_input, who + ": the CUDA fault kinds need a CUDA drafter");
+#endif
+    }
     if (flat.grad.defined())
       return flat_update(loss, out);
     if (mixed()) {
@@ -662,7 +694,8 @@ struct drafter_engine::impl {
               + std::to_string(cfg.target_layer_ids.size()) + " taps of "
               + std::to_string(cfg.layer.hidden_size) + ")");
     const bool inject_nan = std::exchange(nan_armed, false);
-    const bool inject_throw = std::exchange(throw_armed, false);
+    const auto inject_failure = std::exchange(failure_armed, armed_failure::none);
+    const bool inject_throw = inject_failure != armed_failure::none;
 
     at::Tensor readback;
     try {
@@ -676,7 +709,7 @@ struct drafter_engine::impl {
 #endif
         // An injected throw runs the step eagerly (also when graphed) so that
         // it fails where a real fault would: after backward, before the update.
-        metrics = step_body(batch[0], batch[1], batch[2], taps, inject_throw);
+        metrics = step_body(batch[0], batch[1], batch[2], taps, inject_failure);
 #ifdef TANDEM_HAVE_CUDA
       // In a group the step holds a collective: bound it on the host (a
       // rank that never arrives ends in gpu::error(timeout), the
@@ -688,9 +721,17 @@ struct drafter_engine::impl {
 #endif
       // One read-back for every reported value: the only host sync, after the step.
       readback = metrics.to(at::kCPU, at::kDouble);
+    } catch (const c10::OutOfMemoryError& e) {
+      // The first step of an engine allocates what every later one reuses
+      // (activations, the graph's pool): running out there is the shapes',
+      // and no restart helps.
+      throw error(steps_here < 2 ? errc::bad_input : errc::device_failure,
+                  who + ": step " + std::to_string(applied + 1) + " ran out of device memory: "
+                    + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
     } catch (const c10::Error& e) {
       throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
     }
+    ++steps_here;
     const auto m = unpack(readback);
     step_result r;
     r.loss = m.loss;
@@ -848,7 +889,7 @@ struct drafter_engine::impl {
       cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
       if (memory && memory->copied)
         memory->copied->block(current);
-      if (snapshot_copied)  // a snapshot's copy reads what the update writes
+      if (snapshot_copied && !snapshot_reads_memory)  // a snapshot's copy reads what the update writes
         snapshot_copied->block(current);
     }
 #endif
@@ -901,6 +942,7 @@ struct drafter_engine::impl {
     auto& h = free_host_set();
     snapshot_parts parts;
     parts.state = state_json().dump();
+    snapshot_reads_memory = false;
     auto copy_all = [&] {
       copy_state_to(h.weights, h.exp_avg, h.exp_avg_sq);
       h.step.copy_(optimizer->step_count(), true);
@@ -908,14 +950,27 @@ struct drafter_engine::impl {
 #ifdef TANDEM_HAVE_CUDA
     if (device.is_cuda()) {
       auto side = c10::cuda::getStreamFromPool(false, device.index());
-      copy_event stepped, graphed_step;
-      stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-      stepped.block(side.stream());
-      if (sg.graph) {  // the last step ran there
-        graphed_step.record(sg.graph->stream().stream());
-        graphed_step.block(side.stream());
-      }
-      {
+      if (memory && memory_held == applied && memory->copied) {
+        // The restore point in device memory holds this step: copy from it,
+        // after its own copy, and let training go on meanwhile.
+        memory->copied->block(side.stream());
+        snapshot_reads_memory = true;
+        at::NoGradGuard no_grad;
+        c10::cuda::CUDAStreamGuard on_side(side);
+        for (size_t i = 0; i < masters.size(); ++i) {
+          h.weights[i].copy_(memory->masters[i], /*non_blocking=*/true);
+          h.exp_avg[i].copy_(memory->exp_avg[i], true);
+          h.exp_avg_sq[i].copy_(memory->exp_avg_sq[i], true);
+        }
+        h.step.fill_(static_cast<double>(applied));
+      } else {
+        copy_event stepped, graphed_step;
+        stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        stepped.block(side.stream());
+        if (sg.graph) {  // the last step ran there
+          graphed_step.record(sg.graph->stream().stream());
+          graphed_step.block(side.stream());
+        }
         c10::cuda::CUDAStreamGuard on_side(side);
         copy_all();
       }
@@ -974,6 +1029,10 @@ struct drafter_engine::impl {
       return -1;
     if (applied % opts.memory_every != 0)
       return memory_held;
+#ifdef TANDEM_HAVE_CUDA
+    if (snapshot_reads_memory && snapshot_copied && !snapshot_copied->query())
+      return memory_held;  // a snapshot still reads it: kept at its step until that copy lands
+#endif
     detail::device_scope scope(device);
     {
       std::lock_guard<std::mutex> lock(memory_mutex);
@@ -1228,8 +1287,14 @@ struct drafter_engine::impl {
   }
 };
 
-drafter_engine::drafter_engine(const drafter_engine_options& opts)
-  : impl_(std::make_unique<impl>(opts)) {}
+drafter_engine::drafter_engine(const drafter_engine_options& opts) {
+  try {
+    impl_ = std::make_unique<impl>(opts);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw error(errc::bad_input, "drafter engine: out of device memory while building the drafter: "
+                                   + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
+  }
+}
 drafter_engine::~drafter_engine() = default;
 drafter_engine::drafter_engine(drafter_engine&&) noexcept = default;
 drafter_engine& drafter_engine::operator=(drafter_engine&&) noexcept = default;
@@ -1296,7 +1361,9 @@ int drafter_engine::group_world() const {
 void drafter_engine::inject(fault f) {
   switch (f) {
     case fault::nan_loss: impl_->nan_armed = true; break;
-    case fault::throw_in_step: impl_->throw_armed = true; break;
+    case fault::throw_in_step: impl_->failure_armed = impl::armed_failure::throw_in_step; break;
+    case fault::cuda_error: impl_->failure_armed = impl::armed_failure::cuda_error; break;
+    case fault::cuda_sticky: impl_->failure_armed = impl::armed_failure::cuda_sticky; break;
   }
 }
 

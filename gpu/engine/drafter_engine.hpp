@@ -97,6 +97,11 @@ struct step_result {
 enum class fault {
   nan_loss,       ///< the next step's loss (and so its gradients) becomes NaN
   throw_in_step,  ///< the next step throws gpu::error(errc::device_failure) after backward
+  cuda_error,     ///< after backward, a real non-sticky CUDA error (a launch of too many threads
+                  ///< a block): device_failure, the context stays usable (CUDA only)
+  cuda_sticky,    ///< after backward, a kernel stores to an unmapped address: the read-back
+                  ///< fails with cudaErrorIllegalAddress and the context is lost for the
+                  ///< process (gpu::context_error says so; CUDA only)
 };
 
 class drafter_engine {

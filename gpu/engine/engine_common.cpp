@@ -147,4 +147,15 @@ uint64_t mix_seed(uint64_t seed, uint64_t stream) {
   return z ^ (z >> 31);
 }
 
+std::string out_of_memory_text(const c10::OutOfMemoryError& e) {
+  std::string text = e.what_without_backtrace();
+  // The allocator appends advice about PYTORCH_CUDA_ALLOC_CONF, which a
+  // Tandem user does not set: keep its first two sentences.
+  if (auto cut = text.find(" If reserved but unallocated"); cut != std::string::npos)
+    text.resize(cut);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' '))
+    text.pop_back();
+  return text;
+}
+
 } // namespace tandem::gpu::detail

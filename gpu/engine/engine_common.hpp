@@ -50,6 +50,17 @@ private:
 void check_batch_payload(const std::vector<at::Tensor>& t, transport::handle h,
                          const std::string& who);
 
+/// Out of device memory: the allocator's sentence (what it tried to
+/// allocate, what the device holds and has free), without the backtrace.
+std::string out_of_memory_text(const c10::OutOfMemoryError& e);
+
+/// What lowers the memory a run needs, for the error that names an
+/// out-of-memory (config keys, docs/config.md).
+inline constexpr const char* out_of_memory_hint =
+  "the shapes do not fit this device: lower data.seq_len, data.rows or data.anchors (or "
+  "drafter.layers), put the target and the drafter on separate GPUs (placement.*), or raise "
+  "runtime.gpu_memory_fraction if it is below 1";
+
 /// splitmix64: derives independent seeds from one user seed.
 uint64_t mix_seed(uint64_t seed, uint64_t stream);
 

@@ -33,8 +33,14 @@ struct target_engine::impl {
   }
 };
 
-target_engine::target_engine(const target_engine_options& opts)
-  : impl_(std::make_unique<impl>(opts)) {}
+target_engine::target_engine(const target_engine_options& opts) {
+  try {
+    impl_ = std::make_unique<impl>(opts);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw error(errc::bad_input, "target engine (" + opts.dir.string() + "): out of device memory while loading "
+                                   "the target: " + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
+  }
+}
 target_engine::~target_engine() = default;
 target_engine::target_engine(target_engine&&) noexcept = default;
 target_engine& target_engine::operator=(target_engine&&) noexcept = default;
@@ -51,7 +57,16 @@ transport::handle target_engine::forward(transport::handle batch) {
   detail::check_batch_payload(t, batch, "target engine");
   const auto s = t[0].size(1);
   auto docs = make_doc_layout(t[2], s);
-  auto out = m.target->forward(t[0].to(at::kLong), docs);
+  qwen3_output out;
+  try {
+    out = m.target->forward(t[0].to(at::kLong), docs);
+  } catch (const c10::OutOfMemoryError& e) {
+    // Every forward has the same shapes: running out is the shapes', on the
+    // first batch as on any other.
+    throw error(errc::bad_input, "target engine: forward of batch " + std::to_string(batch)
+                                   + " ran out of device memory: " + detail::out_of_memory_text(e) + "; "
+                                   + detail::out_of_memory_hint);
+  }
   transport::payload p;
   p.tensors = {out.taps};
 #ifdef TANDEM_HAVE_CUDA

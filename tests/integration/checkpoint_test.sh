@@ -23,6 +23,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/run_lib.sh"
 
 read -r -a extra <<< "${TANDEM_RUN_EXTRA:-}"
+# The kills here stand for the machine's death: no worker process to restart
+# (tests/integration/worker_test.sh has those) and no restore points in
+# shared memory, which a machine's death takes along.
+extra+=(--set supervision.worker_restarts=0 --set checkpoint.host_every=0)
 run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" "${extra[@]}" \
           --set checkpoint.every_steps=10 --set train.max_steps=30 "$@"; }
 same_weights() {  # the final checkpoints of two runs hold the same bytes

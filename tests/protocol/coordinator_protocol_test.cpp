@@ -814,6 +814,63 @@ CAF_TEST(max_steps ends the run with a final checkpoint) {
   check_handles_released();
 }
 
+CAF_TEST(restore points in shared memory are taken every host_every steps and commit nothing) {
+  // host_every 2 over 6 steps: restore points at 2, 4 and 6; the epoch's
+  // checkpoint at step 6 waits for the drafter's copy of the restore point
+  // of that step and is taken right after it (one snapshot at a time).
+  setup s;
+  s.opts.host_every = 2;
+  spawn_all(s);
+  auto host = sys.spawn(fake_host_checkpointer, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(host));
+  peers.host_checkpointer = host;
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  std::vector<int64_t> host_steps;
+  for (const auto& x : w->host_written)
+    host_steps.push_back(x.step);
+  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{2, 4, 6}));
+  auto points = w->events_named("restore_point");
+  CAF_REQUIRE_EQUAL(points.size(), 3u);
+  CAF_CHECK_EQUAL(points[0]["tier"], "host");
+  CAF_CHECK_EQUAL(points[0]["dir"], "shm/step-2");
+  // Each restore point carries the ledger its step holds, for a new worker.
+  CAF_REQUIRE_EQUAL(w->host_extras.size(), 3u);
+  CAF_CHECK_EQUAL(w->host_extras[1]["step"], 4);
+  // Only the checkpoint commits: one, at the epoch's end, all 12 samples.
+  auto ckpts = w->events_named("checkpoint");
+  CAF_REQUIRE_EQUAL(ckpts.size(), 1u);
+  CAF_CHECK_EQUAL(ckpts[0]["step"], 6);
+  CAF_CHECK_EQUAL(ckpts[0]["committed_now"], 12);
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-6");
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(a lost device context fails the run at once without a restart) {
+  // device_lost: nothing on the device can run again in this process (no
+  // restart, no last snapshot); the end event names the durable step.
+  setup s;
+  s.opts.checkpoint_every = 2;
+  w->script = {act::ok, act::ok, act::ok, act::lose_device};
+  start(s);
+  sched.run();
+  CAF_REQUIRE(w->error.has_value());
+  CAF_CHECK(!w->summary);
+  CAF_CHECK(is(*w->error, errc::device_lost));
+  CAF_CHECK(contains(sys.render(*w->error), "illegal memory access"));
+  CAF_CHECK(w->events_named("drafter_failed").empty());
+  advance_time(5s);
+  sched.run();
+  CAF_CHECK(w->respawns.empty());
+  auto end = w->events_named("end");
+  CAF_REQUIRE_EQUAL(end.size(), 1u);
+  CAF_CHECK_EQUAL(end[0]["reason"], "error");
+  CAF_CHECK_EQUAL(end[0]["durable_step"], 2);
+}
+
 CAF_TEST(a checkpointer error reaches the run request) {
   setup s;
   s.samples = 4;

@@ -53,6 +53,7 @@ enum class act {
   lost,  ///< reports group_failed with step -1: a state it cannot vouch for
   die_after,  ///< trains (its gradient is in the step's collective), then quits
               ///< without a report: died after the all-reduce
+  lose_device,  ///< quits with errc::device_lost (a sticky CUDA error)
 };
 
 struct peer_world {
@@ -128,6 +129,8 @@ struct peer_world {
   bool hold_writes = false;
   int fail_writes = 0;                ///< answer this many writes with an error
   std::vector<snapshot_desc> written;
+  std::vector<snapshot_desc> host_written;  ///< by fake_host_checkpointer (restore points in shared memory)
+  std::vector<nlohmann::json> host_extras;
   std::vector<nlohmann::json> extras;
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> checkpoints;  ///< dir -> (step, weights)
 
@@ -357,6 +360,10 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
           self->quit(make_error(errc::device_failure,
                                 "step " + std::to_string(self->state.step + 1) + ": injected failure"));
           break;
+        case act::lose_device:
+          self->quit(make_error(errc::device_lost, "step " + std::to_string(self->state.step + 1)
+                                                     + ": an illegal memory access was encountered"));
+          break;
         case act::hang: self->state.held = item; break;
         case act::cut: cut_short(item, self->state.step); break;
         case act::lost: cut_short(item, -1); break;
@@ -470,6 +477,21 @@ fake_checkpointer(fake_checkpointer_actor::stateful_pointer<fake_checkpointer_st
         else
           p.promise.deliver(r.error());
       }
+    },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+/// The host checkpointer (restore points in shared memory): writes
+/// "shm/step-<k>" into host_written and releases the snapshot.
+inline checkpointer_actor::behavior_type
+fake_host_checkpointer(checkpointer_actor::pointer self, world_ptr w) {
+  return {
+    [w](const snapshot_desc& snap, const std::string& extra) -> std::string {
+      w->host_written.push_back(snap);
+      w->host_extras.push_back(nlohmann::json::parse(extra));
+      w->snapshots.erase(snap.handle);
+      return "shm/step-" + std::to_string(snap.step);
     },
     [self](shutdown_atom) { self->quit(); },
   };

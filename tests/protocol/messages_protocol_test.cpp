@@ -204,6 +204,8 @@ CAF_TEST(every kind of run_event round trips) {
     {end_event{"signal", 10, "ckpt/step-10"}, "tandem.end_event"},
     {end_event{"max_steps", 30, "ckpt/step-20", 20, "steps 21..30 are lost"}, "tandem.end_event"},
     {checkpoint_skipped_event{40, 20}, "tandem.checkpoint_skipped_event"},
+    {restore_point_event{"host", 30, "/dev/shm/tandem-0/run-1/step-30", ""}, "tandem.restore_point_event"},
+    {restore_point_event{"host", 40, "", "no space left"}, "tandem.restore_point_event"},
   };
   for (const auto& [e, name] : cases) {
     CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));
@@ -273,6 +275,7 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(drafter_down_atom::value, int32_t{1}, std::string("died")));
   check(caf::make_message(drafter_up_atom::value, int32_t{1}, drafter_actor{}));
   check(caf::make_message(escalate_atom::value, std::string("target 0 ended")));
+  check(caf::make_message(device_lost_atom::value, std::string("illegal memory access")));
   // supervisor
   check(caf::make_message(supervise_atom::value, coordinator_actor{}, coordinator_peers{}));
   check(caf::make_message(restart_atom::value, int32_t{0}, std::string("nan"), std::string("ckpt/step-4")));

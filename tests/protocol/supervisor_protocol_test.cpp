@@ -253,6 +253,25 @@ CAF_TEST(a drafter that ends with bad input is not restarted: the restart is ref
   CAF_CHECK_EQUAL(respawns.size(), 1u);
 }
 
+CAF_TEST(a worker that ends with a lost device context is reported as device_lost and not restarted) {
+  // A sticky CUDA error: no restart in this process can work, whoever saw
+  // it (a drafter or a target); the coordinator hears device_lost, never a
+  // drafter's death to roll back and restart.
+  start(options(3, {0.5}));
+  end_with(peers.drafters[0], make_error(errc::device_lost, "step 4: an illegal memory access was encountered"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->device_lost.size(), 1u);
+  CAF_CHECK(contains(log->device_lost[0], "illegal memory access"));
+  CAF_CHECK(log->down.empty());
+  end_with(peers.targets[0], make_error(errc::device_lost, "target 0, batch 3: illegal memory access"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->device_lost.size(), 2u);
+  CAF_CHECK(log->escalated.empty());
+  advance_time(60s);
+  sched.run();
+  CAF_CHECK(respawns.empty());
+}
+
 CAF_TEST(the death of a worker that is not restarted is escalated) {
   start(options());
   end_with(peers.targets[0], make_error(errc::device_failure, "out of memory"));

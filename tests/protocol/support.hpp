@@ -198,7 +198,9 @@ struct coordinator_log {
   std::vector<std::pair<int32_t, std::string>> down;   ///< supervisor: (drafter, why)
   std::vector<std::pair<int32_t, drafter_actor>> up;   ///< supervisor: (drafter, new incarnation)
   std::vector<std::string> escalated;                  ///< supervisor: why
-  std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate"
+  std::vector<std::string> device_lost;                ///< supervisor: why
+  std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate",
+                                   ///< "device_lost"
 };
 
 /// A coordinator that only records (the worker suites' peer).  It answers
@@ -242,6 +244,10 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       log->order.push_back("escalate");
     },
     [self](shutdown_atom) { self->quit(); },
+    [log](device_lost_atom, const std::string& why) {
+      log->device_lost.push_back(why);
+      log->order.push_back("device_lost");
+    },
   };
 }
 

@@ -125,7 +125,7 @@ TEST(checkpoint_files, latest_names_each_write_and_rotation_keeps_the_newest) {
   EXPECT_TRUE(fs::exists(t.dir / "step-00000010"));
   EXPECT_FALSE(fs::exists(t.dir / "step-00000020"));
   EXPECT_FALSE(fs::exists(t.dir / "step-00000050.tmp"));
-  rotate_checkpoints(t.dir, 2, {});
+  rotate_checkpoints(t.dir, 2, std::filesystem::path{});
   std::vector<std::string> left;
   for (const auto& p : list_checkpoints(t.dir))
     left.push_back(p.filename().string());

@@ -342,7 +342,7 @@ TEST_F(run_config_test, override_errors) {
             "--set train.lr: expected SECTION.KEY=VALUE (e.g. --set train.lr=3e-4)");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"faults.inject=1"}); }),
             "--set faults.inject=1: faults cannot be set with --set; use --fault "
-            "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S");
+            "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S");
 }
 
 TEST_F(run_config_test, unknown_keys_name_file_line_column_and_suggest) {
@@ -577,27 +577,27 @@ TEST_F(run_config_test, faults_from_toml_and_command_line) {
 
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kind=oops,at_step=5"); }),
             "--fault drafter=0,kind=oops,at_step=5: 'kind' must be one of \"throw\", \"nan\", "
-            "\"hang\", \"slow_snapshot\", \"throw_in_snapshot\", got \"oops\"");
+            "\"hang\", \"slow_snapshot\", \"throw_in_snapshot\", \"cuda_error\", \"cuda_sticky\", \"abort\", got \"oops\"");
   EXPECT_EQ(error_of([] { parse_fault("drafter=x,kind=nan,at_step=5"); }),
             "--fault drafter=x,kind=nan,at_step=5: 'drafter' must be a non-negative integer, "
             "got \"x\"");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kind=nan"); }),
             "--fault drafter=0,kind=nan: missing 'at_step' "
-            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S)");
+            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kidn=nan,at_step=1"); }),
             "--fault drafter=0,kidn=nan,at_step=1: unknown key 'kidn' (did you mean 'kind'?) "
-            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S)");
+            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,drafter=1,kind=nan,at_step=1"); }),
             "--fault drafter=0,drafter=1,kind=nan,at_step=1: 'drafter' given twice");
 
   auto p = write("bad.toml", minimal + "[[faults.inject]]\ndrafter = 0\nkind = \"boom\"\nat_step = 1\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
             p.string() + ":9:8: 'faults.inject[0].kind' must be one of \"throw\", \"nan\", "
-                         "\"hang\", \"slow_snapshot\", \"throw_in_snapshot\", got \"boom\"");
+                         "\"hang\", \"slow_snapshot\", \"throw_in_snapshot\", \"cuda_error\", \"cuda_sticky\", \"abort\", got \"boom\"");
   p = write("bad.toml", minimal + "[[faults.inject]]\ndrafter = 0\nkind = \"nan\"\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
             p.string() + ":7:1: faults.inject[0] is missing 'at_step' "
-                         "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=S)");
+                         "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
 }
 
 TEST_F(run_config_test, placement_8_gpus_5_targets_3_drafters) {

@@ -2,12 +2,31 @@
 // the signal loop; the config becomes a launch plan (launch/plan.hpp), the
 // plan an actor system (actors/system.hpp), which runs until max_steps, the
 // last epoch or a signal.  `--resume` continues from the newest checkpoint.
+//
+// The process that starts is a small parent (no CUDA, no actors) that runs
+// the training in a worker process it forks, and starts a new worker when
+// one dies: by a signal (an abort, the kernel's OOM killer) or with exit
+// status 75, a lost CUDA context (errc::device_lost), which nothing inside
+// the process survives.  Each new worker resumes from the newest restore
+// point that outlived the old one: a restore point in shared memory
+// (checkpoint.host_every) or a checkpoint.  supervision.worker_restarts = 0
+// trains in the first process, with no parent.
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -41,6 +60,54 @@ struct run_options {
   bool force = false;
 };
 
+/// The exit status of a worker whose device context is lost: its parent
+/// starts a new one (EX_TEMPFAIL).
+constexpr int device_lost_status = 75;
+
+/// What a worker process is told by its parent.
+struct worker_context {
+  bool resume_if_any = false;     ///< a restarted worker: resume when anything can be resumed
+  std::string fired_file;         ///< fault_plan::fired_file
+  nlohmann::json restarted;       ///< the worker_restarted line (null: the first worker)
+};
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// The restore points in shared memory of `plan`, if their folder can be
+/// made: else the tier is turned off with a warning.
+void prepare_host_tier(launch_plan& plan, bool fresh_start) {
+  if (plan.coordinator.host_every <= 0)
+    return;
+  const auto& dir = plan.host_checkpointer.dir;
+  std::error_code ec;
+  if (fresh_start)
+    std::filesystem::remove_all(dir, ec);  // an earlier run's of this output folder
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "tandem run: warning: checkpoint.host_dir %s cannot be made (%s): no restore points in "
+                         "shared memory; a worker that dies resumes from the newest checkpoint\n",
+                 dir.c_str(), ec.message().c_str());
+    plan.coordinator.host_every = 0;
+    return;
+  }
+  // The newest one and the one being written beside it.
+  const auto one = gpu::checkpoint_bytes(gpu::drafter_engine::parameter_count(plan.drafters.front()));
+  uint64_t have = gpu::available_bytes(dir);
+  if (have == UINT64_MAX)
+    return;  // cannot be asked
+  for (const auto& c : gpu::list_checkpoints(dir))
+    have += gpu::folder_bytes(c);
+  if (have < 2 * one) {
+    std::fprintf(stderr, "tandem run: warning: checkpoint.host_dir %s has %s free, but two restore points of this "
+                         "drafter need %s: no restore points in shared memory (set checkpoint.host_dir to a larger "
+                         "tmpfs, or checkpoint.host_every = 0 to silence this)\n",
+                 dir.c_str(), gpu::human_bytes(have).c_str(), gpu::human_bytes(2 * one).c_str());
+    plan.coordinator.host_every = 0;
+  }
+}
+
 /// Refuses a run whose checkpoint folder cannot hold checkpoint.keep + 1
 /// checkpoints of this drafter (the newest `keep` and the one being written
 /// beside them), counting the space the run's existing checkpoints take;
@@ -55,6 +122,10 @@ int check_checkpoint_space(const launch_plan& plan, bool force) {
     return 0;
   for (const auto& c : gpu::list_checkpoints(dir))
     have += gpu::folder_bytes(c);  // replaced as the run rotates
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".tmp")
+      have += gpu::folder_bytes(e.path());  // a killed write's, removed by the next rotation
   if (have >= need)
     return 0;
   std::fprintf(stderr,
@@ -68,7 +139,7 @@ int check_checkpoint_space(const launch_plan& plan, bool force) {
   return force ? 0 : 2;
 }
 
-int run_training(const run_options& ro) {
+int run_training(const run_options& ro, const worker_context& wc) {
   auto cfg = load_run_config(ro.config, ro.overrides);
   for (const auto& f : ro.faults)
     cfg.faults.push_back(parse_fault(f));
@@ -96,28 +167,66 @@ int run_training(const run_options& ro) {
   }
   gpu::data::dataset ds(cfg.data.path);
   std::optional<resume_point> resume;
-  if (ro.resume) {
+  nlohmann::json resumed;  // the "resumed" line
+  const auto host_dir = host_restore_dir(cfg);
+  if (ro.resume || wc.resume_if_any) {
+    // The newest that verifies of the checkpoints and the restore points in
+    // shared memory (those outlive a worker process, not the machine).
     const auto ckpt_dir = cfg.checkpoint_dir();
-    const auto found = gpu::find_resume_checkpoint(ckpt_dir);
+    std::vector<std::filesystem::path> roots{ckpt_dir};
+    if (cfg.checkpoint.host_every > 0)
+      roots.push_back(host_dir);
+    const auto found = gpu::find_resume_checkpoint(roots);
     for (const auto& w : found.warnings)
       std::fprintf(stderr, "tandem run --resume: warning: %s\n", w.c_str());
-    if (found.dir.empty()) {
-      std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s\n", ckpt_dir.c_str());
+    if (found.dir.empty() && !wc.resume_if_any) {
+      std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s%s\n", ckpt_dir.c_str(),
+                   roots.size() > 1 ? (" nor in " + host_dir.string()).c_str() : "");
       return 2;
     }
-    auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
-    resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump()};
-    std::fprintf(stderr, "resuming from %s (step %lld)\n", found.dir.c_str(),
-                 static_cast<long long>(resume->step));
+    if (!found.dir.empty()) {
+      auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
+      resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump()};
+      const bool host = found.dir.parent_path() == host_dir;
+      const auto disk = gpu::list_checkpoints(ckpt_dir);
+      resumed = {{"event", "resumed"}, {"step", resume->step}, {"from", found.dir.string()},
+                 {"tier", host ? "host" : "disk"},
+                 {"durable_step", disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5))},
+                 {"unix_s", unix_now()}};
+      std::fprintf(stderr, "resuming from %s (step %lld%s)\n", found.dir.c_str(),
+                   static_cast<long long>(resume->step),
+                   host ? ", a restore point in shared memory: newer than the newest checkpoint" : "");
+    } else {
+      std::fprintf(stderr, "tandem run: nothing to resume from yet: starting from step 0\n");
+    }
   }
-  const auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
-  if (int rc = check_checkpoint_space(plan, ro.force); rc != 0)
+  auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
+  plan.faults_fired_file = wc.fired_file;
+  prepare_host_tier(plan, !resume && !ro.resume && !wc.resume_if_any);
+  // A new worker of the same run was checked when the run started (and its
+  // predecessor's files take space it will reuse).
+  if (int rc = check_checkpoint_space(plan, ro.force || wc.resume_if_any); rc != 0)
     return rc;
+  {
+    std::set<int32_t> used;
+    for (const auto& t : plan.targets)
+      used.insert(t.device);
+    for (const auto& d : plan.drafters)
+      used.insert(d.device);
+    for (auto d : used)
+      gpu::set_memory_fraction(d, plan.gpu_memory_fraction);
+  }
 
   caf::actor_system_config sys_cfg;
   register_messages(sys_cfg);
   caf::actor_system sys{sys_cfg};
   const auto run = spawn_system(sys, plan);
+  if (!wc.restarted.is_null())
+    caf::anon_send(run.peers.metrics, event_atom::value, wc.restarted.dump());
+  if (!resumed.is_null()) {
+    resumed["unix_s"] = unix_now();  // beside the line's time_s, the two clocks' offset
+    caf::anon_send(run.peers.metrics, event_atom::value, resumed.dump());
+  }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   caf::scoped_actor self{sys};
@@ -140,6 +249,19 @@ int run_training(const run_options& ro) {
         done = true;
         exit_code = 1;
         std::fprintf(stderr, "tandem run failed: %s\n", sys.render(err).c_str());
+        if (err.category() == error_category && err.code() == static_cast<uint8_t>(errc::device_lost)) {
+          exit_code = device_lost_status;
+          std::fprintf(stderr, "tandem run: a device's CUDA context is lost: this worker process exits with "
+                               "status %d (its parent starts a new one from the newest restore point)\n",
+                       device_lost_status);
+          // Tearing down on a poisoned context may block in the driver:
+          // the restore points are already what they are.
+          std::thread([] {
+            std::this_thread::sleep_for(std::chrono::seconds(20));
+            std::fflush(nullptr);
+            std::_Exit(device_lost_status);
+          }).detach();
+        }
       },
       caf::after(std::chrono::milliseconds(200)) >> [&] {
         if (stop_signal.load() != 0 && !stop_sent) {
@@ -154,7 +276,124 @@ int run_training(const run_options& ro) {
       });
   }
   shutdown_system(run);
+  if (exit_code == 0 && plan.coordinator.host_every > 0) {
+    // Everything trained is in a checkpoint: the restore points in shared
+    // memory (RAM) are no longer needed.
+    std::error_code ec;
+    std::filesystem::remove_all(plan.host_checkpointer.dir, ec);
+  }
   return exit_code;
+}
+
+/// run_training with its errors as exit statuses (2: the config or its
+/// files, 1: anything else).
+int run_worker(const run_options& ro, const worker_context& wc) {
+  try {
+    return run_training(ro, wc);
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "tandem run: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem run: %s\n", e.what());
+    return 1;
+  }
+}
+
+std::atomic<int> parent_signal{0};
+std::atomic<pid_t> worker_pid{0};
+
+/// Forwards SIGINT/SIGTERM to the worker (kill is async-signal-safe); the
+/// worker finishes its step and checkpoints as a single process would.
+extern "C" void on_parent_signal(int sig) {
+  parent_signal.store(sig);
+  if (const pid_t w = worker_pid.load(); w > 0)
+    ::kill(w, sig);
+}
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::strsignal(sig);
+    return "signal " + std::to_string(sig) + (name ? std::string(" (") + name + ")" : std::string());
+  }
+  return "status " + std::to_string(WEXITSTATUS(status));
+}
+
+/// The parent: forks a worker, waits for it, forwards SIGINT/SIGTERM to it,
+/// and starts a new one (resuming from the newest restore point) after a
+/// death by a signal or exit status 75, up to supervision.worker_restarts
+/// times.  Returns the exit status of the run.
+int supervise_workers(const run_options& ro) {
+  int64_t budget = 3;
+  try {
+    budget = load_run_config(ro.config, ro.overrides).supervision.worker_restarts;
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "tandem run: %s\n", e.what());
+    return 2;
+  }
+  if (budget <= 0)
+    return run_worker(ro, {});
+  worker_context wc;
+  wc.fired_file = (std::filesystem::temp_directory_path()
+                   / ("tandem-faults-fired-" + std::to_string(::getpid())))
+                    .string();
+  std::filesystem::remove(wc.fired_file);
+  struct sigaction sa {};
+  sa.sa_handler = on_parent_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  const pid_t parent = ::getpid();
+  int status = 0;
+  for (int64_t restarts = 0;; ++restarts) {
+    std::fflush(nullptr);
+    const pid_t child = ::fork();
+    if (child < 0) {
+      std::perror("tandem run: fork");
+      return 1;
+    }
+    if (child == 0) {
+      // The worker dies with its parent (a SIGKILL of `tandem run` stops
+      // the whole run), and handles its own signals (run_training).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent)
+        std::_Exit(1);
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      return run_worker(ro, wc);
+    }
+    worker_pid.store(child);
+    if (const int sig = parent_signal.load(); sig != 0)
+      ::kill(child, sig);  // it came before the worker existed
+    while (::waitpid(child, &status, 0) < 0)
+      if (errno != EINTR) {
+        std::perror("tandem run: waitpid");
+        return 1;
+      }
+    worker_pid.store(0);
+    const bool died = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == device_lost_status);
+    if (!died || parent_signal.load() != 0)
+      break;
+    const auto how = describe_exit(status);
+    if (restarts >= budget) {
+      std::fprintf(stderr, "tandem run: the worker process ended (%s) after %lld restarts "
+                           "(supervision.worker_restarts = %lld): giving up; `tandem run --resume` continues "
+                           "from the newest restore point\n",
+                   how.c_str(), static_cast<long long>(restarts), static_cast<long long>(budget));
+      std::filesystem::remove(wc.fired_file);
+      return 1;
+    }
+    std::fprintf(stderr, "tandem run: the worker process ended (%s): starting a new one (restart %lld of %lld), "
+                         "resuming from the newest restore point\n",
+                 how.c_str(), static_cast<long long>(restarts + 1), static_cast<long long>(budget));
+    wc.resume_if_any = true;
+    wc.restarted = {{"event", "worker_restarted"}, {"exit", how}, {"restart", restarts + 1},
+                    {"budget", budget}, {"unix_s", unix_now()}};
+  }
+  std::filesystem::remove(wc.fired_file);
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
 }
 
 } // namespace
@@ -165,24 +404,18 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("config", opts->config, "Run configuration (config/README.md)")
     ->required()->check(CLI::ExistingFile);
   cmd->add_flag("--resume", opts->resume,
-                "Continue from the newest complete checkpoint of this run (each one is verified; a corrupt "
-                "one is moved aside as <name>.corrupt and the previous one is used, with a warning)");
+                "Continue from the newest complete checkpoint of this run, or from its newest restore point in "
+                "shared memory (checkpoint.host_dir) when that is newer (each one is verified; a corrupt one is "
+                "moved aside as <name>.corrupt and the previous one is used, with a warning)");
   cmd->add_flag("--force", opts->force,
                 "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
   cmd->add_option("--fault", opts->faults,
-                  "Inject a fault: drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot,at_step=K (repeatable)");
-  cmd->callback([opts, &exit_code] {
-    try {
-      exit_code = run_training(*opts);
-    } catch (const config_error& e) {
-      std::fprintf(stderr, "tandem run: %s\n", e.what());
-      exit_code = 2;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem run: %s\n", e.what());
-      exit_code = 1;
-    }
-  });
+                  "Inject a fault: drafter=N,kind=K,at_step=S (repeatable; once per run, however many worker "
+                  "processes it takes).  K: throw, nan, hang, slow_snapshot, throw_in_snapshot, cuda_error (a "
+                  "non-sticky CUDA error), cuda_sticky (an illegal address: the worker process restarts), "
+                  "abort (the worker process aborts)");
+  cmd->callback([opts, &exit_code] { exit_code = supervise_workers(*opts); });
 }
 
 } // namespace tandem::cli

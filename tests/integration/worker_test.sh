@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `tandem run`'s worker process and the restore points in shared memory
+# (issue 19): the tiny run of run_test.toml for one epoch, restore points
+# every 4 steps (checkpoint.host_dir in the work folder), checkpoints every 20.
+#   reference   fault-free: its restore points are removed at the end;
+#   abort       the worker aborts (SIGABRT) at step 11: the parent starts a
+#               new worker, which resumes from the restore point of step 8
+#               (not the checkpoint: none yet), and the run ends as the
+#               reference did, bit for bit, its ledger exact;
+#   sigkill     the worker (not tandem) is SIGKILLed mid-run: the same;
+#   no-parent   supervision.worker_restarts = 0: the abort ends the run (134),
+#               and `--resume` continues from the restore point;
+#   budget      worker_restarts = 1 and two aborts: the second ends the run
+#               (exit 1, "giving up"), each fault firing once.
+# ~15 s on 2 cores.
+set -euo pipefail
+tandem="$1"; python="$2"; fixtures="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/run_lib.sh"
+helper() { "$python" "$here/soak_schedule.py" "$@"; }
+t0=$SECONDS
+common=(--set data.epochs=1 --set checkpoint.every_steps=20 --set checkpoint.host_every=4)
+run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" \
+          --set checkpoint.host_dir="$work/$out-shm" "${common[@]}" "$@"; }
+newest() { ls -d "$1"/checkpoints/step-* 2>/dev/null | grep -v '\.tmp$' | sort | tail -n 1 || true; }
+lines() { "$python" -c 'import json,sys; print(json.dumps([x for x in map(json.loads, open(sys.argv[1])) if x["event"] == sys.argv[2]]))' "$1" "$2"; }
+first() { "$python" -c 'import json,sys; l=json.loads(sys.argv[1]); print(l[0][sys.argv[2]] if l else "none")' "$1" "$2"; }
+
+# Fault-free.
+run ref > "$work/ref.log" 2>&1 || { cat "$work/ref.log"; fail "fault-free run"; }
+s=$(summary "$work/ref/metrics.jsonl"); echo "reference: $s"
+check test "$(field "$s" end)" = epochs
+check test "$(lines "$work/ref/metrics.jsonl" restore_point)" != "[]"
+check test ! -e "$work/ref-shm"   # removed once the run kept everything
+ref=$(newest "$work/ref")
+
+same_as_reference() {  # $1: output folder
+  check helper same "$ref" "$(newest "$1")"
+  check helper ledger "$1/metrics.jsonl" 1 64
+  check test "$(field "$(summary "$1/metrics.jsonl")" end)" = epochs
+}
+
+# The worker aborts at step 11.
+rc=0; run abort --fault drafter=0,kind=abort,at_step=11 > "$work/abort.log" 2>&1 || rc=$?
+check test "$rc" = 0
+m="$work/abort/metrics.jsonl"
+w=$(lines "$m" worker_restarted); r=$(lines "$m" resumed); echo "abort: $w $r"
+check grep -q "signal 6" <<< "$(first "$w" exit)"
+check test "$(first "$r" tier)" = host
+check test "$(first "$r" step)" = 8
+check grep -q "starting a new one (restart 1 of 3)" "$work/abort.log"
+same_as_reference "$work/abort"
+
+# The worker is SIGKILLed after step 13 (tandem itself is not).
+run sigkill > "$work/sigkill.log" 2>&1 & pid=$!  # the subshell running `run`; tandem is its child
+helper wait "$work/sigkill/metrics.jsonl" 0 13 "$pid" 120 || fail "step 13 never came"
+parent=$(pgrep -P "$pid" | head -n 1); [[ -n "$parent" ]] || fail "no tandem process under $pid"
+worker=$(pgrep -P "$parent" | head -n 1); [[ -n "$worker" ]] || fail "no worker process under tandem ($parent)"
+kill -KILL "$worker"
+rc=0; wait "$pid" || rc=$?
+check test "$rc" = 0
+m="$work/sigkill/metrics.jsonl"
+check grep -q "signal 9" <<< "$(first "$(lines "$m" worker_restarted)" exit)"
+check test "$(first "$(lines "$m" resumed)" tier)" = host
+same_as_reference "$work/sigkill"
+
+# No parent: the abort ends the run; --resume takes the restore point.
+rc=0; run noparent --set supervision.worker_restarts=0 --fault drafter=0,kind=abort,at_step=11 \
+  > "$work/noparent.log" 2>&1 || rc=$?
+check test "$rc" = 134
+check test "$(lines "$work/noparent/metrics.jsonl" worker_restarted)" = "[]"
+rc=0; run noparent --set supervision.worker_restarts=0 --resume > "$work/noparent-2.log" 2>&1 || rc=$?
+check test "$rc" = 0
+check grep -q "a restore point in shared memory" "$work/noparent-2.log"
+same_as_reference "$work/noparent"
+
+# The budget: one restart, two aborts.
+rc=0; run budget --set supervision.worker_restarts=1 --fault drafter=0,kind=abort,at_step=11 \
+  --fault drafter=0,kind=abort,at_step=17 > "$work/budget.log" 2>&1 || rc=$?
+check test "$rc" = 1
+check grep -q "giving up" "$work/budget.log"
+check test "$(lines "$work/budget/metrics.jsonl" worker_restarted | "$python" -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
+check test -d "$work/budget-shm"   # kept for --resume
+
+echo "worker: $((SECONDS - t0)) s"
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
