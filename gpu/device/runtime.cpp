@@ -1,6 +1,7 @@
 #include "gpu/device/runtime.hpp"
 
 #include <torch/headeronly/version.h>
+#include <ATen/ATen.h>
 #include <torch/cuda.h>
 
 #ifdef TANDEM_HAVE_CUDA
@@ -114,7 +115,9 @@ void set_memory_fraction(int32_t device, double fraction) {
 #ifdef TANDEM_HAVE_CUDA
   if (device < 0 || fraction >= 1.0)
     return;
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device);
+  // The allocator sets up its per-device state on the first allocation.
+  (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
 #else
   (void)device;
   (void)fraction;

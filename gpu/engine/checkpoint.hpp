@@ -97,4 +97,9 @@ uint64_t folder_bytes(const std::filesystem::path& dir);
 /// "12.6 GiB".
 std::string human_bytes(uint64_t n);
 
+/// Deletes `dir` and everything below it (nothing when it does not exist).
+/// Not std::filesystem::remove_all, which libtorch.so exports a broken copy
+/// of (checkpoint_io.cpp, remove_tree).
+void remove_folder(const std::filesystem::path& dir);
+
 } // namespace tandem::gpu

@@ -194,6 +194,27 @@ TEST_F(safetensors_test, layout_orders_by_dtype_width_then_name_and_pads_header)
             std::string::npos) << h;
 }
 
+TEST_F(safetensors_test, a_large_save_copied_by_several_threads_reads_back_bit_for_bit) {
+  // Above 256 MiB of host tensors the data is copied into a shared mapping
+  // of the file in 64 MiB pieces on several threads (a checkpoint's path);
+  // pieces straddle tensors of odd sizes, and the order on disk is the
+  // header's (dtype, then name).  ~300 MB, well under a second.
+  std::map<std::string, at::Tensor> t;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  t["b.big"] = at::randn({25'000'001}, gen);                          // 100 MB, not a multiple of a piece
+  t["a.mid"] = at::randn({12'345, 1'001}, gen);                       // ~49 MB
+  t["c.half"] = at::randn({40'000'003}, gen).to(at::kBFloat16);      // ~80 MB, another dtype
+  t["d.ints"] = at::randint(0, 1 << 30, {20'000'000}, gen, at::kLong); // 160 MB
+  t["e.tiny"] = at::arange(5, at::kFloat);
+  const auto p = dir_ / "big.safetensors";
+  save_safetensors(p, t, {{"format", "pt"}});
+  EXPECT_FALSE(fs::exists(dir_ / "big.safetensors.tmp"));
+  const auto back = load_safetensors(p);
+  ASSERT_EQ(back.size(), t.size());
+  for (const auto& [name, x] : t)
+    EXPECT_TRUE(same_bytes(back.at(name), x)) << name;
+}
+
 TEST_F(safetensors_test, save_is_atomic_and_leaves_mapped_tensors_intact) {
   const auto p = dir_ / "w.safetensors";
   save_safetensors(p, {{"w", at::full({4}, 1.0f)}});

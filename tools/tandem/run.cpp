@@ -83,7 +83,7 @@ void prepare_host_tier(launch_plan& plan, bool fresh_start) {
   const auto& dir = plan.host_checkpointer.dir;
   std::error_code ec;
   if (fresh_start)
-    std::filesystem::remove_all(dir, ec);  // an earlier run's of this output folder
+    gpu::remove_folder(dir);  // an earlier run's of this output folder
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     std::fprintf(stderr, "tandem run: warning: checkpoint.host_dir %s cannot be made (%s): no restore points in "
@@ -279,8 +279,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   if (exit_code == 0 && plan.coordinator.host_every > 0) {
     // Everything trained is in a checkpoint: the restore points in shared
     // memory (RAM) are no longer needed.
-    std::error_code ec;
-    std::filesystem::remove_all(plan.host_checkpointer.dir, ec);
+    gpu::remove_folder(plan.host_checkpointer.dir);
   }
   return exit_code;
 }
