@@ -35,6 +35,10 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
     [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
       auto& s = self->state;
       auto target = s.dir / gpu::checkpoint_name(snap.step);
+      // A killed worker's half-written checkpoint holds space this write
+      // needs (the pre-write space check would fail on it).
+      for (const auto& old : gpu::remove_killed_writes(s.dir))
+        spdlog::info("removed {}, a write a killed process left", old.string());
       try {
         gpu::write_checkpoint(snap.handle, target, extra);
       } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 /// thread, the device's owner.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "gpu/device/runtime.hpp"
@@ -17,6 +18,18 @@ struct failure_class {
   errc code;
   std::string suffix;  ///< appended to the error's sentence ("" unless the context is lost)
 };
+
+/// Keeps `engine` alive for the rest of the process when `c` says the
+/// device is lost: its destructors would call into the poisoned context
+/// (frees, graph and handle teardown), which may abort; the worker process
+/// exits with status 75 soon after, and the memory goes with it.
+template <class Engine>
+void keep_engine_if_lost(const failure_class& c, std::optional<Engine>& engine) {
+  if (c.code == errc::device_lost && engine) {
+    (void)new Engine(std::move(*engine));  // leaked on purpose
+    engine.reset();
+  }
+}
 
 inline failure_class classify_failure(errc code, int32_t device) {
   const auto lost = gpu::context_error(device);

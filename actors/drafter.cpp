@@ -110,6 +110,19 @@ void poll_snapshot(drafter_actor::stateful_pointer<drafter_state> self) {
   }
 }
 
+/// The step failed (`code`, `what`): the actor ends with the error, as
+/// errc::device_lost when the device's context is gone (then the engine is
+/// kept, not torn down on the poisoned context).
+void fail_step(drafter_actor::stateful_pointer<drafter_state> self, errc code, const std::string& what) {
+  auto& s = self->state;
+  const auto step = s.engine->step() + 1;
+  const auto c = classify_failure(code, s.engine->info().device);
+  if (c.code == errc::device_lost)
+    spdlog::error("drafter {}: step {}: {}{}", s.index, step, what, c.suffix);
+  keep_engine_if_lost(c, s.engine);
+  self->quit(make_error(c.code, "step " + std::to_string(step) + ": " + what + c.suffix));
+}
+
 drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<drafter_state> self,
                                               int32_t index, gpu::drafter_engine_options opts,
                                               std::string restore_from,
@@ -185,12 +198,10 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
           self->send(s.coordinator, rep);
           return;
         }
-        const auto c = classify_failure(e.code(), s.engine->info().device);
-        self->quit(make_error(c.code, "step " + std::to_string(s.engine->step() + 1) + ": " + e.what() + c.suffix));
+        fail_step(self, e.code(), e.what());
         return;
       } catch (const std::exception& e) {
-        const auto c = classify_failure(errc::device_failure, s.engine->info().device);
-        self->quit(make_error(c.code, "step " + std::to_string(s.engine->step() + 1) + ": " + e.what() + c.suffix));
+        fail_step(self, errc::device_failure, e.what());
         return;
       }
       step_report rep;

@@ -60,8 +60,10 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
         // for these shapes); a lost device context is device_lost.
         const auto* ge = dynamic_cast<const gpu::error*>(&e);
         const auto c = classify_failure(ge ? ge->code() : errc::device_failure, s.engine->info().device);
-        self->quit(make_error(c.code, "target " + std::to_string(s.index) + ", batch "
-                                        + std::to_string(batch.batch_id) + ": " + e.what() + c.suffix));
+        auto err = make_error(c.code, "target " + std::to_string(s.index) + ", batch "
+                                        + std::to_string(batch.batch_id) + ": " + e.what() + c.suffix);
+        keep_engine_if_lost(c, s.engine);
+        self->quit(std::move(err));
         return;
       }
       w.features.forward_ms = ms_since(t0);

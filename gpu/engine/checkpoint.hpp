@@ -83,6 +83,10 @@ std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::pat
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int keep,
                                                       const std::vector<std::filesystem::path>& protect);
 
+/// Removes the step-<k>.tmp folders under `root` (killed writes'; call it
+/// from the only writer).  Returns what it removed.
+std::vector<std::filesystem::path> remove_killed_writes(const std::filesystem::path& root);
+
 /// One checkpoint's size on disk for a drafter of `parameters` trainable
 /// parameters (fp32 weights and two fp32 moments, 12 bytes each, + 64 KiB).
 uint64_t checkpoint_bytes(int64_t parameters);

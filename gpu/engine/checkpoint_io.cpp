@@ -441,15 +441,20 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& root, int keep, const s
       removed.push_back(all[i]);
   }
   // The writer is the only one here: a .tmp folder now is a killed write's.
+  for (auto& p : remove_killed_writes(root))
+    removed.push_back(std::move(p));
+  return removed;
+}
+
+std::vector<fs::path> remove_killed_writes(const fs::path& root) {
   std::vector<fs::path> stale;
+  std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec))
     if (e.path().filename().string().rfind("step-", 0) == 0 && e.path().extension() == ".tmp")
       stale.push_back(e.path());
-  for (const auto& p : stale) {
+  for (const auto& p : stale)
     remove_tree(p);
-    removed.push_back(p);
-  }
-  return removed;
+  return stale;
 }
 
 uint64_t checkpoint_bytes(int64_t parameters) {
