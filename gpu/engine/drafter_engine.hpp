@@ -217,7 +217,10 @@ public:
   /// state as of now: step, generator, masters, moments) into page-locked
   /// host buffers allocated once and reused (a second set while the first is
   /// still held by a write: double-buffered), on a side stream; the next
-  /// step waits for it on the device, not on the host.  poll_snapshot()
+  /// step waits for it on the device, not on the host — unless the restore
+  /// point in device memory holds this very step: then the copy reads it
+  /// instead of the masters, the next step does not wait, and
+  /// keep_restore_point skips steps until the copy has landed.  poll_snapshot()
   /// returns the handle once the copy has landed (at once on the CPU, where
   /// the copy is done here).  One at a time: begin_snapshot throws
   /// gpu::error(bad_input) while one is in flight.  An injected
