@@ -130,6 +130,23 @@ TEST(checkpoint_files, latest_names_each_write_and_rotation_keeps_the_newest) {
   for (const auto& p : list_checkpoints(t.dir))
     left.push_back(p.filename().string());
   EXPECT_EQ(left, (std::vector<std::string>{"step-00000040", "step-00000030"}));
+
+  // The checkpointer clears a killed write before its next one (its space
+  // check must not count it), touching no complete checkpoint; two
+  // protected folders stay through a rotation.
+  fs::create_directory(t.dir / "step-00000045.tmp");
+  write_bytes(t.dir / "step-00000045.tmp" / "weights.safetensors", std::string(4096, 'x'));
+  const auto cleared = remove_killed_writes(t.dir);
+  ASSERT_EQ(cleared.size(), 1u);
+  EXPECT_EQ(cleared[0].filename(), "step-00000045.tmp");
+  EXPECT_FALSE(fs::exists(t.dir / "step-00000045.tmp"));
+  EXPECT_EQ(list_checkpoints(t.dir).size(), 2u);
+  write_step(t.dir, 50);
+  rotate_checkpoints(t.dir, 1, std::vector<fs::path>{t.dir / "step-00000050", t.dir / "step-00000030"});
+  left.clear();
+  for (const auto& p : list_checkpoints(t.dir))
+    left.push_back(p.filename().string());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000050", "step-00000030"}));
 }
 
 TEST(checkpoint_files, resume_falls_back_past_corrupt_checkpoints_naming_file_and_tensor) {
