@@ -136,6 +136,23 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   try_complete(self);
 }
 
+/// Drafter `src`'s snapshot request is answered (or failed): incarnation
+/// `addr` is no longer busy copying, and its answer counts as a heartbeat.
+/// A checkpoint asked for while it copied a restore point for the shared
+/// memory tier is taken now, while it is still at this step (only such a
+/// copy defers one: checkpoint()); then work is dispatched again.
+void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr) {
+  auto& s = self->state;
+  auto& slot = s.slot(src);
+  if (slot.addr == addr) {
+    slot.snapshot_pending = false;
+    slot.last_heartbeat = self->clock().now();  // it answered: alive now
+  }
+  if (std::exchange(s.checkpoint_after_host, false) && !s.checkpointing())
+    checkpoint(self, nullptr);
+  dispatch(self);
+}
+
 } // namespace
 
 /// Snapshot a drafter holding the ledger's state, write it, mark the ledger
@@ -174,14 +191,7 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   const auto addr = s.slot(src).addr;
   // The drafter is busy while it copies (not asked for heartbeats); this
   // deadline is what watches it then.
-  auto answered = [self, src, addr] {
-    auto& slot = self->state.slot(src);
-    if (slot.addr == addr) {
-      slot.snapshot_pending = false;
-      slot.last_heartbeat = self->clock().now();  // it answered: alive now
-    }
-    dispatch(self);
-  };
+  auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
       [self, extra, lineage, answered](const snapshot_desc& snap) {
@@ -225,17 +235,7 @@ void host_restore_point(self_ptr self) {
   const auto extra = ledger_json(self);
   slot.snapshot_pending = true;
   const auto addr = slot.addr;
-  auto answered = [self, src, addr] {
-    auto& s = self->state;
-    auto& slot = s.slot(src);
-    if (slot.addr == addr) {
-      slot.snapshot_pending = false;
-      slot.last_heartbeat = self->clock().now();
-    }
-    if (std::exchange(s.checkpoint_after_host, false) && !s.checkpointing())
-      checkpoint(self, nullptr);  // asked for meanwhile: the drafter is still at this step
-    dispatch(self);
-  };
+  auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
       [self, extra, answered](const snapshot_desc& snap) {

@@ -922,11 +922,19 @@ struct drafter_engine::impl {
   /// the masters' shapes) on the current stream, asynchronously where the
   /// devices allow.
   void copy_state_to(std::vector<at::Tensor>& w, std::vector<at::Tensor>& m, std::vector<at::Tensor>& v) const {
+    copy_state(masters, optimizer->exp_avg(), optimizer->exp_avg_sq(), w, m, v);
+  }
+
+  /// Copies masters and moments `fw`, `fm`, `fv` into `w`, `m`, `v` (same
+  /// shapes) on the current stream, asynchronously where the devices allow.
+  static void copy_state(const std::vector<at::Tensor>& fw, const std::vector<at::Tensor>& fm,
+                         const std::vector<at::Tensor>& fv, std::vector<at::Tensor>& w, std::vector<at::Tensor>& m,
+                         std::vector<at::Tensor>& v) {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < masters.size(); ++i) {
-      w[i].copy_(masters[i], /*non_blocking=*/true);
-      m[i].copy_(optimizer->exp_avg()[i], true);
-      v[i].copy_(optimizer->exp_avg_sq()[i], true);
+    for (size_t i = 0; i < fw.size(); ++i) {
+      w[i].copy_(fw[i], /*non_blocking=*/true);
+      m[i].copy_(fm[i], true);
+      v[i].copy_(fv[i], true);
     }
   }
 
@@ -955,13 +963,8 @@ struct drafter_engine::impl {
         // after its own copy, and let training go on meanwhile.
         memory->copied->block(side.stream());
         snapshot_reads_memory = true;
-        at::NoGradGuard no_grad;
         c10::cuda::CUDAStreamGuard on_side(side);
-        for (size_t i = 0; i < masters.size(); ++i) {
-          h.weights[i].copy_(memory->masters[i], /*non_blocking=*/true);
-          h.exp_avg[i].copy_(memory->exp_avg[i], true);
-          h.exp_avg_sq[i].copy_(memory->exp_avg_sq[i], true);
-        }
+        copy_state(memory->masters, memory->exp_avg, memory->exp_avg_sq, h.weights, h.exp_avg, h.exp_avg_sq);
         h.step.fill_(static_cast<double>(applied));
       } else {
         copy_event stepped, graphed_step;
