@@ -105,16 +105,18 @@ def records(path):
     return out
 
 
-def ledger(path, epochs, samples):
-    """Walks every segment's records: at an epoch record (a fresh epoch, or a
-    resumed one with `already_committed`) the epoch's count starts there; each
-    checkpoint must then add exactly `committed_now` to it.  Exact: every epoch
-    ends with all samples committed, and no segment re-commits what an
-    earlier one committed (the counts would overshoot or disagree)."""
-    problems, count, final, epoch = [], {}, {}, None
-    for x in records(path):
+def walk_ledger(rows, samples=None):
+    """The per-checkpoint part of the ledger check, over metrics lines in order: at an
+    epoch line (a fresh epoch, or a resumed one with `already_committed`) the epoch's count
+    starts there, never below what a checkpoint had committed; each checkpoint must then
+    add exactly `committed_now`, and never pass the epoch's samples (`samples`, or each
+    epoch line's own count when None).  Returns (problems, count, final, samples per epoch
+    seen): the last count and the last checkpoint's count per epoch."""
+    problems, count, final, seen, epoch = [], {}, {}, {}, None
+    for x in rows:
         if x["event"] == "epoch":
             epoch = x["epoch"]
+            seen[epoch] = x["samples"] if samples is None else samples
             if epoch in count and x["already_committed"] < count[epoch]:
                 # A resumed process must start from the newest checkpoint.
                 problems.append(f"epoch {epoch} resumed with {x['already_committed']} committed, "
@@ -128,9 +130,17 @@ def ledger(path, epochs, samples):
             if x["committed"] != want:
                 problems.append(f"checkpoint at step {x['step']} (epoch {epoch}): committed {x['committed']}, "
                                 f"expected {count[epoch]} + {x['committed_now']}")
-            if x["committed"] > samples:
-                problems.append(f"checkpoint at step {x['step']}: {x['committed']} > {samples} committed")
+            if x["committed"] > seen[epoch]:
+                problems.append(f"checkpoint at step {x['step']}: {x['committed']} > {seen[epoch]} committed")
             count[epoch] = final[epoch] = x["committed"]
+    return problems, count, final, seen
+
+
+def ledger(path, epochs, samples):
+    """Walks every segment's records (walk_ledger).  Exact: every epoch ends with all
+    samples committed, and no segment re-commits what an earlier one committed (the
+    counts would overshoot or disagree)."""
+    problems, _, final, _ = walk_ledger(records(path), samples)
     for e in range(epochs):
         if final.get(e) != samples:
             problems.append(f"epoch {e}: {final.get(e)} of {samples} samples committed")

@@ -49,8 +49,11 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+_root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(_root, "bench"))
+sys.path.insert(0, os.path.join(_root, "tests", "integration"))
 import pipeline  # noqa: E402  (workers(), recoveries(); imports no torch)
+import soak_schedule  # noqa: E402  (walk_ledger())
 
 # The fault kinds the soak cycles through, and how each must be recovered.
 IN_WORKER = ["throw", "nan", "cuda_error", "hang"]  # drafter_failed, a restart in the worker
@@ -120,31 +123,10 @@ def last_step(parts):
 
 
 def ledger(rows):
-    """soak_schedule.py's ledger() for a run that is stopped rather than ended: at an epoch
-    line the epoch's count starts from `already_committed` (a resumed process must not start
-    below what a checkpoint had committed); each checkpoint must add exactly
-    `committed_now`, never past the epoch's samples; every epoch but the last must end with
-    all its samples committed, and the epochs must come in order."""
-    problems, count, final, samples, epoch = [], {}, {}, {}, None
-    for x in rows:
-        if x.get("event") == "epoch":
-            epoch = x["epoch"]
-            samples[epoch] = x["samples"]
-            if epoch in count and x["already_committed"] < count[epoch]:
-                problems.append(f"epoch {epoch} resumed with {x['already_committed']} committed, "
-                                f"after a checkpoint had committed {count[epoch]}")
-            count[epoch] = x["already_committed"]
-        elif x.get("event") == "checkpoint":
-            if epoch is None:
-                problems.append(f"checkpoint at step {x['step']} before any epoch")
-                continue
-            want = count[epoch] + x["committed_now"]
-            if x["committed"] != want:
-                problems.append(f"checkpoint at step {x['step']} (epoch {epoch}): committed {x['committed']}, "
-                                f"expected {count[epoch]} + {x['committed_now']}")
-            if x["committed"] > samples[epoch]:
-                problems.append(f"checkpoint at step {x['step']}: {x['committed']} > {samples[epoch]} committed")
-            count[epoch] = final[epoch] = x["committed"]
+    """soak_schedule.py's ledger check for a run that is stopped rather than ended: its
+    walk_ledger over the lines (each epoch's samples from its epoch line), then every epoch
+    but the last must end with all its samples committed, and the epochs come in order."""
+    problems, count, final, samples = soak_schedule.walk_ledger([x for x in rows if "event" in x])
     last = max(count) if count else None
     for e in sorted(count):
         if e != last and final.get(e) != samples[e]:
