@@ -398,7 +398,10 @@ int supervise_workers(const run_options& ro) {
 } // namespace
 
 void add_run(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("run", "Train a drafter on this host (CPU or its GPUs) from a TOML config");
+  auto* cmd = app.add_subcommand("run", "Train a drafter on this host (CPU or its GPUs) from a TOML config.  The "
+                                         "training runs in a worker process, started again from the newest "
+                                         "restore point when it dies by a signal or loses its CUDA context "
+                                         "(exit 75), up to supervision.worker_restarts times");
   auto opts = std::make_shared<run_options>();
   cmd->add_option("config", opts->config, "Run configuration (config/README.md)")
     ->required()->check(CLI::ExistingFile);
