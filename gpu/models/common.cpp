@@ -113,6 +113,25 @@ at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
   return groups == 1 ? kv : kv.repeat_interleave(groups, 1);
 }
 
+at::Tensor project_q(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
+                     const at::Tensor& cos, const at::Tensor& sin) {
+  const auto b = x.size(0), t = x.size(1);
+  auto q = rms_norm(fused_linear(x, w.q_proj).view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps);
+  return apply_rope(q.transpose(1, 2), cos, sin);
+}
+
+at::Tensor project_k(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
+                     const at::Tensor& cos, const at::Tensor& sin) {
+  const auto b = x.size(0), t = x.size(1);
+  auto k = rms_norm(fused_linear(x, w.k_proj).view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps);
+  return apply_rope(k.transpose(1, 2), cos, sin);
+}
+
+at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d) {
+  const auto b = x.size(0), t = x.size(1);
+  return fused_linear(x, w.v_proj).view({b, t, d.kv_heads, d.head_dim}).transpose(1, 2);
+}
+
 at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
   // fused_linear: at::linear, except inside a weight_grad_accumulation scope
   // (the drafter's training step), where the weight gradients go straight

@@ -71,6 +71,17 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 /// (keeps SDPA on its fused kernels, which take equal head counts).
 at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads);
 
+/// The attention projections of a decoder layer for x [B, T, D] at the
+/// positions of cos/sin [B, T, h]: q = RoPE(q_norm(Wq x)) [B, H, T, h],
+/// k = RoPE(k_norm(Wk x)) [B, K, T, h], v = Wv x [B, K, T, h] (k and v not
+/// yet expanded to H heads).  The target, the drafter and both decoders
+/// (gpu/decode/) use them, so a cached key is computed exactly as in training.
+at::Tensor project_q(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
+                     const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor project_k(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
+                     const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d);
+
 /// SwiGLU MLP of a decoder layer.
 at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w);
 

@@ -97,7 +97,6 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
                           const dflash_inputs& in) {
   const auto d = dims_of(cfg);
   const auto b = in.block_embeds.size(0), q_len = in.block_embeds.size(1);
-  const auto s = in.target_hidden.size(1);
   // H_t = RMSNorm(fc(concat(taps))): the same context for every layer.
   auto ctx = rms_norm(fused_linear(in.target_hidden, w.fc), w.hidden_norm, d.eps);  // [B, S, D]
   auto [cos_c, sin_c] = rope_tables(in.ctx_positions, d.head_dim, cfg.layer.rope_theta);
@@ -106,17 +105,11 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
   auto x = in.block_embeds;
   for (const auto& l : w.layers) {
     auto h = rms_norm(x, l.input_norm, d.eps);
-    auto q = rms_norm(fused_linear(h, l.q_proj).view({b, q_len, d.heads, d.head_dim}), l.q_norm, d.eps)
-               .transpose(1, 2);
-    auto k_ctx = rms_norm(fused_linear(ctx, l.k_proj).view({b, s, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
-                   .transpose(1, 2);
-    auto k_blk = rms_norm(fused_linear(h, l.k_proj).view({b, q_len, d.kv_heads, d.head_dim}), l.k_norm, d.eps)
-                   .transpose(1, 2);
-    auto v_ctx = fused_linear(ctx, l.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
-    auto v_blk = fused_linear(h, l.v_proj).view({b, q_len, d.kv_heads, d.head_dim}).transpose(1, 2);
-    q = apply_rope(q, cos_q, sin_q);
-    k_ctx = apply_rope(k_ctx, cos_c, sin_c);
-    k_blk = apply_rope(k_blk, cos_q, sin_q);
+    auto q = project_q(h, l, d, cos_q, sin_q);
+    auto k_ctx = project_k(ctx, l, d, cos_c, sin_c);
+    auto k_blk = project_k(h, l, d, cos_q, sin_q);
+    auto v_ctx = project_v(ctx, l, d);
+    auto v_blk = project_v(h, l, d);
     at::Tensor attn;  // [B, H, Q, h]
     if (in.ctx_lo.defined()) {
       attn = dflash_attention(q, k_ctx, v_ctx, k_blk, v_blk, in.ctx_lo, in.ctx_hi, in.keep, scale);

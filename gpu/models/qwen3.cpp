@@ -112,14 +112,9 @@ at::Tensor qwen3_attention(const at::Tensor& x, const decoder_layer_weights& w,
                            const layer_dims& d, const at::Tensor& cos, const at::Tensor& sin,
                            const at::Tensor& visible) {
   const auto b = x.size(0), s = x.size(1);
-  auto q = rms_norm(at::linear(x, w.q_proj).view({b, s, d.heads, d.head_dim}), w.q_norm, d.eps)
-             .transpose(1, 2);
-  auto k = rms_norm(at::linear(x, w.k_proj).view({b, s, d.kv_heads, d.head_dim}), w.k_norm, d.eps)
-             .transpose(1, 2);
-  auto v = at::linear(x, w.v_proj).view({b, s, d.kv_heads, d.head_dim}).transpose(1, 2);
-  q = apply_rope(q, cos, sin);
-  k = expand_kv_heads(apply_rope(k, cos, sin), d.heads);
-  v = expand_kv_heads(v, d.heads);
+  auto q = project_q(x, w, d, cos, sin);
+  auto k = expand_kv_heads(project_k(x, w, d, cos, sin), d.heads);
+  auto v = expand_kv_heads(project_v(x, w, d), d.heads);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
   auto out = visible.defined()
                ? at::scaled_dot_product_attention(q, k, v, visible, 0.0, false, scale)

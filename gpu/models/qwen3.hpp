@@ -59,6 +59,7 @@ public:
   const std::vector<int64_t>& tap_ids() const { return tap_ids_; }
   const at::Tensor& embedding() const { return w_.embed; }  ///< [V, D]
   const at::Tensor& lm_head() const { return w_.lm_head; }  ///< [V, D]
+  const qwen3_weights& weights() const { return w_; }        ///< for the decoder (gpu/decode/)
 
 private:
   qwen3_output run(const at::Tensor& input_ids, const at::Tensor& positions,

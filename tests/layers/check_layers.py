@@ -19,6 +19,7 @@ only the layers below it; bench/CMakeLists.txt; actors/; tools/):
     gpu/data     < io                          shards, order, packer, staging
     gpu/models   < io, kernels                 Qwen3, DFlash, the objective, FLOP counts
     gpu/engine   < models, data, transport     engines, graphs, AdamW, checkpoints
+    gpu/decode   < engine                      KV-cache decoding, speculative decoding, eval, export
     gpu/dev      < engine                      experiments (never included)
     bench        < engine                      the `tandem bench` harness
     launch       < gpu's facades               run config, launch plan (no CAF, no torch)
@@ -56,6 +57,7 @@ LAYERS = {
     "gpu/data/": "gpu/data",
     "gpu/models/": "gpu/models",
     "gpu/engine/": "gpu/engine",
+    "gpu/decode/": "gpu/decode",
     "gpu/dev/": "gpu/dev",
     "bench/": "bench",
     "launch/": "launch",
@@ -76,6 +78,7 @@ ALLOWED = {
     "gpu/data": ["gpu/io"],
     "gpu/models": ["gpu/io", "gpu/kernels"],
     "gpu/engine": ["gpu/models", "gpu/data", "gpu/transport"],
+    "gpu/decode": ["gpu/engine"],
     "gpu/dev": ["gpu/engine"],
     "bench": ["gpu/engine"],
     "launch": ["facades"],
@@ -91,6 +94,7 @@ FACADES = {
     "gpu/engine/target_engine.hpp",
     "gpu/engine/prefetch_engine.hpp",
     "gpu/engine/checkpoint.hpp",
+    "gpu/decode/eval.hpp",
     "gpu/device/runtime.hpp",
     "gpu/device/probe.hpp",
     "gpu/device/error.hpp",

@@ -65,6 +65,14 @@ Progress goes to stderr (at most four updates a second on a terminal, one every 
 otherwise), then a summary. The first 20 invalid lines are reported as `FILE:LINE: reason`,
 the rest only counted.
 
+`--prompts-out FILE` (instead of `--output`) renders prompts for `tandem eval` rather than
+training samples: each conversation up to, not including, its first assistant turn (its
+last with `--last-turn-only`), with the chat template's generation prompt, tokenized the
+same way; a tokenized line gives its ids before the first supervised token. FILE gets a
+header line {"format": "tandem.prompts.v1", "stop_ids": [...], "count", "invalid"} (stop
+ids: the tokenizer's EOS and the template's end-of-turn token), then one {"source": "FILE:LINE",
+"ids": [...]} per prompt, at most `--limit` of them.
+
 Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
 running; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
 folder that already holds a data set (pass --overwrite).
@@ -607,7 +615,12 @@ def parse_args(argv):
     p.add_argument("inputs", nargs="+", metavar="INPUT.jsonl", help="input files (.jsonl or .jsonl.gz)")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="Hugging Face tokenizer folder of the target (tokenizer.json + chat template)")
-    p.add_argument("--output", required=True, metavar="DIR", help="output folder for shards and manifest.json")
+    p.add_argument("--output", metavar="DIR", help="output folder for shards and manifest.json")
+    p.add_argument("--prompts-out", metavar="FILE",
+                   help="instead of shards, write the conversations' prompts (up to their first "
+                        "assistant turn, with the generation prompt) as token ids, for tandem eval")
+    p.add_argument("--limit", type=int, default=0, metavar="N",
+                   help="--prompts-out: at most N prompts (default 0: all)")
     p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
                    help="input format; auto decides per line (default)")
     p.add_argument("--block-size", type=int, default=16, metavar="N", help="drafter block size (default 16)")
@@ -632,6 +645,10 @@ def parse_args(argv):
                    help="version written to manifest created_by (the tandem binary passes its own)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (the summary is still printed)")
     args = p.parse_args(argv)
+    if (args.output is None) == (args.prompts_out is None):
+        p.error("give exactly one of --output DIR (shards) and --prompts-out FILE (prompts)")
+    if args.limit < 0:
+        p.error("--limit must not be negative")
     if args.min_supervised is None:
         args.min_supervised = 2 * args.block_size
     for name in ("block_size", "max_length", "shard_tokens"):
@@ -668,7 +685,77 @@ def _read_batches(inputs, batch_lines):
         yield batch
 
 
+def _token_ids_of(tokenizer, text):
+    """The id of `text` when it is exactly one token, else None."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None
+
+
+def render_prompts(args):
+    """--prompts-out: the prompts of the conversations as token ids (module docstring)."""
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise UsageError(f"input {path} does not exist or is not a file")
+    tokenizer, template = load_tokenizer(args.tokenizer, args.format != "tokenized")
+    template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
+    masker = ChatMasker(tokenizer, template_kwargs) if template else None
+    prompts, invalid = [], 0
+    for batch in _read_batches(args.inputs, BATCH_LINES):
+        for path, line_no, raw in batch:
+            if args.limit and len(prompts) >= args.limit:
+                break
+            where = f"{path}:{line_no}"
+            try:
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, RecursionError) as e:
+                    raise BadLine(f"invalid JSON: {e}")
+                if not isinstance(obj, dict):
+                    raise BadLine("not a JSON object")
+                found = [f for f in FORMATS if FORMAT_KEY[f] in obj]
+                fmt = args.format if args.format != "auto" else (found[0] if len(found) == 1 else None)
+                if fmt is None or FORMAT_KEY[fmt] not in obj:
+                    raise BadLine("unknown or ambiguous format")
+                if fmt == "tokenized":
+                    ids, mask = _tokenized(obj, len(tokenizer))
+                    first = np.flatnonzero(mask)
+                    if first.size == 0 or first[0] == 0:
+                        raise BadLine("no unsupervised prefix to use as the prompt")
+                    ids = [int(x) for x in ids[:first[0]]]
+                else:
+                    if masker is None:
+                        raise BadLine("conversation line, but the tokenizer has no chat template")
+                    messages = _messages_sharegpt(obj) if fmt == "sharegpt" else _messages_openai(obj)
+                    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+                    cut = (turns[-1] if args.last_turn_only else turns[0]) if turns else len(messages)
+                    if cut == 0:
+                        raise BadLine("the conversation starts with an assistant turn: no prompt")
+                    text = masker.render(messages[:cut], generation_prompt=True)
+                    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                if not ids:
+                    raise BadLine("empty prompt")
+                prompts.append({"source": where, "ids": ids})
+            except BadLine as e:
+                invalid += 1
+                if invalid <= MAX_REPORTED_LINES:
+                    sys.stderr.write(f"{where}: {e}\n")
+    if not prompts:
+        raise UsageError("no prompt in " + ", ".join(args.inputs))
+    stop = []
+    for tok in (_token_id(tokenizer.eos_token_id),
+                _token_ids_of(tokenizer, masker.eot) if masker is not None else None):
+        if tok is not None and tok not in stop:
+            stop.append(tok)
+    header = {"format": "tandem.prompts.v1", "stop_ids": stop, "count": len(prompts),
+              "invalid": invalid, "tokenizer": args.tokenizer}
+    lines = [json.dumps(header)] + [json.dumps(p) for p in prompts]
+    _write_atomic(args.prompts_out, [("\n".join(lines) + "\n").encode("utf-8")])
+    return EXIT_OK
+
+
 def run(args):
+    if args.prompts_out is not None:
+        return render_prompts(args)
     reporter = Reporter(args.quiet)
     for path in args.inputs:
         if not os.path.isfile(path):

@@ -27,6 +27,12 @@ void add_prepare(CLI::App& app, int& exit_code);
 /// it could not be started, 128 + N when killed by signal N).
 int run_prepare(const std::vector<std::string>& args);
 
+/// `tandem eval`: speculative decoding of held-out prompts, τ and speedup.
+void add_eval(CLI::App& app, int& exit_code);
+
+/// `tandem export`: a drafter checkpoint → the z-lab DFlash layout.
+void add_export(CLI::App& app, int& exit_code);
+
 /// `tandem run CONFIG.toml`: single-node training.
 void add_run(CLI::App& app, int& exit_code);
 

@@ -1,0 +1,211 @@
+#include "gpu/decode/decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpu/device/error.hpp"
+
+namespace tandem::gpu {
+
+namespace {
+
+kv_cache make_cache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t capacity,
+                    int64_t head_dim, const at::TensorOptions& opts) {
+  kv_cache c;
+  for (int64_t i = 0; i < layers; ++i) {
+    c.k.push_back(at::zeros({batch, kv_heads, capacity, head_dim}, opts));
+    c.v.push_back(at::zeros({batch, kv_heads, capacity, head_dim}, opts));
+  }
+  c.length.assign(batch, 0);
+  return c;
+}
+
+/// [B] int64 on `device`: the rows' lengths.
+at::Tensor lengths_tensor(const std::vector<int64_t>& length, const at::Device& device) {
+  return at::tensor(length, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+/// Positions start[b] + t, [B, T].
+at::Tensor positions_after(const at::Tensor& start, int64_t t) {
+  return start.unsqueeze(1) + at::arange(t, start.options()).unsqueeze(0);
+}
+
+/// Writes x [B, K, T, h] into cache [B, K, C, h] at positions pos [B, T].
+void write_cache(at::Tensor& cache, const at::Tensor& x, const at::Tensor& pos) {
+  auto index = pos.view({pos.size(0), 1, pos.size(1), 1}).expand_as(x);
+  cache.scatter_(2, index, x);
+}
+
+/// Attention of q [B, H, T, h] over keys/values [B, K, S, h] where
+/// visible [B, 1, T, S] (bool); returns [B, T, H·h].
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& visible, int64_t head_dim) {
+  const auto heads = q.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  auto out = at::scaled_dot_product_attention(q, expand_kv_heads(k, heads), expand_kv_heads(v, heads),
+                                              visible, 0.0, false, scale);
+  return out.transpose(1, 2).reshape({q.size(0), q.size(2), heads * head_dim});
+}
+
+int64_t max_of(const std::vector<int64_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+void check_row(const kv_cache& c, int64_t row, int64_t n, int64_t capacity, const char* who) {
+  if (row < 0 || row >= static_cast<int64_t>(c.length.size()) || n < 0 || n > capacity)
+    throw error(errc::bad_input, std::string(who) + ": row " + std::to_string(row) + " length "
+                                   + std::to_string(n) + " outside the cache ("
+                                   + std::to_string(c.length.size()) + " rows of "
+                                   + std::to_string(capacity) + " positions)");
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------
+// Target
+
+target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_t capacity)
+  : target_(target), capacity_(capacity) {
+  const auto& c = target.config();
+  const auto& w = target.weights();
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers || !w.final_norm.defined())
+    throw error(errc::bad_input, "target decoder: the target was loaded without its head "
+                                 "(every layer, the final norm and the lm-head are needed)");
+  cache_ = make_cache(c.num_hidden_layers, batch, c.num_key_value_heads, capacity, c.head_dim,
+                      w.embed.options());
+}
+
+void target_decoder::set_length(int64_t row, int64_t n) {
+  check_row(cache_, row, n, capacity_, "target decoder");
+  cache_.length[row] = n;
+}
+
+void target_decoder::reset() {
+  std::fill(cache_.length.begin(), cache_.length.end(), 0);
+}
+
+target_decoder::output target_decoder::forward(const at::Tensor& ids, bool want_taps,
+                                               const at::Tensor& logit_at) {
+  at::NoGradGuard no_grad;
+  const auto& c = target_.config();
+  const auto& w = target_.weights();
+  const auto& taps_at = target_.tap_ids();
+  const auto b = ids.size(0), t = ids.size(1);
+  if (b != batch())
+    throw error(errc::bad_input, "target decoder: " + std::to_string(b) + " rows for a cache of "
+                                   + std::to_string(batch()));
+  const auto hi = max_of(cache_.length) + t;  // keys any query can see
+  if (hi > capacity_)
+    throw error(errc::bad_input, "target decoder: " + std::to_string(hi)
+                                   + " positions exceed the cache's " + std::to_string(capacity_));
+  const auto device = w.embed.device();
+  auto start = lengths_tensor(cache_.length, device);
+  auto pos = positions_after(start, t);                                           // [B, T]
+  auto keys = at::arange(hi, start.options());
+  auto visible = (keys.view({1, 1, hi}) <= pos.unsqueeze(2)).unsqueeze(1);       // [B, 1, T, hi]
+  auto [cos, sin] = rope_tables(pos, c.head_dim, c.rope_theta);
+  const layer_dims d{c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                     c.num_key_value_heads, c.head_dim, c.rms_norm_eps};
+  auto x = at::embedding(w.embed, ids);
+  std::vector<at::Tensor> taps(taps_at.size());
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const auto& l = w.layers[i];
+    auto h = rms_norm(x, l.input_norm, d.eps);
+    auto q = project_q(h, l, d, cos, sin);
+    write_cache(cache_.k[i], project_k(h, l, d, cos, sin), pos);
+    write_cache(cache_.v[i], project_v(h, l, d), pos);
+    auto k = cache_.k[i].narrow(2, 0, hi), v = cache_.v[i].narrow(2, 0, hi);
+    x = x + at::linear(masked_attention(q, k, v, visible, d.head_dim), l.o_proj);
+    x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+    if (want_taps)
+      for (size_t j = 0; j < taps_at.size(); ++j)
+        if (taps_at[j] == static_cast<int64_t>(i))
+          taps[j] = x;
+  }
+  output out;
+  if (want_taps)
+    out.taps = at::cat(taps, -1);
+  if (logit_at.defined())
+    x = x.gather(1, logit_at.view({b, 1, 1}).expand({b, 1, x.size(2)}));
+  out.logits = at::linear(rms_norm(x, w.final_norm, d.eps), w.lm_head).to(at::kFloat);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Drafter
+
+drafter_decoder::drafter_decoder(const dflash_config& cfg, const dflash_weights& w,
+                                 at::Tensor embed, at::Tensor lm_head, int64_t batch,
+                                 int64_t capacity)
+  : cfg_(cfg), w_(w), embed_(std::move(embed)), lm_head_(std::move(lm_head)), capacity_(capacity) {
+  const auto& l = cfg.layer;
+  cache_ = make_cache(l.num_hidden_layers, batch, l.num_key_value_heads, capacity, l.head_dim,
+                      w.fc.options());
+}
+
+void drafter_decoder::set_context_length(int64_t row, int64_t n) {
+  check_row(cache_, row, n, capacity_, "drafter decoder");
+  cache_.length[row] = n;
+}
+
+void drafter_decoder::reset() {
+  std::fill(cache_.length.begin(), cache_.length.end(), 0);
+}
+
+void drafter_decoder::extend_context(const at::Tensor& taps, const std::vector<int64_t>& count) {
+  at::NoGradGuard no_grad;
+  const auto& l = cfg_.layer;
+  const layer_dims d{l.hidden_size, l.intermediate_size, l.num_attention_heads,
+                     l.num_key_value_heads, l.head_dim, l.rms_norm_eps};
+  const auto b = taps.size(0), p = taps.size(1);
+  if (b != static_cast<int64_t>(cache_.length.size()) || count.size() != cache_.length.size())
+    throw error(errc::bad_input, "drafter decoder: context rows do not match the cache's");
+  for (int64_t r = 0; r < b; ++r)
+    if (count[r] < 0 || count[r] > p || cache_.length[r] + p > capacity_)
+      throw error(errc::bad_input, "drafter decoder: row " + std::to_string(r) + " context of "
+                                     + std::to_string(cache_.length[r]) + " + "
+                                     + std::to_string(p) + " exceeds the cache's "
+                                     + std::to_string(capacity_) + " positions");
+  auto pos = positions_after(lengths_tensor(cache_.length, taps.device()), p);  // [B, P]
+  auto [cos, sin] = rope_tables(pos, d.head_dim, l.rope_theta);
+  auto ctx = rms_norm(at::linear(taps.to(w_.fc.scalar_type()), w_.fc), w_.hidden_norm, d.eps);
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    write_cache(cache_.k[i], project_k(ctx, w_.layers[i], d, cos, sin), pos);
+    write_cache(cache_.v[i], project_v(ctx, w_.layers[i], d), pos);
+  }
+  for (int64_t r = 0; r < b; ++r)
+    cache_.length[r] += count[r];
+}
+
+at::Tensor drafter_decoder::draft(const at::Tensor& block_ids, bool shift) {
+  at::NoGradGuard no_grad;
+  const auto& l = cfg_.layer;
+  const layer_dims d{l.hidden_size, l.intermediate_size, l.num_attention_heads,
+                     l.num_key_value_heads, l.head_dim, l.rms_norm_eps};
+  const auto b = block_ids.size(0), t = block_ids.size(1);
+  const auto hi = max_of(cache_.length);
+  if (t < 2 || t > cfg_.block_size)
+    throw error(errc::bad_input, "drafter decoder: a block of " + std::to_string(t)
+                                   + " tokens (2 … " + std::to_string(cfg_.block_size) + ")");
+  auto start = lengths_tensor(cache_.length, block_ids.device());
+  auto pos = positions_after(start, t);                                          // [B, T]
+  auto [cos, sin] = rope_tables(pos, d.head_dim, l.rope_theta);
+  // Context key c is visible to row b iff c < length(b); block keys always.
+  auto ctx_visible = at::arange(hi, start.options()).view({1, 1, hi}) < start.view({b, 1, 1});
+  auto visible = at::cat({ctx_visible.expand({b, t, hi}),
+                          at::ones({b, t, t}, ctx_visible.options())}, 2).unsqueeze(1);
+  auto x = at::embedding(embed_, block_ids);
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    const auto& lw = w_.layers[i];
+    auto h = rms_norm(x, lw.input_norm, d.eps);
+    auto q = project_q(h, lw, d, cos, sin);
+    auto k = at::cat({cache_.k[i].narrow(2, 0, hi), project_k(h, lw, d, cos, sin)}, 2);
+    auto v = at::cat({cache_.v[i].narrow(2, 0, hi), project_v(h, lw, d)}, 2);
+    x = x + at::linear(masked_attention(q, k, v, visible, d.head_dim), lw.o_proj);
+    x = x + swiglu_mlp(rms_norm(x, lw.post_norm, d.eps), lw);
+  }
+  auto scored = x.narrow(1, shift ? 0 : 1, t - 1);
+  return at::linear(rms_norm(scored, w_.norm, d.eps), lm_head_).to(at::kFloat);
+}
+
+} // namespace tandem::gpu

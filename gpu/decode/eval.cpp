@@ -1,0 +1,335 @@
+#include "gpu/decode/eval.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/decode/speculative.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/engine/checkpoint.hpp"
+#include "gpu/engine/checkpoint_io.hpp"
+#include "gpu/engine/engine_common.hpp"
+#include "gpu/io/hf_config.hpp"
+#include "gpu/io/safetensors.hpp"
+
+namespace tandem::gpu {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  throw error(errc::bad_input, what);
+}
+
+json read_json(const fs::path& file) {
+  std::ifstream f(file);
+  if (!f)
+    fail("cannot read " + file.string());
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    fail(file.string() + " is not JSON: " + e.what());
+  }
+}
+
+/// A checkpoint folder's location: its step and the target it recorded.
+drafter_location checkpoint_location(const fs::path& dir) {
+  const auto s = read_json(dir / "state.json");
+  drafter_location loc{"checkpoint", dir, {}, -1};
+  if (s.contains("step") && s["step"].is_number_integer())
+    loc.step = s["step"].get<int64_t>();
+  if (s.contains("options") && s["options"].is_object() && s["options"].contains("target_dir")
+      && s["options"]["target_dir"].is_string())
+    loc.target_dir = s["options"]["target_dir"].get<std::string>();
+  return loc;
+}
+
+int64_t shape_field(const json& d, const char* name, const fs::path& file) {
+  if (!d.contains(name) || !d[name].is_number_integer())
+    fail(file.string() + ": field 'drafter." + std::string(name) + "' is missing or not an integer");
+  return d[name].get<int64_t>();
+}
+
+/// Says what differs between the drafter and the target, or nothing.
+void check_fits(const dflash_config& c, const qwen3_config& t, const std::string& drafter,
+                const fs::path& target_dir) {
+  auto differ = [&](const std::string& what, int64_t mine, int64_t theirs) {
+    if (mine != theirs)
+      fail("the drafter " + drafter + " was trained against a target with " + what + " "
+           + std::to_string(mine) + ", but " + (target_dir / "config.json").string() + " has "
+           + std::to_string(theirs) + " (pass the target it was trained against)");
+  };
+  differ("hidden_size", c.layer.hidden_size, t.hidden_size);
+  differ("num_hidden_layers", c.num_target_layers, t.num_hidden_layers);
+  differ("vocab_size", c.layer.vocab_size, t.vocab_size);
+  for (auto id : c.target_layer_ids)
+    if (id < 0 || id >= t.num_hidden_layers)
+      fail("the drafter " + drafter + " taps target layer " + std::to_string(id) + ", outside "
+           + (target_dir / "config.json").string() + "'s " + std::to_string(t.num_hidden_layers)
+           + " layers");
+}
+
+/// The drafter's config and weights (on `device`, in `dtype`), checked against the target.
+std::pair<dflash_config, dflash_weights> load_drafter(const drafter_location& loc,
+                                                      const qwen3_config& target,
+                                                      const fs::path& target_dir,
+                                                      at::Device device, at::ScalarType dtype) {
+  if (loc.kind == "export") {
+    auto [cfg, w] = load_dflash(loc.dir, device, dtype);
+    check_fits(cfg, target, loc.dir.string(), target_dir);
+    return {std::move(cfg), std::move(w)};
+  }
+  const auto ck = read_checkpoint(loc.dir);
+  const auto file = loc.dir / "state.json";
+  const auto& d = ck.state.at("drafter");
+  dflash_config cfg;
+  cfg.layer = target;  // the drafter's layers take the target's shape and RoPE (drafter_engine)
+  cfg.layer.num_hidden_layers = shape_field(d, "num_hidden_layers", file);
+  cfg.layer.hidden_size = shape_field(d, "hidden_size", file);
+  cfg.layer.intermediate_size = shape_field(d, "intermediate_size", file);
+  cfg.layer.num_attention_heads = shape_field(d, "num_attention_heads", file);
+  cfg.layer.num_key_value_heads = shape_field(d, "num_key_value_heads", file);
+  cfg.layer.head_dim = shape_field(d, "head_dim", file);
+  cfg.layer.vocab_size = shape_field(d, "vocab_size", file);
+  cfg.block_size = shape_field(d, "block_size", file);
+  cfg.num_target_layers = shape_field(d, "num_target_layers", file);
+  cfg.mask_token_id = shape_field(d, "mask_token_id", file);
+  if (!d.contains("target_layer_ids") || !d["target_layer_ids"].is_array())
+    fail(file.string() + ": field 'drafter.target_layer_ids' is missing or not an array");
+  cfg.target_layer_ids = d["target_layer_ids"].get<std::vector<int64_t>>();
+  check_fits(cfg, target, loc.dir.string(), target_dir);
+  std::map<std::string, at::Tensor> tensors;
+  for (size_t i = 0; i < ck.names.size(); ++i)
+    tensors[ck.names[i]] = ck.weights[i];
+  auto w = dflash_weights_from(tensors, cfg, dtype, (loc.dir / "weights.safetensors").string());
+  for (auto& [name, p] : dflash_parameters(w))
+    *p = p->to(device);
+  return {std::move(cfg), std::move(w)};
+}
+
+fs::path resolve_target(const fs::path& given, const drafter_location& loc, const char* who) {
+  if (!given.empty())
+    return given;
+  if (!loc.target_dir.empty())
+    return loc.target_dir;
+  fail(std::string(who) + ": " + loc.dir.string()
+       + " is an export, which does not record its target: pass --target DIR");
+}
+
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+} // namespace
+
+drafter_location locate_drafter(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    fail("drafter " + path.string() + " is not a folder (an export, a checkpoint or a run folder)");
+  if (fs::exists(path / "state.json", ec))
+    return checkpoint_location(path);
+  if (fs::exists(path / "config.json", ec)) {
+    load_dflash_config(path);  // throws, naming the field, when it is no DFlash drafter
+    return {"export", path, {}, -1};
+  }
+  const auto root = path / "checkpoints";
+  if (fs::is_directory(root, ec)) {
+    std::string skipped;
+    for (const auto& dir : list_checkpoints(root)) {
+      try {
+        verify_checkpoint(dir);
+        return checkpoint_location(dir);
+      } catch (const error& e) {
+        skipped += std::string("; skipped ") + e.what();
+      }
+    }
+    fail("run folder " + path.string() + " has no complete checkpoint under " + root.string()
+         + skipped);
+  }
+  fail("drafter " + path.string() + " is neither an export (config.json), a checkpoint "
+       "(state.json) nor a run folder (checkpoints/)");
+}
+
+eval_report run_eval(const eval_options& o, const std::function<void(size_t, size_t)>& progress) {
+  const auto device = detail::engine_device(o.device, "tandem eval");
+  const auto dtype = detail::engine_dtype(o.dtype, device, "tandem eval");
+  detail::device_scope scope(device);
+  if (o.prompts.empty())
+    fail("tandem eval: no prompts");
+  if (o.max_new_tokens < 1)
+    fail("tandem eval: --max-new-tokens must be at least 1");
+  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+    fail("tandem eval: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+  const auto loc = locate_drafter(o.drafter);
+  const auto target_dir = resolve_target(o.target_dir, loc, "tandem eval");
+  const auto tcfg = load_qwen3_config(target_dir);
+  auto [cfg, w] = load_drafter(loc, tcfg, target_dir, device, dtype);
+  const auto target = qwen3_target::load(target_dir, device, dtype, cfg.target_layer_ids, true);
+  const auto bs = o.block_size > 0 ? o.block_size : cfg.block_size;
+  if (bs > cfg.block_size)
+    fail("tandem eval: block size " + std::to_string(bs) + " exceeds the drafter's "
+         + std::to_string(cfg.block_size));
+  size_t longest = 0;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    if (o.prompts[i].empty())
+      fail("tandem eval: prompt " + std::to_string(i) + " is empty");
+    for (auto id : o.prompts[i])
+      if (id < 0 || id >= tcfg.vocab_size)
+        fail("tandem eval: prompt " + std::to_string(i) + " holds token " + std::to_string(id)
+             + ", outside the target's vocabulary of " + std::to_string(tcfg.vocab_size));
+    longest = std::max(longest, o.prompts[i].size());
+  }
+  const auto capacity = static_cast<int64_t>(longest) + o.max_new_tokens + 1;
+  target_decoder td(target, 1, capacity);
+  drafter_decoder dd(cfg, w, target.embedding(), target.lm_head(), 1, capacity);
+  auto gen = detail::private_generator(device, o.seed);
+
+  speculative_options so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.stop_ids = o.stop_ids;
+  so.sampling = {o.temperature, o.top_p, o.top_k};
+  so.block_size = bs;
+  so.bug = planted_bug_from_env();
+  auto base_opts = so;
+  base_opts.block_size = 1;
+
+  eval_report r;
+  r.target = target_dir.string();
+  r.drafter = loc.dir.string();
+  r.drafter_kind = loc.kind;
+  r.drafter_step = loc.step;
+  r.device = device.str();
+  r.dtype = detail::dtype_name(dtype);
+  r.block_size = bs;
+  r.max_new_tokens = o.max_new_tokens;
+  r.temperature = o.temperature;
+  r.top_p = o.top_p;
+  r.top_k = o.top_k;
+  r.histogram.assign(bs + 1, 0);
+  std::vector<double> spec_tpot, base_tpot, taus;
+  double spec_time = 0, base_time = 0;
+  int64_t spec_decoded = 0, base_decoded = 0;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    eval_prompt p;
+    p.prompt_tokens = static_cast<int64_t>(o.prompts[i].size());
+    auto g = speculative_generate(td, &dd, o.prompts[i], so, gen);
+    p.tokens = g.tokens;
+    p.produced = g.produced;
+    p.prefill_s = g.prefill_s;
+    p.decode_s = g.decode_s;
+    if (!g.produced.empty()) {
+      p.tau = std::accumulate(g.produced.begin(), g.produced.end(), 0.0)
+              / static_cast<double>(g.produced.size());
+      taus.push_back(p.tau);
+    }
+    for (auto k : g.produced)
+      ++r.histogram.at(k);
+    r.cycles += static_cast<int64_t>(g.produced.size());
+    r.new_tokens += static_cast<int64_t>(g.tokens.size());
+    spec_tpot.push_back(g.decode_s / static_cast<double>(g.tokens.size()));
+    spec_time += g.decode_s;
+    spec_decoded += static_cast<int64_t>(g.tokens.size()) - 1;
+    if (o.baseline) {
+      auto b = speculative_generate(td, nullptr, o.prompts[i], base_opts, gen);
+      p.baseline_decode_s = b.decode_s;
+      p.baseline_tokens = static_cast<int64_t>(b.tokens.size());
+      base_tpot.push_back(b.decode_s / static_cast<double>(b.tokens.size()));
+      base_time += b.decode_s;
+      base_decoded += static_cast<int64_t>(b.tokens.size()) - 1;
+      if (o.temperature <= 0) {
+        const auto n = std::min(b.tokens.size(), g.tokens.size());
+        for (size_t k = 0; k < n && p.first_difference < 0; ++k)
+          if (b.tokens[k] != g.tokens[k])
+            p.first_difference = static_cast<int64_t>(k);
+        if (p.first_difference < 0 && b.tokens.size() != g.tokens.size())
+          p.first_difference = static_cast<int64_t>(n);
+        r.differing_prompts += p.first_difference >= 0;
+      }
+    }
+    r.prompts.push_back(std::move(p));
+    if (progress)
+      progress(i + 1, o.prompts.size());
+  }
+  int64_t produced_sum = 0;
+  for (size_t k = 0; k < r.histogram.size(); ++k)
+    produced_sum += static_cast<int64_t>(k) * r.histogram[k];
+  r.tau = r.cycles ? static_cast<double>(produced_sum) / static_cast<double>(r.cycles) : 0.0;
+  r.tau_prompt_mean = mean(taus);
+  r.spec_tokens_per_s = spec_time > 0 ? static_cast<double>(spec_decoded) / spec_time : 0.0;
+  r.baseline_tokens_per_s = base_time > 0 ? static_cast<double>(base_decoded) / base_time : 0.0;
+  if (o.baseline && mean(spec_tpot) > 0)
+    r.speedup = mean(base_tpot) / mean(spec_tpot);
+  return r;
+}
+
+std::string eval_json(const eval_report& r) {
+  json j{{"schema", "tandem.eval.v1"},
+         {"target", r.target},
+         {"drafter", r.drafter},
+         {"drafter_kind", r.drafter_kind},
+         {"drafter_step", r.drafter_step},
+         {"device", r.device},
+         {"dtype", r.dtype},
+         {"block_size", r.block_size},
+         {"max_new_tokens", r.max_new_tokens},
+         {"temperature", r.temperature},
+         {"top_p", r.top_p},
+         {"top_k", r.top_k},
+         {"num_prompts", r.prompts.size()},
+         {"tau", r.tau},
+         {"tau_prompt_mean", r.tau_prompt_mean},
+         {"histogram", r.histogram},
+         {"cycles", r.cycles},
+         {"new_tokens", r.new_tokens},
+         {"spec_tokens_per_s", r.spec_tokens_per_s},
+         {"baseline_tokens_per_s", r.baseline_tokens_per_s},
+         {"speedup", r.speedup},
+         {"differing_prompts", r.differing_prompts}};
+  auto& prompts = j["prompts"] = json::array();
+  for (const auto& p : r.prompts)
+    prompts.push_back({{"prompt_tokens", p.prompt_tokens},
+                       {"tokens", p.tokens},
+                       {"acceptance_lengths", p.produced},
+                       {"tau", p.tau},
+                       {"prefill_s", p.prefill_s},
+                       {"decode_s", p.decode_s},
+                       {"baseline_decode_s", p.baseline_decode_s},
+                       {"baseline_tokens", p.baseline_tokens},
+                       {"first_difference", p.first_difference}});
+  return j.dump();
+}
+
+export_result export_drafter(const export_options& o) {
+  if (o.out.empty())
+    fail("tandem export: --out DIR is required");
+  at::ScalarType dt;
+  if (o.dtype == "bfloat16")
+    dt = at::kBFloat16;
+  else if (o.dtype == "float16")
+    dt = at::kHalf;
+  else if (o.dtype == "float32")
+    dt = at::kFloat;
+  else
+    fail("tandem export: --dtype '" + o.dtype + "' is not one of bfloat16, float16, float32");
+  const auto loc = locate_drafter(o.source);
+  const auto target_dir = resolve_target(o.target, loc, "tandem export");
+  const auto tcfg = load_qwen3_config(target_dir);
+  auto [cfg, w] = load_drafter(loc, tcfg, target_dir, at::kCPU, at::kFloat);
+  export_dflash(o.out, cfg, w, dt);
+  export_result r;
+  r.from = loc;
+  r.target_dir = target_dir;
+  for (auto& [name, p] : dflash_parameters(w))
+    r.parameters += p->numel();
+  r.block_size = cfg.block_size;
+  r.layers = cfg.layer.num_hidden_layers;
+  r.target_layer_ids = cfg.target_layer_ids;
+  r.mask_token_id = cfg.mask_token_id;
+  return r;
+}
+
+} // namespace tandem::gpu

@@ -1,0 +1,194 @@
+#include "gpu/decode/speculative.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "gpu/device/error.hpp"
+
+namespace tandem::gpu {
+
+namespace {
+
+double now_s(const at::Device& device) {
+#ifdef TANDEM_HAVE_CUDA
+  if (device.is_cuda())
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#else
+  (void)device;
+#endif
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> to_host(const at::Tensor& t) {
+  auto c = t.to(at::kCPU, at::kLong).contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+/// One token from probabilities [V].
+int64_t draw(const at::Tensor& probs, at::Generator& gen) {
+  return at::multinomial(probs, 1, false, gen).item<int64_t>();
+}
+
+/// The target's token at each of logits [T, V]: argmax, or sampled.
+struct verdict {
+  int64_t accepted = 0;
+  int64_t bonus = 0;
+};
+
+/// Greedy: the run of drafts equal to the target's argmax one position
+/// earlier, then the target's own token after it.
+verdict greedy_verdict(const at::Tensor& target_logits, const std::vector<int64_t>& drafts,
+                       bool always_accept) {
+  const auto posterior = to_host(target_logits.argmax(-1));  // [T]
+  int64_t acc = 0;
+  while (acc < static_cast<int64_t>(drafts.size()) && (always_accept || drafts[acc] == posterior[acc]))
+    ++acc;
+  return {acc, posterior[acc]};
+}
+
+/// Rejection sampling (the dflash package's _rejection_sample): draft k is
+/// kept while u·q < p; the first rejected position samples the normalised
+/// residual (p − q)+; all kept: the bonus samples the target's last position.
+verdict sampled_verdict(const at::Tensor& target_probs, const at::Tensor& draft_probs,
+                        const std::vector<int64_t>& drafts, bool always_accept,
+                        at::Generator& gen) {
+  const auto gamma = static_cast<int64_t>(drafts.size());
+  if (gamma == 0)
+    return {0, draw(target_probs[0], gen)};
+  auto idx = at::tensor(drafts, at::TensorOptions().dtype(at::kLong)).to(target_probs.device()).unsqueeze(1);
+  auto p = target_probs.narrow(0, 0, gamma).gather(1, idx).squeeze(1);
+  auto q = draft_probs.gather(1, idx).squeeze(1);
+  auto u = at::rand({gamma}, gen, q.options());
+  auto keep = (u * q < p).to(at::kInt).cumprod(0).sum();
+  const int64_t acc = always_accept ? gamma : keep.item<int64_t>();
+  if (acc == gamma)
+    return {acc, draw(target_probs[gamma], gen)};
+  auto residual = (target_probs[acc] - draft_probs[acc]).clamp_min(0);
+  auto total = residual.sum();
+  if (total.item<double>() > 0)
+    residual = residual / total;
+  else
+    residual = target_probs[acc];
+  return {acc, draw(residual, gen)};
+}
+
+} // namespace
+
+planted_bug planted_bug_from_env() {
+  const char* v = std::getenv("TANDEM_TEST_PLANT");
+  if (!v || !*v)
+    return planted_bug::none;
+  const std::string s = v;
+  if (s == "always_accept")
+    return planted_bug::always_accept;
+  if (s == "shifted_drafts")
+    return planted_bug::shifted_drafts;
+  throw error(errc::bad_input, "TANDEM_TEST_PLANT='" + s
+                                 + "' is not one of always_accept, shifted_drafts");
+}
+
+at::Tensor sampling_probs(const at::Tensor& logits, const sampling_options& s) {
+  auto scores = logits.to(at::kFloat) / s.temperature;
+  const auto vocab = scores.size(-1);
+  at::Tensor indices;
+  if (s.top_k > 0 && s.top_k < vocab)
+    std::tie(scores, indices) = at::topk(scores, s.top_k, -1);
+  auto probs = at::softmax(scores, -1);
+  if (s.top_p < 1.0) {
+    auto [sorted, order] = probs.sort(-1, /*descending=*/true);
+    auto keep = (sorted.cumsum(-1) - sorted) < s.top_p;
+    sorted = sorted * keep;
+    probs = at::zeros_like(probs).scatter(-1, order, sorted);
+    probs = probs / probs.sum(-1, /*keepdim=*/true);
+  }
+  if (indices.defined())
+    probs = at::zeros_like(logits, probs.options()).scatter(-1, indices, probs);
+  return probs;
+}
+
+generation speculative_generate(target_decoder& target, drafter_decoder* drafter,
+                                const std::vector<int64_t>& prompt,
+                                const speculative_options& o, at::Generator& gen) {
+  const auto device = target.target().embedding().device();
+  const auto n = static_cast<int64_t>(prompt.size());
+  const auto max_length = n + o.max_new_tokens;
+  const auto bs = o.block_size;
+  const bool greedy = o.sampling.temperature <= 0;
+  if (n == 0 || o.max_new_tokens < 1)
+    throw error(errc::bad_input, "speculative decoding: an empty prompt or max_new_tokens < 1");
+  if (bs < 1 || (bs > 1 && drafter == nullptr))
+    throw error(errc::bad_input, "speculative decoding: block size " + std::to_string(bs)
+                                   + " needs a drafter");
+  if (max_length > target.capacity())
+    throw error(errc::bad_input, "speculative decoding: prompt of " + std::to_string(n) + " + "
+                                   + std::to_string(o.max_new_tokens) + " new tokens exceed the "
+                                   + std::to_string(target.capacity()) + "-position cache");
+  auto is_stop = [&](int64_t tok) {
+    return std::find(o.stop_ids.begin(), o.stop_ids.end(), tok) != o.stop_ids.end();
+  };
+  const auto ids_opts = at::TensorOptions().dtype(at::kLong);
+  target.reset();
+  if (drafter)
+    drafter->reset();
+
+  generation g;
+  auto t0 = now_s(device);
+  auto pre = target.forward(at::tensor(prompt, ids_opts).to(device).unsqueeze(0), bs > 1,
+                            at::full({1}, n - 1, ids_opts.device(device)));
+  const auto first = greedy ? pre.logits[0][0].argmax().item<int64_t>()
+                            : draw(sampling_probs(pre.logits[0][0], o.sampling), gen);
+  target.set_length(0, n);
+  if (bs > 1)
+    drafter->extend_context(pre.taps, {n});
+  g.tokens.push_back(first);
+  auto t1 = now_s(device);
+  g.prefill_s = t1 - t0;
+
+  int64_t start = n;  // position of the last committed token (not yet in the caches)
+  bool stopped = is_stop(first);
+  const int64_t mask = drafter ? drafter->config().mask_token_id : 0;
+  while (start + 1 < max_length && !stopped) {
+    const auto t = std::min(bs, max_length - start);
+    std::vector<int64_t> block(t, mask);
+    block[0] = g.tokens.back();
+    std::vector<int64_t> drafts;
+    at::Tensor draft_probs;
+    if (t > 1) {
+      auto logits = drafter->draft(at::tensor(block, ids_opts).to(device).unsqueeze(0),
+                                   o.bug == planted_bug::shifted_drafts)[0];  // [t-1, V]
+      if (greedy) {
+        drafts = to_host(logits.argmax(-1));
+      } else {
+        draft_probs = sampling_probs(logits, o.sampling);
+        drafts = to_host(at::multinomial(draft_probs, 1, false, gen).squeeze(1));
+      }
+      std::copy(drafts.begin(), drafts.end(), block.begin() + 1);
+    }
+    auto out = target.forward(at::tensor(block, ids_opts).to(device).unsqueeze(0), t > 1);
+    const bool always = o.bug == planted_bug::always_accept;
+    const auto v = greedy ? greedy_verdict(out.logits[0], drafts, always)
+                          : sampled_verdict(sampling_probs(out.logits[0], o.sampling), draft_probs,
+                                            drafts, always, gen);
+    std::vector<int64_t> fresh(drafts.begin(), drafts.begin() + v.accepted);
+    fresh.push_back(v.bonus);
+    auto produced = std::min<int64_t>(v.accepted + 1, max_length - start - 1);
+    for (int64_t i = 0; i < produced; ++i)
+      if (is_stop(fresh[i])) {
+        produced = i + 1;
+        stopped = true;
+        break;
+      }
+    g.tokens.insert(g.tokens.end(), fresh.begin(), fresh.begin() + produced);
+    g.produced.push_back(produced);
+    start += produced;
+    target.set_length(0, start);
+    if (t > 1)
+      drafter->extend_context(out.taps.narrow(1, 0, produced), {produced});
+  }
+  g.decode_s = now_s(device) - t1;
+  return g;
+}
+
+} // namespace tandem::gpu
