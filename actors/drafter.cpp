@@ -210,6 +210,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       rep.batch_id = w.batch.batch_id;
       rep.loss = r.loss;
       rep.accuracy = r.accuracy;
+      rep.sim_accept = r.sim_accept;
       rep.grad_norm = r.grad_norm;
       rep.lr = r.lr;
       rep.scored_tokens = r.scored_tokens;

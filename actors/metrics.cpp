@@ -93,7 +93,7 @@ struct metrics_state {
   clock_type::time_point start = clock_type::now();
   clock_type::time_point last_progress{};
   // Running sums since the last progress line.
-  double loss_sum = 0, acc_sum = 0, wait_ms = 0, busy_ms = 0;
+  double loss_sum = 0, acc_sum = 0, sim_sum = 0, wait_ms = 0, busy_ms = 0;
   int64_t steps = 0, tokens = 0, last_step = 0;
   std::set<int32_t> drafters;  ///< reporting since the last progress line (data-parallel: several)
   double ema_loss = std::nan("");
@@ -140,6 +140,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
         s.ema_loss = std::isnan(s.ema_loss) ? r.loss : 0.9 * s.ema_loss + 0.1 * r.loss;
         s.loss_sum += r.loss;
         s.acc_sum += r.accuracy;
+        s.sim_sum += r.sim_accept;
         s.wait_ms += r.wait_ms;
         s.busy_ms += r.compute_ms;
         s.tokens += r.real_tokens;
@@ -152,7 +153,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           write_line(s, {{"event", "step"},          {"time_s", elapsed},
                          {"drafter", r.drafter},     {"step", r.step},
                          {"batch", r.batch_id},      {"loss", r.loss},
-                         {"accuracy", r.accuracy},   {"grad_norm", r.grad_norm},
+                         {"accuracy", r.accuracy},   {"sim_accept", r.sim_accept},
+                         {"grad_norm", r.grad_norm},
                          {"lr", r.lr},               {"scored_tokens", r.scored_tokens},
                          {"tokens", r.real_tokens},  {"finite", r.finite},
                          {"compute_ms", r.compute_ms}, {"wait_ms", r.wait_ms},
@@ -174,15 +176,15 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           // "recent": the mean over the reports since the last line (what
           // training does now); "ema": the slow moving average (0.9 decay,
           // seeded with the first loss, so it lags well behind early on).
-          std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
+          std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  sim-accept %.2f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
                        s.tty ? "\r" : "", s.opts.run_name.empty() ? "" : (s.opts.run_name + ": ").c_str(),
                        static_cast<long long>(r.step),
                        s.opts.total_steps > 0 ? ("/" + std::to_string(s.opts.total_steps)).c_str() : "",
-                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, tok_s,
+                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, s.sim_sum / s.steps, tok_s,
                        100.0 * wait_share, eta.c_str(), s.tty ? "   " : "\n");
           std::fflush(stderr);
           s.last_progress = clock_type::now();
-          s.loss_sum = s.acc_sum = s.wait_ms = s.busy_ms = 0;
+          s.loss_sum = s.acc_sum = s.sim_sum = s.wait_ms = s.busy_ms = 0;
           s.steps = s.tokens = 0;
           s.drafters.clear();
         }

@@ -94,6 +94,9 @@ struct step_report {
   /// collective had completed, every rank's gradient is in).
   bool group_failed = false;
   double tflop = 0;          ///< the step's useful work (gpu/models/flops.hpp), for MFU
+  /// Simulated acceptance length (drafter_engine.hpp step_result): an
+  /// estimate from the step's own blocks, not τ.
+  double sim_accept = 0;
   /// The update count its restore point in device memory holds after this
   /// step (checkpoint.memory_every; −1: none): a failure from here on is
   /// restored from it, not from the newest checkpoint.
@@ -104,7 +107,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
            x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
-           x.wait_ms, x.contributed, x.group_failed, x.tflop, x.restore_point);
+           x.wait_ms, x.contributed, x.group_failed, x.tflop, x.sim_accept, x.restore_point);
 }
 
 /// A drafter's state copied off its device, ready for the checkpointer.

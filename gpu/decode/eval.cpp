@@ -120,6 +120,47 @@ fs::path resolve_target(const fs::path& given, const drafter_location& loc, cons
        + " is an export, which does not record its target: pass --target DIR");
 }
 
+/// A drafter of `cfg`'s shape as the drafter engine initialises one
+/// (normal 0.02, norms 1): the untrained reference.
+dflash_weights untrained_weights(const dflash_config& cfg, at::Device device, at::ScalarType dtype,
+                                 uint64_t seed) {
+  auto g = detail::private_generator(at::kCPU, seed);
+  const auto& l = cfg.layer;
+  const auto d = l.hidden_size;
+  const auto taps = static_cast<int64_t>(cfg.target_layer_ids.size());
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  dflash_weights w;
+  w.fc = at::empty({d, taps * d}, f32).normal_(0.0, 0.02, g);
+  w.hidden_norm = at::ones({d}, f32);
+  w.norm = at::ones({d}, f32);
+  const layer_dims dims{d, l.intermediate_size, l.num_attention_heads, l.num_key_value_heads,
+                        l.head_dim, l.rms_norm_eps};
+  for (int64_t i = 0; i < l.num_hidden_layers; ++i)
+    w.layers.push_back(random_decoder_layer(dims, at::kFloat, at::kCPU, g, 0.02));
+  for (auto& [name, p] : dflash_parameters(w))
+    *p = p->to(device, dtype);
+  return w;
+}
+
+/// τ (mean over cycles) and decode tokens/s of `drafter` (null: prompt
+/// lookup) over every prompt.
+std::pair<double, double> reference_tau(target_decoder& td, drafter_decoder* dd,
+                                        const std::vector<std::vector<int64_t>>& prompts,
+                                        const speculative_options& so, at::Generator& gen) {
+  int64_t produced = 0, cycles = 0, decoded = 0;
+  double seconds = 0;
+  for (const auto& p : prompts) {
+    auto g = speculative_generate(td, dd, p, so, gen);
+    for (auto k : g.produced)
+      produced += k;
+    cycles += static_cast<int64_t>(g.produced.size());
+    decoded += static_cast<int64_t>(g.tokens.size()) - 1;
+    seconds += g.decode_s;
+  }
+  return {cycles ? static_cast<double>(produced) / static_cast<double>(cycles) : 0.0,
+          seconds > 0 ? static_cast<double>(decoded) / seconds : 0.0};
+}
+
 double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
@@ -263,6 +304,16 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   r.baseline_tokens_per_s = base_time > 0 ? static_cast<double>(base_decoded) / base_time : 0.0;
   if (o.baseline && mean(spec_tpot) > 0)
     r.speedup = mean(base_tpot) / mean(spec_tpot);
+  if (o.reference_drafters) {
+    const auto untrained = untrained_weights(cfg, device, dtype, o.seed + 1);
+    drafter_decoder ud(cfg, untrained, target.embedding(), target.lm_head(), 1, capacity);
+    auto ref = so;
+    ref.bug = planted_bug::none;
+    std::tie(r.untrained_tau, r.untrained_tokens_per_s) = reference_tau(td, &ud, o.prompts, ref, gen);
+    ref.lookup_ngram = o.lookup_ngram;
+    std::tie(r.lookup_tau, r.lookup_tokens_per_s) = reference_tau(td, nullptr, o.prompts, ref, gen);
+    r.lookup_ngram = o.lookup_ngram;
+  }
   return r;
 }
 
@@ -289,6 +340,12 @@ std::string eval_json(const eval_report& r) {
          {"baseline_tokens_per_s", r.baseline_tokens_per_s},
          {"speedup", r.speedup},
          {"differing_prompts", r.differing_prompts}};
+  if (r.lookup_tau >= 0)
+    j["references"] = {{"untrained_tau", r.untrained_tau},
+                       {"untrained_tokens_per_s", r.untrained_tokens_per_s},
+                       {"lookup_tau", r.lookup_tau},
+                       {"lookup_ngram", r.lookup_ngram},
+                       {"lookup_tokens_per_s", r.lookup_tokens_per_s}};
   auto& prompts = j["prompts"] = json::array();
   for (const auto& p : r.prompts)
     prompts.push_back({{"prompt_tokens", p.prompt_tokens},
@@ -301,6 +358,58 @@ std::string eval_json(const eval_report& r) {
                        {"baseline_tokens", p.baseline_tokens},
                        {"first_difference", p.first_difference}});
   return j.dump();
+}
+
+double generate(const generate_options& o,
+                const std::function<void(size_t, const std::vector<int64_t>&, bool)>& done,
+                const std::function<bool(size_t)>& skip) {
+  const auto device = detail::engine_device(o.device, "generate");
+  const auto dtype = detail::engine_dtype(o.dtype, device, "generate");
+  detail::device_scope scope(device);
+  if (o.batch < 1 || o.max_new_tokens < 1)
+    fail("generate: batch and max_new_tokens must be at least 1");
+  const auto target = qwen3_target::load(o.target_dir, device, dtype, {}, true);
+  std::vector<size_t> order;
+  int64_t longest = 0;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    if (skip && skip(i))
+      continue;
+    if (o.prompts[i].empty())
+      fail("generate: prompt " + std::to_string(i) + " is empty");
+    for (auto id : o.prompts[i])
+      if (id < 0 || id >= target.config().vocab_size)
+        fail("generate: prompt " + std::to_string(i) + " holds token " + std::to_string(id)
+             + ", outside the target's vocabulary of " + std::to_string(target.config().vocab_size));
+    order.push_back(i);
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(o.prompts[i].size()));
+  }
+  if (order.empty())
+    return 0.0;
+  // Similar lengths together: less padding in the prefill, rows end closer together.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return o.prompts[a].size() < o.prompts[b].size();
+  });
+  const auto batch = std::min<int64_t>(o.batch, static_cast<int64_t>(order.size()));
+  target_decoder td(target, batch, longest + o.max_new_tokens);
+  auto gen = detail::private_generator(device, o.seed);
+  speculative_options so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.stop_ids = o.stop_ids;
+  so.sampling = {o.temperature, o.top_p, o.top_k};
+  double seconds = 0;
+  for (size_t at = 0; at < order.size(); at += batch) {
+    std::vector<std::vector<int64_t>> prompts;
+    for (size_t k = at; k < std::min(order.size(), at + batch); ++k)
+      prompts.push_back(o.prompts[order[k]]);
+    auto out = target_generate(td, prompts, so, gen);
+    seconds += out.front().prefill_s + out.front().decode_s;
+    for (size_t k = 0; k < out.size(); ++k) {
+      const auto& t = out[k].tokens;
+      const bool stopped = std::find(o.stop_ids.begin(), o.stop_ids.end(), t.back()) != o.stop_ids.end();
+      done(order[at + k], t, !stopped);
+    }
+  }
+  return seconds;
 }
 
 export_result export_drafter(const export_options& o) {

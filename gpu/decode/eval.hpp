@@ -41,6 +41,11 @@ struct eval_options {
   std::string dtype = "auto";              ///< auto: bfloat16 on CUDA, float32 on the CPU
   int64_t block_size = 0;                  ///< 0: the drafter's
   bool baseline = true;                    ///< also decode with block size 1 (the speedup)
+  /// Also measure τ of two reference drafters on the same prompts: an
+  /// untrained drafter of the same shape (the engine's initialisation) and
+  /// prompt lookup with n-grams of up to `lookup_ngram` tokens.
+  bool reference_drafters = false;
+  int64_t lookup_ngram = 3;
   uint64_t seed = 0;
 };
 
@@ -72,6 +77,11 @@ struct eval_report {
   double baseline_tokens_per_s = 0.0;  ///< target-only decoding, same loop, block size 1
   double speedup = 0.0;                ///< baseline time per token / speculative's
   int64_t differing_prompts = 0;       ///< greedy: prompts whose tokens differ from the baseline's
+  /// With reference_drafters (else −1): τ (mean over cycles) of an
+  /// untrained drafter and of prompt lookup, and their decode tokens/s.
+  double untrained_tau = -1.0, lookup_tau = -1.0;
+  double untrained_tokens_per_s = 0.0, lookup_tokens_per_s = 0.0;
+  int64_t lookup_ngram = 0;
 };
 
 /// Runs speculative decoding (and the baseline) over every prompt, one at a
@@ -82,6 +92,29 @@ eval_report run_eval(const eval_options& o,
 
 /// The report as one JSON line (schema "tandem.eval.v1"), per-prompt figures included.
 std::string eval_json(const eval_report& r);
+
+struct generate_options {
+  std::filesystem::path target_dir;
+  std::vector<std::vector<int64_t>> prompts;  ///< token ids
+  std::vector<int64_t> stop_ids;
+  int64_t max_new_tokens = 1024;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  int32_t device = -1;                        ///< −1: the CPU; n: CUDA device n
+  std::string dtype = "auto";
+  int64_t batch = 16;                         ///< prompts decoded together
+  uint64_t seed = 0;
+};
+
+/// Target-only decoding of every prompt (regeneration of responses), in
+/// batches of prompts of similar length.  `done(i, tokens, hit_limit)` is
+/// called for prompt i as soon as its batch ends (tokens include the stop
+/// token when one ended it).  `skip(i)`, when given, leaves prompt i out (it
+/// was done before an interruption).  Returns the decoding seconds.
+double generate(const generate_options& o,
+                const std::function<void(size_t, const std::vector<int64_t>&, bool)>& done,
+                const std::function<bool(size_t)>& skip = {});
 
 struct export_options {
   std::filesystem::path source;  ///< checkpoint, run or export folder

@@ -43,6 +43,12 @@ struct speculative_options {
   std::vector<int64_t> stop_ids;  ///< generation ends after the first of these
   sampling_options sampling;
   int64_t block_size = 16;        ///< 1: target-only decoding (no drafter)
+  /// > 0 and no drafter: prompt lookup instead (the n-gram baseline): the
+  /// longest suffix of the sequence so far, of at most this many tokens,
+  /// that occurred earlier proposes the tokens that followed its latest
+  /// earlier occurrence (up to block_size − 1 of them); a cycle with no
+  /// match decodes one token.
+  int64_t lookup_ngram = 0;
   planted_bug bug = planted_bug::none;
 };
 
@@ -54,11 +60,20 @@ struct generation {
 };
 
 /// One prompt (row 0 of both decoders, which are reset first).  `drafter`
-/// may be null when block_size is 1.  `gen` draws the samples (on the
+/// may be null when block_size is 1 or with lookup_ngram.  `gen` draws the samples (on the
 /// target's device).  Timings synchronise the device.
 generation speculative_generate(target_decoder& target, drafter_decoder* drafter,
                                 const std::vector<int64_t>& prompt,
                                 const speculative_options& opts, at::Generator& gen);
+
+/// Target-only decoding of up to target.batch() prompts at once (the
+/// regeneration of responses): rows are padded on the right, and each ends
+/// after its first stop token or max_new_tokens (o.block_size is ignored).
+/// Returns one generation per prompt (produced stays empty; the timings are
+/// the batch's).
+std::vector<generation> target_generate(target_decoder& target,
+                                        const std::vector<std::vector<int64_t>>& prompts,
+                                        const speculative_options& o, at::Generator& gen);
 
 /// Probabilities for sampling at `s` from logits [..., V] (float32):
 /// temperature, then top-k, then top-p, as the dflash package's

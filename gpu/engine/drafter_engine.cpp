@@ -87,13 +87,14 @@ template <class T>
 struct step_metric_slots {
   T loss;       ///< this rank's loss (× poison: 0 when not contributing, NaN on an injected fault)
   T accuracy;   ///< this rank's accuracy over its scored positions
+  T sim_accept; ///< this rank's simulated acceptance length (objective_output::sim_accept)
   T grad_norm;  ///< the global gradient norm before clipping (averaged over the group)
   T lr;         ///< the learning rate the update used
   T scored;     ///< scored positions (Σ loss mask)
   T skipped;    ///< 1: non-finite loss or norm, the update was skipped; 0: applied
   T step;       ///< the optimizer's update count after this step
 };
-constexpr int64_t step_metric_count = 7;
+constexpr int64_t step_metric_count = 8;
 static_assert(sizeof(step_metric_slots<double>) == step_metric_count * sizeof(double)
                 && std::is_standard_layout_v<step_metric_slots<double>>
                 && std::is_trivially_copyable_v<step_metric_slots<double>>,
@@ -101,7 +102,8 @@ static_assert(sizeof(step_metric_slots<double>) == step_metric_count * sizeof(do
 
 /// The slots as one [step_metric_count] float32 tensor, in field order.
 at::Tensor pack(const step_metric_slots<at::Tensor>& m) {
-  return at::stack({m.loss.to(at::kFloat), m.accuracy.to(at::kFloat), m.grad_norm.to(at::kFloat),
+  return at::stack({m.loss.to(at::kFloat), m.accuracy.to(at::kFloat), m.sim_accept.to(at::kFloat),
+                    m.grad_norm.to(at::kFloat),
                     m.lr.to(at::kFloat), m.scored.to(at::kFloat), m.skipped.to(at::kFloat),
                     m.step.to(at::kFloat)});
 }
@@ -476,8 +478,8 @@ struct drafter_engine::impl {
   /// synchronisation (so it can be captured): zero grads, anchors, block
   /// layout, objective, backward, all-reduce of the gradient bucket (in a
   /// group), clip, AdamW, model refresh.  Returns
-  /// [loss, accuracy, grad_norm, lr, scored, skipped, step] as float32 on
-  /// the device.
+  /// the step_metric_slots (loss, accuracy, sim_accept, grad_norm, lr,
+  /// scored, skipped, step) as float32 on the device.
   ///
   /// `fail_after_backward` (an injected fault; eager only) fails the step
   /// between backward and the update, so the update never runs: a throw, a
@@ -570,6 +572,7 @@ struct drafter_engine::impl {
     step_metric_slots<at::Tensor> m;
     m.loss = loss.detach();
     m.accuracy = out.accuracy;
+    m.sim_accept = out.sim_accept;
     m.grad_norm = st.grad_norm;
     m.lr = st.lr;
     m.scored = out.scored;
@@ -622,8 +625,7 @@ struct drafter_engine::impl {
     at::Tensor loss_mask;    ///< [B, S] uint8
     at::Tensor doc_lengths;  ///< [B, K] int64, each row's documents, then zeros
     at::Tensor taps;         ///< [B, S, n*D] the features' dtype: the target's fused taps
-    at::Tensor out;          ///< [7] float32: step_body's [loss, accuracy, grad_norm, lr,
-                             ///< scored, skipped, step]
+    at::Tensor out;          ///< [step_metric_count] float32: step_body's step_metric_slots
     bool warmed = false;  ///< one eager step has run on the graph's stream
   } sg;
 
@@ -736,6 +738,7 @@ struct drafter_engine::impl {
     step_result r;
     r.loss = m.loss;
     r.accuracy = m.accuracy;
+    r.sim_accept = m.sim_accept;
     r.grad_norm = m.grad_norm;
     r.lr = m.lr;
     r.scored_tokens = static_cast<int64_t>(m.scored);

@@ -85,6 +85,11 @@ struct step_result {
   int64_t step = 0;           ///< updates applied so far (a skipped one does not count)
   double loss = 0;            ///< decay-weighted CE (DFLASH.md step 4)
   double accuracy = 0;        ///< argmax hits over scored tokens
+  /// Simulated acceptance length: per block, 1 + the run of correct argmax
+  /// predictions from position 1, averaged over blocks with a scored
+  /// position (SpecForge's training-time estimate; not τ, which only real
+  /// speculative decoding measures: gpu/decode/).
+  double sim_accept = 0;
   double grad_norm = 0;       ///< global norm before clipping
   double lr = 0;              ///< the learning rate of this update
   int64_t scored_tokens = 0;  ///< Σ m

@@ -136,12 +136,12 @@ public:
       if (want_grad)
         ctx->save_for_backward({out[2]});
       ctx->mark_non_differentiable({out[1]});
-      return {out[0], out[1]};
+      return {out[0], out[1]};  // per-row hits
     }
 #endif
     const auto rows = hidden.size(0);
     auto total = at::zeros({}, hidden.options().dtype(at::kFloat));
-    auto hits = at::zeros({}, hidden.options().dtype(at::kFloat));
+    auto row_hits = at::empty({rows}, hidden.options().dtype(at::kFloat));
     auto grad_hidden = want_grad ? at::empty_like(hidden) : at::Tensor();
     for (int64_t r = 0; r < rows; r += chunk_rows) {
       const auto len = std::min(chunk_rows, rows - r);
@@ -151,7 +151,7 @@ public:
       auto l = at::logsumexp(logits, 1);
       auto picked = logits.gather(1, y.unsqueeze(1)).squeeze(1);
       total += ((l - picked) * w).sum();
-      hits += ((logits.argmax(1) == y).to(at::kFloat) * mask.narrow(0, r, len)).sum();
+      row_hits.narrow(0, r, len).copy_((logits.argmax(1) == y).to(at::kFloat) * mask.narrow(0, r, len));
       if (want_grad) {
         // In place: logits → softmax − onehot(label), scaled by the weight.
         logits.sub_(l.unsqueeze(1)).exp_();
@@ -162,8 +162,8 @@ public:
     }
     if (want_grad)
       ctx->save_for_backward({grad_hidden});
-    ctx->mark_non_differentiable({hits});
-    return {total, hits};
+    ctx->mark_non_differentiable({row_hits});
+    return {total, row_hits};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -187,7 +187,7 @@ private:
            && head.size(0) <= INT_MAX / 2;
   }
 
-  /// {Σ w·CE, Σ m·hit, dh (for an upstream gradient of 1) or undefined}.
+  /// {Σ w·CE, m·hit per row, dh (for an upstream gradient of 1) or undefined}.
   /// Graph-capturable: allocations on the current stream, no host sync.
   static std::array<at::Tensor, 3> forward_kernel(const at::Tensor& hidden, const at::Tensor& head,
                                                   const at::Tensor& labels,
@@ -229,7 +229,7 @@ private:
       }
     }
     // Fixed reduction order for a given size: bit-reproducible.
-    return {per_row[0].sum(), per_row[1].sum(), grad_hidden};
+    return {per_row[0].sum(), per_row[1], grad_hidden};
   }
 #endif
 };
@@ -242,7 +242,7 @@ chunked_ce_result chunked_cross_entropy(const at::Tensor& hidden, const at::Tens
   const bool want_grad = hidden.requires_grad() && at::GradMode::is_enabled();
   auto out = chunked_ce_fn::apply(hidden, head.detach(), labels, weight.detach(), mask.detach(),
                                   chunk_rows, want_grad);
-  return {out[0], out[1]};
+  return {out[0], out[1].sum(), out[1]};
 }
 
 objective_output dflash_objective(const dflash_weights& w, const dflash_config& cfg,
@@ -257,6 +257,12 @@ objective_output dflash_objective(const dflash_weights& w, const dflash_config& 
   out.scored = batch.mask.sum();
   out.loss = ce.weighted_ce / (batch.loss_weight.sum() + 1e-6);
   out.accuracy = ce.hits / at::clamp_min(out.scored, 1.0);
+  // Simulated acceptance: blocks [B, N, Bs]; positions 1 … Bs−1 are scored.
+  const auto bs = opts.block_size;
+  auto hit = ce.row_hits.view({-1, bs}).narrow(1, 1, bs - 1);                // [B·N, Bs−1]
+  auto run = hit.cumprod(1).sum(1);                                          // leading hits
+  auto scored_block = (batch.mask.reshape({-1, bs}).narrow(1, 1, bs - 1).sum(1) > 0).to(at::kFloat);
+  out.sim_accept = ((1.0 + run) * scored_block).sum() / at::clamp_min(scored_block.sum(), 1.0);
   return out;
 }
 

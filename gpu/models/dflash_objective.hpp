@@ -51,6 +51,7 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
 struct chunked_ce_result {
   at::Tensor weighted_ce;  ///< [] float32, differentiable in hidden
   at::Tensor hits;         ///< [] float32, Σ mask over correct argmax
+  at::Tensor row_hits;     ///< [rows] float32, mask·[argmax = label] per row
 };
 chunked_ce_result chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
                                         const at::Tensor& labels, const at::Tensor& weight,
@@ -71,6 +72,11 @@ struct objective_output {
   at::Tensor loss;      ///< [] float32: Σ m·w·CE / (Σ m·w + 1e-6)
   at::Tensor accuracy;  ///< [] float32: Σ m·hit / max(Σ m, 1)
   at::Tensor scored;    ///< [] float32: Σ m
+  /// [] float32: simulated acceptance length, as SpecForge reports it: per
+  /// block, 1 + the run of leading positions k = 1, 2, … whose argmax is
+  /// the label (and scored), averaged over the blocks with a scored
+  /// position.  An estimate from teacher-forced blocks, not τ.
+  at::Tensor sim_accept;
 };
 
 /// Loss of one batch; differentiable in the drafter's weights.

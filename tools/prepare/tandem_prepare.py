@@ -73,6 +73,16 @@ header line {"format": "tandem.prompts.v1", "stop_ids": [...], "count", "invalid
 ids: the tokenizer's EOS and the template's end-of-turn token), then one {"source": "FILE:LINE",
 "ids": [...]} per prompt, at most `--limit` of them.
 
+`--regenerate --target DIR` first replaces every assistant turn with the target's own
+generation (DFlash's recipe: the drafter learns the target's outputs, not a human's), in
+order, each turn conditioned on the regenerated turns before it: round k renders every
+conversation up to its k-th assistant turn (with the generation prompt), `tandem generate`
+decodes them in batches with the C++ decode engine, and the decoded text replaces turn k.
+The work lives in OUTPUT.regen/ (the rounds' prompts and generations, the conversations so
+far, progress.json); an interrupted run started again with the same options resumes there,
+within a round from the last finished batch. Tokenized lines pass through unchanged. Then the
+regenerated conversations (OUTPUT.regen/regenerated.jsonl) are prepared as usual.
+
 Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
 running; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
 folder that already holds a data set (pass --overwrite).
@@ -619,6 +629,19 @@ def parse_args(argv):
     p.add_argument("--prompts-out", metavar="FILE",
                    help="instead of shards, write the conversations' prompts (up to their first "
                         "assistant turn, with the generation prompt) as token ids, for tandem eval")
+    g = p.add_argument_group("regeneration (--regenerate)")
+    g.add_argument("--regenerate", action="store_true",
+                   help="replace every assistant turn with the target's own generation first")
+    g.add_argument("--target", metavar="DIR", help="the target that regenerates (Hugging Face Qwen3 folder)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1)")
+    g.add_argument("--max-new-tokens", type=int, default=1024, metavar="N",
+                   help="tokens per regenerated turn at most (default 1024)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    g.add_argument("--batch", type=int, default=16, metavar="N", help="turns decoded together (default 16)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (default 0)")
+    g.add_argument("--tandem-bin", metavar="PATH", default=os.environ.get("TANDEM_BIN", "tandem"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, default=0, metavar="N",
                    help="--prompts-out: at most N prompts (default 0: all)")
     p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
@@ -649,6 +672,8 @@ def parse_args(argv):
         p.error("give exactly one of --output DIR (shards) and --prompts-out FILE (prompts)")
     if args.limit < 0:
         p.error("--limit must not be negative")
+    if args.regenerate and (args.target is None or args.output is None):
+        p.error("--regenerate needs --target DIR and --output DIR")
     if args.min_supervised is None:
         args.min_supervised = 2 * args.block_size
     for name in ("block_size", "max_length", "shard_tokens"):
@@ -741,21 +766,149 @@ def render_prompts(args):
                     sys.stderr.write(f"{where}: {e}\n")
     if not prompts:
         raise UsageError("no prompt in " + ", ".join(args.inputs))
-    stop = []
-    for tok in (_token_id(tokenizer.eos_token_id),
-                _token_ids_of(tokenizer, masker.eot) if masker is not None else None):
-        if tok is not None and tok not in stop:
-            stop.append(tok)
-    header = {"format": "tandem.prompts.v1", "stop_ids": stop, "count": len(prompts),
+    header = {"format": "tandem.prompts.v1", "stop_ids": _stop_ids(tokenizer, masker), "count": len(prompts),
               "invalid": invalid, "tokenizer": args.tokenizer}
     lines = [json.dumps(header)] + [json.dumps(p) for p in prompts]
     _write_atomic(args.prompts_out, [("\n".join(lines) + "\n").encode("utf-8")])
     return EXIT_OK
 
 
+def _stop_ids(tokenizer, masker):
+    stop = []
+    for tok in (_token_id(tokenizer.eos_token_id),
+                _token_ids_of(tokenizer, masker.eot) if masker is not None else None):
+        if tok is not None and tok not in stop:
+            stop.append(tok)
+    return stop
+
+
+def regenerate(args):
+    """--regenerate: the assistant turns replaced by the target's generations (module
+    docstring); returns the path of the regenerated conversations."""
+    import subprocess
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise UsageError(f"input {path} does not exist or is not a file")
+    if not os.path.isfile(os.path.join(args.target, "config.json")):
+        raise UsageError(f"--target {args.target} has no config.json (a Hugging Face Qwen3 folder)")
+    tokenizer, template = load_tokenizer(args.tokenizer, True)
+    template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
+    masker = ChatMasker(tokenizer, template_kwargs)
+    stop = _stop_ids(tokenizer, masker)
+    work = args.output.rstrip("/") + ".regen"
+    identity = {"inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p)} for p in args.inputs],
+                "target": os.path.abspath(args.target), "tokenizer": os.path.abspath(args.tokenizer),
+                "temperature": args.temperature, "top_p": args.top_p,
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "chat_template_kwargs": template_kwargs}
+    progress_file = os.path.join(work, "progress.json")
+    state_file = os.path.join(work, "conversations.jsonl")
+    progress = None
+    if os.path.isfile(progress_file):
+        with open(progress_file) as f:
+            progress = json.load(f)
+        if progress.get("identity") != identity:
+            if not args.overwrite:
+                raise UsageError(f"{work} holds a regeneration with other inputs or options; "
+                                 "pass --overwrite to start it again")
+            progress = None
+    if progress is None:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        rows, invalid = [], 0
+        for batch in _read_batches(args.inputs, BATCH_LINES):
+            for path, line_no, raw in batch:
+                try:
+                    obj = json.loads(raw)
+                    if not isinstance(obj, dict):
+                        raise BadLine("not a JSON object")
+                    if "input_ids" in obj:
+                        rows.append({"tokenized": obj})
+                    elif "messages" in obj:
+                        rows.append({"messages": _messages_openai(obj)})
+                    elif "conversations" in obj:
+                        rows.append({"messages": _messages_sharegpt(obj)})
+                    else:
+                        raise BadLine("unknown format: no 'conversations', 'messages' or 'input_ids' field")
+                except (ValueError, RecursionError, BadLine) as e:
+                    invalid += 1
+                    if invalid <= MAX_REPORTED_LINES:
+                        sys.stderr.write(f"{path}:{line_no}: {e}\n")
+        _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
+        progress = {"identity": identity, "rounds_done": 0, "invalid": invalid,
+                    "report": {"turns": 0, "tokens": 0, "seconds": 0.0, "hit_limit": 0}}
+        _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
+    with open(state_file) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    turns_of = [[i for i, m in enumerate(r.get("messages", [])) if m["role"] == "assistant"] for r in rows]
+    rounds = max((len(t) for t in turns_of), default=0)
+    start = time.monotonic()
+    for k in range(progress["rounds_done"], rounds):
+        members = [j for j, t in enumerate(turns_of) if len(t) > k]
+        prompts_path = os.path.join(work, f"round-{k + 1}.prompts.jsonl")
+        out_path = os.path.join(work, f"round-{k + 1}.generated.jsonl")
+        if not os.path.isfile(prompts_path):
+            lines = [json.dumps({"format": "tandem.prompts.v1", "stop_ids": stop, "count": len(members)})]
+            for j in members:
+                text = masker.render(rows[j]["messages"][:turns_of[j][k]], generation_prompt=True)
+                lines.append(json.dumps({"source": f"conversation {j}",
+                                         "ids": tokenizer(text, add_special_tokens=False)["input_ids"]}))
+            _write_atomic(prompts_path, [("\n".join(lines) + "\n").encode("utf-8")])
+        sys.stderr.write(f"prepare: regenerating assistant turn {k + 1} of {rounds} "
+                         f"({len(members):,} conversations)\n")
+        cmd = [args.tandem_bin, "generate", "--target", args.target, "--prompts", prompts_path,
+               "--out", out_path, "--max-new-tokens", str(args.max_new_tokens),
+               "--temperature", str(args.temperature), "--top-p", str(args.top_p),
+               "--device", args.device, "--batch", str(args.batch), "--seed", str(args.seed + k)]
+        if args.quiet:
+            cmd.append("--quiet")
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"tandem generate failed (exit {done.returncode}) in round {k + 1}; "
+                               f"run the same command again to resume from {work}")
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        generated = {}
+        with open(out_path) as f:
+            for line in f:
+                g = json.loads(line)
+                generated[g["index"]] = g
+        if len(generated) != len(members):
+            raise RuntimeError(f"{out_path} holds {len(generated)} of {len(members)} generations")
+        for idx, j in enumerate(members):
+            g = generated[idx]
+            tokens = g["tokens"]
+            if tokens and tokens[-1] in stop:
+                tokens = tokens[:-1]
+            text = tokenizer.decode(tokens, skip_special_tokens=False)
+            if masker.eot in text:  # cannot be a turn's content; cut there
+                text = text[:text.index(masker.eot)]
+            rows[j]["messages"][turns_of[j][k]]["content"] = text
+            progress["report"]["turns"] += 1
+            progress["report"]["tokens"] += len(g["tokens"])
+            progress["report"]["hit_limit"] += bool(g["hit_limit"])
+        progress["report"]["seconds"] += report.get("seconds", 0.0)
+        progress["rounds_done"] = k + 1
+        _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
+        _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
+    out = os.path.join(work, "regenerated.jsonl")
+    _write_atomic(out, [("".join(json.dumps(r["tokenized"] if "tokenized" in r else {"messages": r["messages"]},
+                                            ensure_ascii=False) + "\n" for r in rows)).encode("utf-8")])
+    rep = progress["report"]
+    sys.stderr.write(
+        f"prepare: regenerated {rep['turns']:,} assistant turns of {len(rows):,} conversations "
+        f"({progress['invalid']:,} invalid lines skipped): {rep['tokens']:,} tokens in "
+        f"{rep['seconds']:.1f} s of decoding ({rep['tokens'] / max(rep['seconds'], 1e-9):,.0f} tokens/s), "
+        f"{rep['hit_limit']:,} hit --max-new-tokens {args.max_new_tokens}; "
+        f"{time.monotonic() - start:.1f} s this run; conversations in {out}\n")
+    return out
+
+
 def run(args):
     if args.prompts_out is not None:
         return render_prompts(args)
+    if args.regenerate:
+        args.inputs = [regenerate(args)]
     reporter = Reporter(args.quiet)
     for path in args.inputs:
         if not os.path.isfile(path):
@@ -885,7 +1038,7 @@ def main(argv=None):
     except UsageError as e:
         sys.stderr.write(f"tandem prepare: error: {e}\n")
         return EXIT_USAGE
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         sys.stderr.write(f"tandem prepare: error: {e}\n")
         return EXIT_FAILED
 

@@ -30,6 +30,9 @@ int run_prepare(const std::vector<std::string>& args);
 /// `tandem eval`: speculative decoding of held-out prompts, τ and speedup.
 void add_eval(CLI::App& app, int& exit_code);
 
+/// `tandem generate`: target-only batched decoding (prepare --regenerate).
+void add_generate(CLI::App& app, int& exit_code);
+
 /// `tandem export`: a drafter checkpoint → the z-lab DFlash layout.
 void add_export(CLI::App& app, int& exit_code);
 

@@ -34,7 +34,8 @@ struct eval_args {
   int64_t max_new_tokens = 256, limit = 0, block_size = 0, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
-  bool last_turn = false, as_json = false, no_baseline = false, quiet = false;
+  bool last_turn = false, as_json = false, no_baseline = false, quiet = false, references = false;
+  int64_t lookup_ngram = 3;
 };
 
 /// "cpu" → −1, "cuda" / "cuda:N" → N, "auto" → 0 when a GPU is present.
@@ -119,6 +120,10 @@ void print_table(const gpu::eval_report& r, FILE* out) {
   if (r.baseline_tokens_per_s > 0)
     std::fprintf(out, ", target only %.1f tok/s, speedup %.2fx", r.baseline_tokens_per_s, r.speedup);
   std::fprintf(out, "\n");
+  if (r.lookup_tau >= 0)
+    std::fprintf(out, "  references  untrained drafter tau %.3f; prompt lookup (n-grams <= %lld) tau %.3f, %.1f tok/s\n",
+                 r.untrained_tau, static_cast<long long>(r.lookup_ngram), r.lookup_tau,
+                 r.lookup_tokens_per_s);
   if (r.baseline_tokens_per_s > 0 && r.temperature <= 0)
     std::fprintf(out, "  lossless    %zu of %zu prompts token-for-token equal to target-only greedy decoding\n",
                  r.prompts.size() - static_cast<size_t>(r.differing_prompts), r.prompts.size());
@@ -168,6 +173,8 @@ int run_eval_command(const eval_args& a) {
   o.block_size = a.block_size;
   o.baseline = !a.no_baseline;
   o.seed = a.seed;
+  o.reference_drafters = a.references;
+  o.lookup_ngram = a.lookup_ngram;
   const bool tty = isatty(STDERR_FILENO);
   size_t last_shown = 0;
   auto progress = [&](size_t done, size_t total) {
@@ -226,6 +233,10 @@ void add_eval(CLI::App& app, int& exit_code) {
                                        "bfloat16")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the sampling generator")->capture_default_str();
   cmd->add_flag("--no-baseline", a->no_baseline, "Skip target-only decoding (no speedup figure)");
+  cmd->add_flag("--references", a->references, "Also measure tau of an untrained drafter of the "
+                                                "same shape and of prompt lookup (n-gram) drafting");
+  cmd->add_option("--lookup-ngram", a->lookup_ngram, "Prompt lookup's longest n-gram")
+    ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--json", a->as_json, "One JSON line on stdout (schema tandem.eval.v1, per-prompt "
                                       "figures included); the table goes to stderr");
   cmd->add_flag("--quiet", a->quiet, "No progress bar");

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_run(app, exit_code);
   tandem::cli::add_eval(app, exit_code);
   tandem::cli::add_export(app, exit_code);
+  tandem::cli::add_generate(app, exit_code);
   if (argc == 1) {  // bare `tandem`: show what it can do
     std::printf("%s", app.help().c_str());
     return 0;

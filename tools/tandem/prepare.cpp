@@ -43,6 +43,11 @@ std::vector<std::string> prepare_argv(const std::vector<std::string>& args) {
   }
   std::vector<std::string> argv{python_path(), script.string(), "--tandem-version",
                                 std::string(build::version) + " (" + build::git_commit + ")"};
+  // --regenerate decodes with this executable (`tandem generate`).
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    argv.insert(argv.end(), {"--tandem-bin", self.string()});
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The README's run command on the embedded default, whole, in two steps.
+#   default_run.sh train TANDEM PYTHON SOURCE RUN_DIR   (the fixture of the decode tests,
+#                   which use the drafter it trains): `tandem run config/default.toml`
+#                   trains a drafter on the conversations the tiny target regenerated;
+#   default_run.sh tau   TANDEM PYTHON SOURCE RUN_DIR   `tandem eval` measures real speculative decoding on the
+# held-out prompts (config/default/data/eval.jsonl) with the untrained-drafter
+# and prompt-lookup references beside it.  Fails if τ ≤ 2.0, if τ does not
+# beat prompt lookup by at least 10%, or if greedy speculative decoding ever
+# differs from target-only decoding.  Leaves RUN_DIR (the run) and
+# RUN_DIR/eval.json (the report) for the other decode tests.
+# Takes as long as the README says the default takes on the machine (about
+# 10 minutes on 2 cores; longer beside other tests under ctest -j2).
+set -euo pipefail
+step="$1"; tandem="$2"; python="$3"; source_dir="$4"; run_dir="$5"
+start=$(date +%s)
+if [[ "$step" == train ]]; then
+  rm -rf "$run_dir"
+  mkdir -p "$(dirname "$run_dir")"
+  "$tandem" run "$source_dir/config/default.toml" --set run.output_dir="$run_dir" \
+    --set metrics.progress=false --set placement.targets=cpu --set placement.drafters=cpu \
+    > "$run_dir.train.log" 2>&1 || { tail -n 30 "$run_dir.train.log"; echo "FAILED: tandem run"; exit 1; }
+  tail -n 2 "$run_dir.train.log"
+  echo "training $(( $(date +%s) - start )) s"
+  exit 0
+fi
+"$tandem" eval --drafter "$run_dir" --tokenizer "$source_dir/config/default/tokenizer" \
+  --prompts "$source_dir/config/default/data/eval.jsonl" --device cpu --references --json --quiet \
+  > "$run_dir/eval.json" 2> "$run_dir.eval.log" || { cat "$run_dir.eval.log"; echo "FAILED: tandem eval"; exit 1; }
+cat "$run_dir.eval.log"
+echo "eval $(( $(date +%s) - start )) s"
+"$python" - "$run_dir/eval.json" <<'EOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+ref = r["references"]
+tau, lookup, untrained = r["tau"], ref["lookup_tau"], ref["untrained_tau"]
+print(f"tau {tau:.3f} (per-prompt mean {r['tau_prompt_mean']:.3f}); untrained {untrained:.3f}; "
+      f"prompt lookup {lookup:.3f}; {r['differing_prompts']} of {len(r['prompts'])} prompts differ from "
+      "target-only decoding")
+bad = []
+if tau <= 2.0:
+    bad.append(f"tau {tau:.3f} <= 2.0")
+if tau < 1.1 * lookup:
+    bad.append(f"tau {tau:.3f} does not beat prompt lookup's {lookup:.3f} by 10%")
+if tau <= untrained:
+    bad.append(f"tau {tau:.3f} <= the untrained drafter's {untrained:.3f}")
+if r["differing_prompts"]:
+    bad.append(f"{r['differing_prompts']} prompts differ from target-only greedy decoding (float32 must be exact)")
+for b in bad:
+    print("FAILED:", b)
+sys.exit(1 if bad else 0)
+EOF

@@ -1,0 +1,177 @@
+// `tandem generate`: the decoding half of `tandem prepare --regenerate`.
+// Decodes prompts (token ids from `tandem prepare --prompts-out`) with the
+// target alone, in batches, and appends one JSON line per prompt to --out as
+// its batch ends, so an interrupted run resumes where it stopped.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "gpu/decode/eval.hpp"
+#include "gpu/device/error.hpp"
+#include "gpu/device/runtime.hpp"
+
+namespace tandem::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct generate_args {
+  gpu::generate_options o;
+  std::string prompts, out, device = "auto";
+  bool quiet = false;
+};
+
+/// The indices already in `out` (complete lines only; a torn last line from
+/// a killed run is dropped and the file rewritten without it).
+std::set<size_t> finished(const fs::path& out, size_t prompts) {
+  std::set<size_t> done;
+  std::ifstream f(out);
+  if (!f)
+    return done;
+  std::vector<std::string> keep;
+  std::string line;
+  bool torn = false;
+  while (std::getline(f, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("index") || !j["index"].is_number_unsigned()
+        || j["index"].get<size_t>() >= prompts) {
+      torn = true;
+      continue;
+    }
+    done.insert(j["index"].get<size_t>());
+    keep.push_back(line);
+  }
+  f.close();
+  if (torn) {
+    std::ofstream w(out, std::ios::trunc);
+    for (const auto& l : keep)
+      w << l << "\n";
+  }
+  return done;
+}
+
+int run_generate(generate_args& a) {
+  std::ifstream f(a.prompts);
+  if (!f)
+    throw gpu::error(errc::bad_input, "cannot read " + a.prompts);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw gpu::error(errc::bad_input, a.prompts + ":" + std::to_string(n) + ": not a JSON object");
+    if (n == 1) {
+      if (j.value("format", "") != "tandem.prompts.v1")
+        throw gpu::error(errc::bad_input, a.prompts + ": line 1 is not a tandem.prompts.v1 header "
+                                                      "(write the file with tandem prepare --prompts-out)");
+      if (a.o.stop_ids.empty())
+        a.o.stop_ids = j.value("stop_ids", std::vector<int64_t>{});
+      continue;
+    }
+    if (!j.contains("ids") || !j["ids"].is_array())
+      throw gpu::error(errc::bad_input, a.prompts + ":" + std::to_string(n) + ": no 'ids' array");
+    a.o.prompts.push_back(j["ids"].get<std::vector<int64_t>>());
+  }
+  if (a.device == "cpu")
+    a.o.device = -1;
+  else if (a.device == "auto")
+    a.o.device = gpu::query_runtime().devices.empty() ? -1 : 0;
+  else if (a.device.rfind("cuda", 0) == 0)
+    a.o.device = a.device.size() > 5 ? std::stoi(a.device.substr(5)) : 0;
+  else
+    throw gpu::error(errc::bad_input, "--device '" + a.device + "' is not one of cpu, cuda, cuda:N, auto");
+  const auto total = a.o.prompts.size();
+  const auto before = finished(a.out, total);
+  if (!before.empty() && !a.quiet)
+    std::fprintf(stderr, "generate: %zu of %zu prompts already in %s; resuming\n", before.size(),
+                 total, a.out.c_str());
+  std::ofstream out(a.out, std::ios::app);
+  if (!out)
+    throw gpu::error(errc::bad_input, "cannot write " + a.out);
+  size_t count = before.size(), limited = 0;
+  int64_t tokens = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDERR_FILENO);
+  size_t shown = 0;
+  const double seconds = gpu::generate(
+    a.o,
+    [&](size_t i, const std::vector<int64_t>& t, bool hit_limit) {
+      out << json{{"index", i}, {"tokens", t}, {"hit_limit", hit_limit}}.dump() << "\n";
+      out.flush();
+      ++count;
+      tokens += static_cast<int64_t>(t.size());
+      limited += hit_limit;
+      if (a.quiet)
+        return;
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (tty || count == total || count * 10 / total != shown * 10 / total)
+        std::fprintf(stderr, "%sgenerate: %zu/%zu prompts, %lld tokens, %.0f tokens/s%s", tty ? "\r" : "",
+                     count, total, static_cast<long long>(tokens), el > 0 ? tokens / el : 0.0,
+                     tty && count != total ? "" : "\n");
+      shown = count;
+    },
+    [&](size_t i) { return before.count(i) > 0; });
+  out.close();
+  if (!out)
+    throw gpu::error(errc::bad_input, "cannot write " + a.out);
+  json report{{"prompts", total},
+              {"generated", count - before.size()},
+              {"tokens", tokens},
+              {"seconds", seconds},
+              {"tokens_per_s", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
+              {"hit_limit", limited}};
+  std::printf("%s\n", report.dump().c_str());
+  return 0;
+}
+
+} // namespace
+
+void add_generate(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<generate_args>();
+  auto* cmd = app.add_subcommand(
+    "generate", "Decode prompts with the target alone, in batches (the decoding half of "
+                "tandem prepare --regenerate); resumes an interrupted --out");
+  cmd->add_option("--target", a->o.target_dir, "The target (Hugging Face Qwen3 folder)")->required();
+  cmd->add_option("--prompts", a->prompts, "Prompts from tandem prepare --prompts-out")
+    ->required()->check(CLI::ExistingFile);
+  cmd->add_option("--out", a->out, "JSON lines {index, tokens, hit_limit}, appended per prompt")
+    ->required();
+  cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "New tokens per prompt at most")
+    ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", a->o.temperature, "0: greedy")->capture_default_str()
+    ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling, in (0, 1]")->capture_default_str();
+  cmd->add_option("--top-k", a->o.top_k, "Top-k sampling (0: off)")->capture_default_str();
+  cmd->add_option("--batch", a->o.batch, "Prompts decoded together")->capture_default_str()
+    ->check(CLI::PositiveNumber);
+  cmd->add_option("--device", a->device, "cpu, cuda, cuda:N, or auto")->capture_default_str();
+  cmd->add_option("--dtype", a->o.dtype, "auto, float32, bfloat16")->capture_default_str();
+  cmd->add_option("--seed", a->o.seed, "Seed of the sampling generator")->capture_default_str();
+  cmd->add_flag("--quiet", a->quiet, "No progress lines");
+  cmd->callback([a, &exit_code] {
+    try {
+      exit_code = run_generate(*a);
+    } catch (const gpu::error& e) {
+      std::fprintf(stderr, "tandem generate: %s\n", e.what());
+      exit_code = e.code() == errc::bad_input ? 2 : 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem generate: %s\n", e.what());
+      exit_code = 1;
+    }
+  });
+}
+
+} // namespace tandem::cli
