@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/data_bench.hpp"
+#include "gpu/decode/decoder.hpp"
 #include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/error.hpp"
@@ -777,11 +778,102 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
   }
 }
 
+/// Decoding with the KV cache (gpu/decode/), random weights at the size's
+/// shapes: per batch (1 and 64 on a GPU), one decode step of every row at a
+/// context of `ctx` positions (timed: forward of one token per row, then the
+/// rows cropped back), and, at batch 1, one speculative cycle (the drafter's
+/// block forward + the target's verification of the block).  The HBM bound
+/// (docs/bench.md): bytes a decode step must read, every weight once
+/// (embedding rows aside) plus each row's K and V, over 4.8 TB/s.
+void bench_target_decode(const bench_options& o, const at::Device& dev, const std::string& size,
+                         at::ScalarType dtype, const std::function<void(const std::string&)>& emit) {
+  auto s = shapes_for(size);
+  const auto& c = s.target;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+#ifdef TANDEM_HAVE_CUDA
+  if (dev.is_cuda())
+    gen = at::cuda::detail::createCUDAGenerator(dev.index());
+#endif
+  gen.set_current_seed(1);
+  const layer_dims d{c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                     c.num_key_value_heads, c.head_dim, c.rms_norm_eps};
+  auto opts = at::TensorOptions().dtype(dtype).device(dev);
+  qwen3_weights w;
+  w.embed = at::empty({c.vocab_size, c.hidden_size}, opts).normal_(0, 0.02, gen);
+  w.lm_head = at::empty({c.vocab_size, c.hidden_size}, opts).normal_(0, 0.02, gen);
+  w.final_norm = at::ones({c.hidden_size}, opts);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    w.layers.push_back(random_decoder_layer(d, dtype, dev, gen, 0.02));
+  const auto taps = default_tap_ids(c.num_hidden_layers, 5);
+  qwen3_target target(c, std::move(w), taps);
+  const int64_t ctx = dev.is_cuda() ? 1024 : 128;
+  const auto per_layer_weights = 2 * c.hidden_size
+                                 + c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+                                 + c.num_attention_heads * c.head_dim * c.hidden_size + 2 * c.head_dim
+                                 + 3 * c.hidden_size * c.intermediate_size;
+  const double weight_bytes = (static_cast<double>(per_layer_weights) * c.num_hidden_layers
+                               + static_cast<double>(c.vocab_size) * c.hidden_size + c.hidden_size)
+                              * at::elementSize(dtype);
+  const double hbm = 4.8e12;
+  const auto ids_opts = at::TensorOptions().dtype(at::kLong).device(dev);
+  for (int64_t batch : dev.is_cuda() ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4}) {
+    target_decoder td(target, batch, ctx + s.block + 1);
+    (void)td.forward(at::randint(c.vocab_size, {batch, ctx}, gen, ids_opts), false);
+    for (int64_t r = 0; r < batch; ++r)
+      td.set_length(r, ctx);
+    auto one = at::randint(c.vocab_size, {batch, 1}, gen, ids_opts);
+    reset_peak(dev);
+    auto t = time_runs(dev, o.warmup, o.iters, [&] { (void)td.forward(one, false); });
+    const double kv_bytes = 2.0 * batch * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
+                            * (ctx + 1) * at::elementSize(dtype);
+    const double bound_ms = (weight_bytes + kv_bytes) / hbm * 1e3;
+    auto j = base_line("target_decode", o, dev, size);
+    j["shapes"] = {{"batch", batch}, {"context", ctx}, {"hidden", c.hidden_size},
+                   {"layers", c.num_hidden_layers}, {"vocab", c.vocab_size},
+                   {"dtype", c10::toString(dtype)}, {"graphed", false}};
+    finish_line(j, t, 2.0 * weight_bytes / at::elementSize(dtype) * batch, static_cast<double>(batch),
+                peak_gib(dev));
+    j["bytes_read"] = weight_bytes + kv_bytes;
+    j["hbm_bound_ms"] = bound_ms;
+    j["fraction_of_hbm_bound"] = bound_ms / t.median;
+    emit(j.dump());
+    if (batch != 1)
+      continue;
+    // One speculative cycle at batch 1: drafter block forward + verification.
+    dflash_config dc;
+    dc.layer = c;
+    dc.layer.num_hidden_layers = s.draft_layers;
+    dc.block_size = s.block;
+    dc.num_target_layers = c.num_hidden_layers;
+    dc.mask_token_id = c.vocab_size - 1;
+    dc.target_layer_ids = taps;
+    dflash_weights dw;
+    dw.fc = at::empty({c.hidden_size, static_cast<int64_t>(taps.size()) * c.hidden_size}, opts).normal_(0, 0.02, gen);
+    dw.hidden_norm = at::ones({c.hidden_size}, opts);
+    dw.norm = at::ones({c.hidden_size}, opts);
+    for (int64_t i = 0; i < s.draft_layers; ++i)
+      dw.layers.push_back(random_decoder_layer(d, dtype, dev, gen, 0.02));
+    drafter_decoder dd(dc, dw, target.embedding(), target.lm_head(), 1, ctx + s.block + 1);
+    auto ctx_taps = at::empty({1, ctx, static_cast<int64_t>(taps.size()) * c.hidden_size}, opts).normal_(0, 1, gen);
+    dd.extend_context(ctx_taps, {ctx});
+    auto block = at::randint(c.vocab_size, {1, s.block}, gen, ids_opts);
+    auto tc = time_runs(dev, o.warmup, o.iters, [&] {
+      auto drafts = dd.draft(block).argmax(-1);
+      (void)td.forward(at::cat({block.narrow(1, 0, 1), drafts}, 1), true);
+    });
+    auto jc = base_line("speculative_cycle", o, dev, size);
+    jc["shapes"] = {{"batch", 1}, {"context", ctx}, {"block", s.block}, {"draft_layers", s.draft_layers},
+                    {"dtype", c10::toString(dtype)}, {"graphed", false}};
+    finish_line(jc, tc, 0.0, static_cast<double>(s.block), peak_gib(dev));
+    emit(jc.dump());
+  }
+}
+
 } // namespace
 
 std::vector<std::string> bench_case_names() {
   return {"target_forward", "drafter_step_eager", "drafter_step", "dflash_attention",
-          "prefetch_pack"};
+          "prefetch_pack", "target_decode"};
 }
 
 void run_bench(const bench_options& o, const std::function<void(const std::string&)>& emit) {
@@ -821,6 +913,13 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       j = bench_target_forward(o, dev, size, dtype);
     } else if (c == "drafter_step") {
       bench_drafter_engine_step(o, dev, size, dtype, emit);
+#ifdef TANDEM_HAVE_CUDA
+      if (dev.is_cuda())
+        c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+      continue;
+    } else if (c == "target_decode") {
+      bench_target_decode(o, dev, size, dtype, emit);
 #ifdef TANDEM_HAVE_CUDA
       if (dev.is_cuda())
         c10::cuda::CUDACachingAllocator::emptyCache();

@@ -251,6 +251,9 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   r.top_p = o.top_p;
   r.top_k = o.top_k;
   r.histogram.assign(bs + 1, 0);
+  // bfloat16 logits of a block and of one token differ by rounding; a gap
+  // this small may flip the argmax (tolerances: docs/bench.md).  float32: none.
+  r.near_tie_margin = dtype == at::kFloat ? 0.0 : 0.25;
   std::vector<double> spec_tpot, base_tpot, taus;
   double spec_time = 0, base_time = 0;
   int64_t spec_decoded = 0, base_decoded = 0;
@@ -289,6 +292,20 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
         if (p.first_difference < 0 && b.tokens.size() != g.tokens.size())
           p.first_difference = static_cast<int64_t>(n);
         r.differing_prompts += p.first_difference >= 0;
+        if (p.first_difference >= 0 && static_cast<size_t>(p.first_difference) < n) {
+          // The target's own view of that position, one prefill: how close
+          // the two tokens were.
+          auto seq = o.prompts[i];
+          seq.insert(seq.end(), b.tokens.begin(), b.tokens.begin() + p.first_difference);
+          td.reset();
+          const auto len = static_cast<int64_t>(seq.size());
+          auto out = td.forward(at::tensor(seq, at::TensorOptions().dtype(at::kLong)).to(device).unsqueeze(0),
+                                false, at::full({1}, len - 1, at::TensorOptions().dtype(at::kLong).device(device)));
+          auto logits = out.logits[0][0];
+          p.difference_margin = std::abs(logits[b.tokens[p.first_difference]].item<double>()
+                                         - logits[g.tokens[p.first_difference]].item<double>());
+          r.near_tie_differences += p.difference_margin <= r.near_tie_margin;
+        }
       }
     }
     r.prompts.push_back(std::move(p));
@@ -339,7 +356,9 @@ std::string eval_json(const eval_report& r) {
          {"spec_tokens_per_s", r.spec_tokens_per_s},
          {"baseline_tokens_per_s", r.baseline_tokens_per_s},
          {"speedup", r.speedup},
-         {"differing_prompts", r.differing_prompts}};
+         {"differing_prompts", r.differing_prompts},
+         {"near_tie_differences", r.near_tie_differences},
+         {"near_tie_margin", r.near_tie_margin}};
   if (r.lookup_tau >= 0)
     j["references"] = {{"untrained_tau", r.untrained_tau},
                        {"untrained_tokens_per_s", r.untrained_tokens_per_s},
@@ -356,7 +375,8 @@ std::string eval_json(const eval_report& r) {
                        {"decode_s", p.decode_s},
                        {"baseline_decode_s", p.baseline_decode_s},
                        {"baseline_tokens", p.baseline_tokens},
-                       {"first_difference", p.first_difference}});
+                       {"first_difference", p.first_difference},
+                       {"difference_margin", p.difference_margin}});
   return j.dump();
 }
 

@@ -61,6 +61,10 @@ struct eval_prompt {
   /// identical).  Exact in float32; in bfloat16 a near-tie of the target's
   /// top two logits may resolve differently in a block and one at a time.
   int64_t first_difference = -1;
+  /// There: the target's logit gap between the baseline's token and the
+  /// speculative one, from a prefill of the prompt and the baseline's
+  /// tokens before it (0 when identical).
+  double difference_margin = 0.0;
 };
 
 struct eval_report {
@@ -77,6 +81,11 @@ struct eval_report {
   double baseline_tokens_per_s = 0.0;  ///< target-only decoding, same loop, block size 1
   double speedup = 0.0;                ///< baseline time per token / speculative's
   int64_t differing_prompts = 0;       ///< greedy: prompts whose tokens differ from the baseline's
+  /// Of those, the ones whose first difference is a near-tie: a logit gap
+  /// ≤ near_tie_margin (bfloat16 rounding in a block of 16 and one token at
+  /// a time may pick either).  In float32 every difference is a failure.
+  int64_t near_tie_differences = 0;
+  double near_tie_margin = 0.0;
   /// With reference_drafters (else −1): τ (mean over cycles) of an
   /// untrained drafter and of prompt lookup, and their decode tokens/s.
   double untrained_tau = -1.0, lookup_tau = -1.0;

@@ -60,8 +60,10 @@ def main():
         print("FAILED: tandem prepare --regenerate exited", first.returncode)
         return 1
     regen_dir = out + ".regen"
-    with open(os.path.join(regen_dir, "regenerated.jsonl")) as f:
+    with open(os.path.join(regen_dir, "conversations.jsonl")) as f:
         regenerated = [json.loads(line) for line in f]
+    with open(os.path.join(regen_dir, "regenerated.jsonl")) as f:
+        samples_out = [json.loads(line) for line in f]
 
     # 1. Greedy continuations, turn by turn.
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -87,6 +89,18 @@ def main():
                 g = g[:-1]
             want = tok.decode(g, skip_special_tokens=False)
             turns += 1
+            if k == len(msgs) - 1:  # the sample holds the last turn's ids exactly, supervised
+                sample = samples_out[i]
+                full = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
+                                       do_sample=False, eos_token_id=[tok.eos_token_id, eot],
+                                       pad_token_id=tok.eos_token_id)[0].tolist()
+                if sample["input_ids"] != full:
+                    failures.append(f"conversation {i}: the sample's ids are not the prompt's and the "
+                                    "target's generated ids")
+                if sample["loss_mask"][len(ids):] != [1] * (len(full) - len(ids)):
+                    failures.append(f"conversation {i}: the generated ids are not all supervised")
+                if k > 2 and sum(sample["loss_mask"][:len(ids)]) == 0:
+                    failures.append(f"conversation {i}: the earlier assistant turn is not supervised")
             if m["content"] != want:
                 failures.append(f"conversation {i}, message {k}: not the target's greedy continuation:\n"
                                 f"  got  {m['content'][:120]!r}\n  want {want[:120]!r}")
@@ -122,7 +136,7 @@ def main():
             failures.append("the resumed run did not say it resumed")
         with open(os.path.join(regen_dir, "regenerated.jsonl")) as f:
             resumed = [json.loads(line) for line in f]
-        if resumed != regenerated:
+        if resumed != samples_out:
             failures.append("the resumed run wrote other conversations")
 
     # 4. Other options on the same work folder.

@@ -21,7 +21,7 @@ only the layers below it; bench/CMakeLists.txt; actors/; tools/):
     gpu/engine   < models, data, transport     engines, graphs, AdamW, checkpoints
     gpu/decode   < engine                      KV-cache decoding, speculative decoding, eval, export
     gpu/dev      < engine                      experiments (never included)
-    bench        < engine                      the `tandem bench` harness
+    bench        < decode                      the `tandem bench` harness
     launch       < gpu's facades               run config, launch plan (no CAF, no torch)
     actors       < messages, launch + facades  (torch-free: FACADES only)
     tools        < actors, launch, bench + facades
@@ -80,7 +80,7 @@ ALLOWED = {
     "gpu/engine": ["gpu/models", "gpu/data", "gpu/transport"],
     "gpu/decode": ["gpu/engine"],
     "gpu/dev": ["gpu/engine"],
-    "bench": ["gpu/engine"],
+    "bench": ["gpu/decode"],
     "launch": ["facades"],
     "actors": ["messages", "launch", "facades"],
     "tools": ["actors", "launch", "bench", "facades"],

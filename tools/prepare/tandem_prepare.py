@@ -80,8 +80,12 @@ conversation up to its k-th assistant turn (with the generation prompt), `tandem
 decodes them in batches with the C++ decode engine, and the decoded text replaces turn k.
 The work lives in OUTPUT.regen/ (the rounds' prompts and generations, the conversations so
 far, progress.json); an interrupted run started again with the same options resumes there,
-within a round from the last finished batch. Tokenized lines pass through unchanged. Then the
-regenerated conversations (OUTPUT.regen/regenerated.jsonl) are prepared as usual.
+within a round from the last finished batch. Tokenized lines pass through unchanged. The
+samples (OUTPUT.regen/regenerated.jsonl, then prepared as usual) are tokenized lines: the ids
+of the last turn's prompt, then the ids the target generated for it, exactly (decoding them to
+text and tokenizing again would give other ids where the target chose a non-canonical BPE
+split), supervised on those ids and on the earlier assistant turns; the conversations as
+text are in OUTPUT.regen/conversations.jsonl.
 
 Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
 running; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
@@ -844,6 +848,7 @@ def regenerate(args):
     turns_of = [[i for i, m in enumerate(r.get("messages", [])) if m["role"] == "assistant"] for r in rows]
     rounds = max((len(t) for t in turns_of), default=0)
     start = time.monotonic()
+    last_generated = {}
     for k in range(progress["rounds_done"], rounds):
         members = [j for j, t in enumerate(turns_of) if len(t) > k]
         prompts_path = os.path.join(work, f"round-{k + 1}.prompts.jsonl")
@@ -891,9 +896,39 @@ def regenerate(args):
         progress["rounds_done"] = k + 1
         _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
         _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
+    # The samples keep the exact ids the target generated for its last turn (decoding them to
+    # text and tokenizing again gives other ids for ~40% of the tiny default's turns: the
+    # target emits non-canonical BPE splits), after the ids of the prompt it was given; the
+    # earlier turns are supervised where the template renders them.
     out = os.path.join(work, "regenerated.jsonl")
-    _write_atomic(out, [("".join(json.dumps(r["tokenized"] if "tokenized" in r else {"messages": r["messages"]},
-                                            ensure_ascii=False) + "\n" for r in rows)).encode("utf-8")])
+    lines = []
+    for j, r in enumerate(rows):
+        if "tokenized" in r or not turns_of[j]:
+            lines.append(r.get("tokenized") or {"messages": r["messages"]})
+            continue
+        k = len(turns_of[j]) - 1
+        with open(os.path.join(work, f"round-{k + 1}.prompts.jsonl")) as f:
+            members = [m for m, t in enumerate(turns_of) if len(t) > k]
+            prompt_ids = json.loads(f.readlines()[1 + members.index(j)])["ids"]
+        if (k, j) not in last_generated:
+            with open(os.path.join(work, f"round-{k + 1}.generated.jsonl")) as f:
+                for line in f:
+                    g = json.loads(line)
+                    last_generated[(k, members[g["index"]])] = g["tokens"]
+        generated = last_generated[(k, j)]
+        before = r["messages"][:turns_of[j][k]]
+        text = masker.render(before, generation_prompt=True)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spans = []
+        if k > 0:
+            head, spans = masker.spans(before, False)
+            if not text.startswith(head):
+                spans = []
+        mask = ChatMasker.mask(enc["offset_mapping"], spans).tolist() if enc["input_ids"] else []
+        if enc["input_ids"] != prompt_ids:  # cannot happen: the same rendering made the prompt
+            raise RuntimeError(f"conversation {j}: the prompt renders to other ids than round {k + 1} used")
+        lines.append({"input_ids": prompt_ids + generated, "loss_mask": mask + [1] * len(generated)})
+    _write_atomic(out, [("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)).encode("utf-8")])
     rep = progress["report"]
     sys.stderr.write(
         f"prepare: regenerated {rep['turns']:,} assistant turns of {len(rows):,} conversations "

@@ -125,8 +125,12 @@ void print_table(const gpu::eval_report& r, FILE* out) {
                  r.untrained_tau, static_cast<long long>(r.lookup_ngram), r.lookup_tau,
                  r.lookup_tokens_per_s);
   if (r.baseline_tokens_per_s > 0 && r.temperature <= 0)
-    std::fprintf(out, "  lossless    %zu of %zu prompts token-for-token equal to target-only greedy decoding\n",
-                 r.prompts.size() - static_cast<size_t>(r.differing_prompts), r.prompts.size());
+    std::fprintf(out, "  lossless    %zu of %zu prompts token-for-token equal to target-only greedy decoding%s\n",
+                 r.prompts.size() - static_cast<size_t>(r.differing_prompts), r.prompts.size(),
+                 r.differing_prompts == 0 ? ""
+                 : (" (" + std::to_string(r.near_tie_differences) + " of the "
+                    + std::to_string(r.differing_prompts) + " differences at a near-tie, target logit gap <= "
+                    + std::to_string(r.near_tie_margin).substr(0, 4) + ")").c_str());
 }
 
 int run_eval_command(const eval_args& a) {
