@@ -5,7 +5,7 @@
                       [--expect-fail]
 
 One held-out prompt of the tiny default (config/default/data/eval.jsonl, its first
-conversation) is decoded N times by `tandem eval --temperature T` with DRAFTER (a drafter
+conversation, the user turn cut after its first ~300 characters) is decoded N times by `tandem eval --temperature T` with DRAFTER (a drafter
 Tandem trained), each time for 3 new tokens: the first comes from prefill, the next two from
 one speculative cycle (drafted by the drafter, accepted or rejected against the target's
 probabilities, a bonus or residual sample after). The exact distribution of the three tokens
@@ -60,6 +60,9 @@ def main():
     target_dir, tok_dir = os.path.join(default, "target"), os.path.join(default, "tokenizer")
     with open(os.path.join(default, "data", "eval.jsonl")) as f:
         conv = json.loads(f.readline())
+    # A short prompt (the user turn's first lines): 600 prefills stay cheap on 2 cores.
+    user = next(m for m in conv["messages"] if m["role"] == "user")
+    user["content"] = user["content"][:user["content"].index("\n", 300) + 1]
     os.makedirs(args.work, exist_ok=True)
     prompts = os.path.join(args.work, "same_prompt.jsonl")
     with open(prompts, "w") as f:

@@ -12,13 +12,13 @@
 # Takes as long as the README says the default takes on the machine (about
 # 10 minutes on 2 cores; longer beside other tests under ctest -j2).
 set -euo pipefail
-step="$1"; tandem="$2"; python="$3"; source_dir="$4"; run_dir="$5"
+step="$1"; tandem="$2"; python="$3"; source_dir="$4"; run_dir="$5"; shift 5  # then: --set ... for `train`
 start=$(date +%s)
 if [[ "$step" == train ]]; then
   rm -rf "$run_dir"
   mkdir -p "$(dirname "$run_dir")"
   "$tandem" run "$source_dir/config/default.toml" --set run.output_dir="$run_dir" \
-    --set metrics.progress=false --set placement.targets=cpu --set placement.drafters=cpu \
+    --set metrics.progress=false --set placement.targets=cpu --set placement.drafters=cpu "$@" \
     > "$run_dir.train.log" 2>&1 || { tail -n 30 "$run_dir.train.log"; echo "FAILED: tandem run"; exit 1; }
   tail -n 2 "$run_dir.train.log"
   echo "training $(( $(date +%s) - start )) s"

@@ -22,7 +22,7 @@ first=$(readelf -d "$tandem" | awk '/NEEDED/ {print $NF; exit}')
 echo "ok: libstdc++ first in DT_NEEDED"
 
 # 2. Help lists the working subcommands, and nothing else.
-expected="bench doctor info prepare run"
+expected="bench doctor eval export generate info prepare run"
 listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
 [[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
 echo "ok: --help lists: $listed"
@@ -30,6 +30,20 @@ for sub in $listed; do
   "$tandem" "$sub" --help > /dev/null || fail "$sub --help"
 done
 "$tandem" prepare --help | grep -q -- "--tokenizer" || fail "prepare --help does not show the script's options"
+
+# eval / export / generate refuse bad input with exit 2, naming the path (they run for
+# real in tests/decode/).
+empty=$(mktemp -d)
+out=$("$tandem" export "$empty" --out "$empty/x" 2>&1) && fail "export of an empty folder succeeded" || true
+grep -q "$empty" <<< "$out" || fail "export's error does not name the folder: $out"
+echo '{"messages": [{"role": "user", "content": "hi"}]}' > "$empty/p.jsonl"
+rc=0; out=$("$tandem" eval --drafter "$empty/none" --prompts "$empty/p.jsonl" 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "$empty/none" <<< "$out" || fail "eval with a missing drafter: exit $rc, $out"
+echo 'not json' > "$empty/bad.jsonl"
+rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/bad.jsonl" --out "$empty/o" 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "bad.jsonl:1" <<< "$out" || fail "generate with a bad prompts file: exit $rc, $out"
+rm -rf "$empty"
+echo "ok: eval, export and generate name what is wrong"
 
 # 3. Each subcommand works.
 "$tandem" --version | grep -q '^tandem ' || fail "--version"

@@ -53,12 +53,13 @@ data_listing() { (cd "$work/run/data" && find . -type f -printf '%p %s %T@\n' | 
 run --set train.max_steps=60 > "$work/first.log" 2>&1 || { cat "$work/first.log"; echo "FAIL: first run"; exit 1; }
 tail -n 3 "$work/first.log"
 check test -f "$work/run/data/manifest.json"
-# The data set prepared: 550 samples, in the manifest and in the run's epoch.
-check "$python" -c 'import json, sys; t = json.load(open(sys.argv[1]))["totals"]; assert t["samples"] == 550, t' \
+# The data set prepared: 546 samples (of the 550 regenerated conversations, 4 whose turn ended
+# within 32 tokens are dropped by --min-supervised), in the manifest and in the run's epoch.
+check "$python" -c 'import json, sys; t = json.load(open(sys.argv[1]))["totals"]; assert t["samples"] == 546, t' \
   "$work/run/data/manifest.json"
 check_run 0 <<'EOF'
 (epoch,) = events("epoch", run)
-assert epoch["samples"] == 550, epoch
+assert epoch["samples"] == 546, epoch
 (end,) = events("end", run)
 assert end["reason"] == "max_steps" and end["steps"] == 60, end
 assert any(c["step"] == 60 for c in events("checkpoint", run)), events("checkpoint", run)
