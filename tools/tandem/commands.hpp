@@ -2,6 +2,7 @@
 /// The `tandem` subcommands.  Each adds itself to the CLI and returns the
 /// process exit code when run.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ int run_prepare(const std::vector<std::string>& args);
 
 /// `tandem eval`: speculative decoding of held-out prompts, τ and speedup.
 void add_eval(CLI::App& app, int& exit_code);
+
+/// --device of eval and generate: "cpu" → −1, "cuda" / "cuda:N" → N,
+/// "auto" → 0 when a GPU is present; anything else throws gpu::error(bad_input).
+int32_t parse_device(const std::string& s);
 
 /// `tandem generate`: target-only batched decoding (prepare --regenerate).
 void add_generate(CLI::App& app, int& exit_code);

@@ -27,18 +27,6 @@ namespace tandem::cli {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-struct eval_args {
-  std::string target, tokenizer, drafter, prompts, device = "auto", dtype = "auto";
-  int64_t max_new_tokens = 256, limit = 0, block_size = 0, top_k = 0;
-  double temperature = 0.0, top_p = 1.0;
-  uint64_t seed = 0;
-  bool last_turn = false, as_json = false, no_baseline = false, quiet = false, references = false;
-  int64_t lookup_ngram = 3;
-};
-
-/// "cpu" → −1, "cuda" / "cuda:N" → N, "auto" → 0 when a GPU is present.
 int32_t parse_device(const std::string& s) {
   if (s == "cpu")
     return -1;
@@ -58,6 +46,17 @@ int32_t parse_device(const std::string& s) {
   throw gpu::error(errc::bad_input, "--device '" + s + "' is not one of cpu, cuda, cuda:N, auto");
   return -1;
 }
+
+namespace {
+
+struct eval_args {
+  std::string target, tokenizer, drafter, prompts, device = "auto", dtype = "auto";
+  int64_t max_new_tokens = 256, limit = 0, block_size = 0, top_k = 0;
+  double temperature = 0.0, top_p = 1.0;
+  uint64_t seed = 0;
+  bool last_turn = false, as_json = false, no_baseline = false, quiet = false, references = false;
+  int64_t lookup_ngram = 3;
+};
 
 /// The prompts file of `tandem prepare --prompts-out`: ids and stop ids.
 void read_prompts(const fs::path& file, gpu::eval_options& o) {

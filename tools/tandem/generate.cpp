@@ -85,14 +85,7 @@ int run_generate(generate_args& a) {
       throw gpu::error(errc::bad_input, a.prompts + ":" + std::to_string(n) + ": no 'ids' array");
     a.o.prompts.push_back(j["ids"].get<std::vector<int64_t>>());
   }
-  if (a.device == "cpu")
-    a.o.device = -1;
-  else if (a.device == "auto")
-    a.o.device = gpu::query_runtime().devices.empty() ? -1 : 0;
-  else if (a.device.rfind("cuda", 0) == 0)
-    a.o.device = a.device.size() > 5 ? std::stoi(a.device.substr(5)) : 0;
-  else
-    throw gpu::error(errc::bad_input, "--device '" + a.device + "' is not one of cpu, cuda, cuda:N, auto");
+  a.o.device = parse_device(a.device);
   const auto total = a.o.prompts.size();
   const auto before = finished(a.out, total);
   if (!before.empty() && !a.quiet)
