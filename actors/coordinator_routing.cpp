@@ -90,18 +90,6 @@ std::string ledger_json(self_ptr self) {
     .dump();
 }
 
-/// Which drafter to snapshot: drafter 0, or with data-parallel drafters the
-/// first that is up and holds the ledger's state (drafter 0 may be down
-/// for a restart after a step its survivors completed).
-int32_t snapshot_source(self_ptr self) {
-  auto& s = self->state;
-  if (s.grouped())
-    for (size_t d = 0; d < s.drafters.size(); ++d)
-      if (!s.drafters[d].down && s.drafters[d].clean)
-        return static_cast<int32_t>(d);
-  return 0;  // a single drafter (or none fit: the request fails and the continuations wait)
-}
-
 /// The checkpoint of `snap` is written in `dir`: it becomes the restore
 /// point and commits what it holds, unless a rollback made it stale.
 void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lineage,
@@ -136,6 +124,20 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   try_complete(self);
 }
 
+} // namespace
+
+/// Which drafter to snapshot: drafter 0, or with data-parallel drafters the
+/// first that is up and holds the ledger's state (drafter 0 may be down
+/// for a restart after a step its survivors completed).
+int32_t snapshot_source(self_ptr self) {
+  auto& s = self->state;
+  if (s.grouped())
+    for (size_t d = 0; d < s.drafters.size(); ++d)
+      if (!s.drafters[d].down && s.drafters[d].clean)
+        return static_cast<int32_t>(d);
+  return 0;  // a single drafter (or none fit: the request fails and the continuations wait)
+}
+
 /// Drafter `src`'s snapshot request is answered (or failed): incarnation
 /// `addr` is no longer busy copying, and its answer counts as a heartbeat.
 /// A checkpoint asked for while it copied a restore point for the shared
@@ -153,7 +155,6 @@ void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr) 
   dispatch(self);
 }
 
-} // namespace
 
 /// Snapshot a drafter holding the ledger's state, write it, mark the ledger
 /// durable; then run the continuations queued meanwhile.
@@ -309,7 +310,7 @@ void deliver(self_ptr self) {
 /// (if there is anything new) and answer the run request.
 void try_complete(self_ptr self) {
   auto& s = self->state;
-  if (!s.stopping() || !s.busy.empty() || s.checkpointing()
+  if (!s.stopping() || !s.busy.empty() || s.checkpointing() || s.final_eval
       || (s.group && s.group->current() == group_step::phase::forming))
     return;
   for (const auto& d : s.drafters)
@@ -323,9 +324,9 @@ void try_complete(self_ptr self) {
   // newest durable checkpoint holds, and a resumed run repeats the rest.
   const bool wanted = s.summary.stop_reason != "signal" || s.opts.checkpoint_on_stop;
   if (wanted && s.step > s.durable_step)
-    checkpoint(self, [self] { deliver(self); });
+    checkpoint(self, [self] { deliver_after_eval(self); });
   else
-    deliver(self);
+    deliver_after_eval(self);
 }
 
 void finish(self_ptr self, const std::string& reason) {
@@ -399,6 +400,10 @@ void after_step(self_ptr self) {
     try_complete(self);
     return;
   }
+  // An evaluation first: a checkpoint of the same step then follows the
+  // moment its snapshot is answered (checkpoint_after_host), at this step.
+  if ((s.opts.eval_every > 0 && s.step % s.opts.eval_every == 0) || s.eval_due)
+    evaluate(self);
   if ((s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
       || (s.checkpoint_due && !s.checkpointing()))
     checkpoint(self, [self] { maybe_end_epoch(self); });

@@ -9,6 +9,8 @@
 ///                             group step's reports (actors/group_step.hpp decides)
 ///   coordinator_failures.cpp  drafter failures: rollback, restarts, the
 ///                             watchdog and heartbeats, new incarnations
+///   coordinator_eval.cpp      real τ ([eval]): snapshots to the eval actor,
+///                             the run's last evaluation before its answer
 ///
 /// The run's phase (run_phase):
 ///
@@ -139,6 +141,14 @@ struct coordinator_state {
   bool host_due = false;                ///< one came due meanwhile: taken after the next step
   bool host_off = false;                ///< a write failed: the tier is off for this process
 
+  // Real τ ([eval]; actors/coordinator_eval.cpp).
+  bool eval_busy = false;               ///< a snapshot is being evaluated
+  bool eval_due = false;                ///< one came due while the drafter was busy: after the next step
+  bool eval_off = false;                ///< the eval actor is gone: no more evaluations
+  bool final_eval = false;              ///< the run's last evaluation is running; then the answer
+  int64_t eval_step = -1;               ///< the step of the last evaluation answered (or failed)
+  std::vector<std::function<void()>> after_eval;  ///< run once the evaluation in progress is answered
+
   // Failures.
   std::vector<drafter_slot> drafters;            ///< by drafter index
   std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
@@ -193,6 +203,22 @@ void after_step(self_ptr self);
 void on_step_report(self_ptr self, const step_report& r);
 void on_work_item(self_ptr self, work_item& w);
 void on_batch(self_ptr self, batch_desc& batch);
+
+/// Which drafter to snapshot: one holding the ledger's state.
+int32_t snapshot_source(self_ptr self);
+/// Drafter `src` (incarnation `addr`) answered a snapshot request: it is
+/// free again; a checkpoint deferred behind the copy is taken; dispatch.
+void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr);
+
+// -- coordinator_eval.cpp ------------------------------------------------------
+/// Sends a snapshot of the drafter's weights at this step to the eval actor
+/// (none, or one already running: nothing; the drafter busy copying: after
+/// the next step).  Its answer is the "eval" event and the summary's τ.
+void evaluate(self_ptr self);
+/// The run's end: its last evaluation when [eval] at_end asks for one and
+/// the last evaluated step is older (an evaluation in progress is waited
+/// for first), then deliver().
+void deliver_after_eval(self_ptr self);
 
 // -- coordinator_group.cpp -----------------------------------------------------
 void dispatch_group(self_ptr self);

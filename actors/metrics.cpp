@@ -1,6 +1,7 @@
 // The metrics actor: a JSON line per logged step and per event (the typed
 // run_events' line schema is here, event_line), and a terminal progress line
-// (step, recent and moving-average loss, accuracy, tokens/s, data wait, ETA).
+// (step, recent and moving-average loss, accuracy, simulated acceptance, the
+// last real τ, tokens/s, data wait, ETA).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -67,6 +68,17 @@ struct line_writer {
       j["error"] = x.error;
     return j;
   }
+  nlohmann::json operator()(const eval_event& x) const {
+    nlohmann::json j{{"event", "eval"},         {"step", x.step},
+                     {"tau", x.tau},            {"tau_prompt_mean", x.tau_prompt_mean},
+                     {"prompts", x.prompts},    {"cycles", x.cycles},
+                     {"new_tokens", x.new_tokens}, {"tokens_per_s", x.tokens_per_s},
+                     {"seconds", x.seconds},    {"device", x.device},
+                     {"histogram", x.histogram}};
+    if (!x.error.empty())
+      j["error"] = x.error;
+    return j;
+  }
   nlohmann::json operator()(const end_event& x) const {
     nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
                      {"checkpoint", x.checkpoint}, {"durable_step", x.durable_step}};
@@ -99,6 +111,7 @@ struct metrics_state {
   double ema_loss = std::nan("");
   int64_t first_step = -1;     ///< the step before this process's first report (a resume starts late)
   bool tty = false;
+  std::string tau;             ///< the last real τ ([eval]) for the progress line: " tau 2.31 (step 400)"
 };
 
 void write_line(metrics_state& s, nlohmann::json j) {
@@ -176,11 +189,11 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           // "recent": the mean over the reports since the last line (what
           // training does now); "ema": the slow moving average (0.9 decay,
           // seeded with the first loss, so it lags well behind early on).
-          std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  sim-accept %.2f  %.0f tok/s  data wait %.1f%%  ETA %s%s",
+          std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  sim-accept %.2f%s  %.0f tok/s  data wait %.1f%%  ETA %s%s",
                        s.tty ? "\r" : "", s.opts.run_name.empty() ? "" : (s.opts.run_name + ": ").c_str(),
                        static_cast<long long>(r.step),
                        s.opts.total_steps > 0 ? ("/" + std::to_string(s.opts.total_steps)).c_str() : "",
-                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, s.sim_sum / s.steps, tok_s,
+                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, s.sim_sum / s.steps, s.tau.c_str(), tok_s,
                        100.0 * wait_share, eta.c_str(), s.tty ? "   " : "\n");
           std::fflush(stderr);
           s.last_progress = clock_type::now();
@@ -189,7 +202,14 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           s.drafters.clear();
         }
       },
-      [self](const run_event& e) { write_event(self->state, event_line(e)); },
+      [self](const run_event& e) {
+        if (const auto* ev = caf::get_if<eval_event>(&e); ev && ev->error.empty()) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "  tau %.2f (step %lld)", ev->tau, static_cast<long long>(ev->step));
+          self->state.tau = buf;
+        }
+        write_event(self->state, event_line(e));
+      },
       [self](event_atom, const std::string& json) {
         auto j = nlohmann::json::parse(json, nullptr, false);
         if (j.is_discarded())

@@ -23,6 +23,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/spawn_options.hpp>
 
+#include "gpu/decode/eval.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
@@ -30,6 +31,7 @@
 #include "messages/checkpointer.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/drafter.hpp"
+#include "messages/eval.hpp"
 #include "messages/metrics.hpp"
 #include "messages/prefetch.hpp"
 #include "messages/supervisor.hpp"
@@ -79,6 +81,11 @@ drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_
 template <caf::spawn_options Os = caf::detached>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep,
                                       std::filesystem::path pinned = {});
+
+/// Measures real τ of the snapshots it is sent (messages/eval.hpp) with
+/// its own copy of the target on opts.device.
+template <caf::spawn_options Os = caf::detached>
+eval_actor spawn_eval(caf::actor_system& sys, gpu::eval_engine_options opts);
 
 /// metrics_options: launch/options.hpp (plain data, filled by the launch plan).
 metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);

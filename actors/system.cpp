@@ -102,6 +102,8 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
   for (size_t i = 0; i < plan.placement.drafters.size(); ++i)
     run.peers.drafters.push_back(spawn_drafter(sys, plan.placement.drafters[i].index, plan.drafters[i],
                                                plan.restore_from, run.coordinator, faults));
+  if (plan.eval)
+    run.peers.eval = spawn_eval(sys, *plan.eval);
   return run;
 }
 
@@ -143,6 +145,8 @@ void shutdown_system(const running_system& run) {
   for (auto& d : run.peers.drafters)
     caf::anon_send(d, shutdown_atom::value);
   caf::anon_send(run.peers.checkpointer, shutdown_atom::value);
+  if (run.peers.eval)
+    caf::anon_send(run.peers.eval, shutdown_atom::value);
   if (run.peers.host_checkpointer)
     caf::anon_send(run.peers.host_checkpointer, shutdown_atom::value);
   caf::anon_send(run.peers.metrics, shutdown_atom::value);

@@ -1,6 +1,7 @@
 #include "bench/bench.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -830,7 +831,9 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     auto j = base_line("target_decode", o, dev, size);
     j["shapes"] = {{"batch", batch}, {"context", ctx}, {"hidden", c.hidden_size},
                    {"layers", c.num_hidden_layers}, {"vocab", c.vocab_size},
-                   {"dtype", c10::toString(dtype)}, {"graphed", false}};
+                   {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};
+    // TANDEM_DECODE (decoder.hpp): graphs (default), eager (the kernel), sdpa.
+    j["decode_mode"] = std::getenv("TANDEM_DECODE") ? std::getenv("TANDEM_DECODE") : "graphs";
     finish_line(j, t, 2.0 * weight_bytes / at::elementSize(dtype) * batch, static_cast<double>(batch),
                 peak_gib(dev));
     j["bytes_read"] = weight_bytes + kv_bytes;
@@ -863,7 +866,8 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     });
     auto jc = base_line("speculative_cycle", o, dev, size);
     jc["shapes"] = {{"batch", 1}, {"context", ctx}, {"block", s.block}, {"draft_layers", s.draft_layers},
-                    {"dtype", c10::toString(dtype)}, {"graphed", false}};
+                    {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};  // the target's verify; the drafter is eager
+    jc["decode_mode"] = j["decode_mode"];
     finish_line(jc, tc, 0.0, static_cast<double>(s.block), peak_gib(dev));
     emit(jc.dump());
   }

@@ -39,6 +39,13 @@ struct coordinator_settings {
   /// Data-parallel drafters (more than one): the deadline of forming their
   /// NCCL group and of every collective in a step (runtime.group_timeout_s).
   double group_timeout_s = 30;
+  /// Real τ ([eval], with an eval actor): every `eval_every` steps (0: not
+  /// during training) and, with `eval_at_end`, once more at the end of a run
+  /// that finished its steps or epochs, unless the last evaluation holds its
+  /// final step.  An evaluation gets `eval_timeout_s` to answer.
+  int64_t eval_every = 0;
+  bool eval_at_end = true;
+  double eval_timeout_s = 3600;
 };
 
 /// The supervisor's restart policy (config [supervision]).

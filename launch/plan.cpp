@@ -146,7 +146,29 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
                          + std::to_string(f.drafter) + " on a CUDA device (placement.drafters)");
   p.hang_s = 2 * c.runtime.step_timeout_s + 1;
   p.slow_snapshot_s = 2 * c.runtime.heartbeat_s + 1;
+  if (!p.placement.eval.empty()) {
+    gpu::eval_engine_options e;
+    e.target_dir = c.model.target;
+    e.device = p.placement.eval.front().device;
+    e.dtype = c.model.dtype;
+    e.max_new_tokens = c.eval.max_new_tokens;
+    e.temperature = c.eval.temperature;
+    e.seed = c.drafter.seed;
+    p.eval = e;
+    p.eval_prompts = c.eval.prompts;
+    p.eval_count = c.eval.count;
+    co.eval_every = c.eval.every_steps;
+    co.eval_at_end = c.eval.at_end;
+  }
   return p;
+}
+
+std::vector<std::string> eval_prompt_arguments(const run_config& c, const std::filesystem::path& out) {
+  if (c.eval.prompts.empty())
+    return {};
+  const auto tokenizer = c.data.tokenizer.empty() ? c.model.target : c.data.tokenizer;
+  return {c.eval.prompts.string(), "--tokenizer", tokenizer.string(), "--prompts-out", out.string(),
+          "--limit", std::to_string(c.eval.count), "--quiet"};
 }
 
 std::vector<std::string> prepare_arguments(const run_config& c) {
@@ -176,7 +198,8 @@ std::string to_json(const launch_plan& p) {
   j["output_dir"] = p.output_dir.string();
   j["placement"] = {{"targets", slots(p.placement.targets)},
                     {"drafters", slots(p.placement.drafters)},
-                    {"prefetch", slots(p.placement.prefetch)}};
+                    {"prefetch", slots(p.placement.prefetch)},
+                    {"eval", slots(p.placement.eval)}};
   j["schedule_steps"] = p.schedule_steps;
   const auto& co = p.coordinator;
   j["coordinator"] = {{"num_samples", co.num_samples}, {"credits", co.credits},
@@ -186,7 +209,8 @@ std::string to_json(const launch_plan& p) {
                       {"resume_ledger", co.resume_ledger}, {"resume_step", co.resume_step},
                       {"resume_checkpoint", co.resume_checkpoint},
                       {"step_timeout_s", co.step_timeout_s}, {"heartbeat_s", co.heartbeat_s},
-                      {"group_timeout_s", co.group_timeout_s}};
+                      {"group_timeout_s", co.group_timeout_s}, {"eval_every", co.eval_every},
+                      {"eval_at_end", co.eval_at_end}, {"eval_timeout_s", co.eval_timeout_s}};
   j["supervisor"] = {{"restart_budget", p.supervisor.restart_budget},
                      {"backoff_s", p.supervisor.backoff_s}, {"window_s", p.supervisor.window_s}};
   j["metrics"] = {{"run_name", p.metrics.run_name}, {"jsonl", p.metrics.jsonl.string()},
@@ -225,6 +249,11 @@ std::string to_json(const launch_plan& p) {
   j["slow_snapshot_s"] = p.slow_snapshot_s;
   j["restore_from"] = p.restore_from;
   j["checkpoint_on_signal"] = p.checkpoint_on_signal;
+  if (p.eval)
+    j["eval"] = {{"target_dir", p.eval->target_dir.string()}, {"device", device_string(p.eval->device)},
+                 {"dtype", p.eval->dtype}, {"max_new_tokens", p.eval->max_new_tokens},
+                 {"temperature", p.eval->temperature}, {"seed", p.eval->seed},
+                 {"prompts", p.eval_prompts.string()}, {"count", p.eval_count}};
   return j.dump(2);
 }
 

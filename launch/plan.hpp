@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/decode/eval.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/prefetch_engine.hpp"
 #include "gpu/engine/target_engine.hpp"
@@ -90,6 +91,12 @@ struct launch_plan {
   double slow_snapshot_s = 0;         ///< how long an injected "slow_snapshot" copies (past
                                       ///< two heartbeat deadlines)
   std::string restore_from;           ///< the drafters' first checkpoint ("" = fresh or init_from)
+  /// The eval actor's engine ([eval] with eval.prompts; none: no eval
+  /// actor).  Its prompts stay empty in the plan: `tandem run` renders
+  /// eval_prompts (eval_prompt_arguments) and fills them in.
+  std::optional<gpu::eval_engine_options> eval;
+  std::filesystem::path eval_prompts;  ///< eval.prompts (conversations, not yet rendered)
+  int64_t eval_count = 0;              ///< eval.count
   bool checkpoint_on_signal = true;   ///< checkpoint.on_signal
 };
 
@@ -98,6 +105,12 @@ struct launch_plan {
 /// resolve_placement does).  Throws config_error.
 launch_plan make_plan(const run_config& config, const inventory& devices, const data_facts& data,
                       const std::optional<resume_point>& resume = std::nullopt);
+
+/// The arguments of `tandem prepare` that render eval.prompts (the first
+/// eval.count conversations, each up to its first assistant turn) with the
+/// data's tokenizer into `out` (a tandem.prompts.v1 file); empty without
+/// eval.prompts.
+std::vector<std::string> eval_prompt_arguments(const run_config& config, const std::filesystem::path& out);
 
 /// Every field of `plan` as pretty-printed JSON text (for logs and tests).
 std::string to_json(const launch_plan& plan);

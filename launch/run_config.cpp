@@ -370,7 +370,8 @@ const field_def fields[] = {
    },
    [](const rc& c) { return w_ints(c.model.tap_layers); },
    "decoder layers (0-indexed outputs) whose hidden states feed the drafter, strictly\n"
-   "increasing; [] = DFLASH.md's default: 5 taps round(1 + i*(L-4)/4), [1, 9, 17, 25, 33] for 36 layers"},
+   "increasing; [] = DFLASH.md's default: 5 taps round(1 + i*(L-4)/4), [1, 9, 17, 25, 33] for 36 layers;\n"
+   "the last layer (L-1) is tapped after the final norm, as Hugging Face's hidden_states[L]"},
   {"model", "dtype", kind::string, false,
    [](rc& c, const vr& v) { c.model.dtype = v.choice({"auto", "float32", "bfloat16"}); },
    [](const rc& c) { return w_str(c.model.dtype); },
@@ -586,6 +587,44 @@ const field_def fields[] = {
    [](const rc& c) { return w_int(c.supervision.worker_restarts); },
    "new worker processes `tandem run` starts after its worker died (a signal, or a lost CUDA context: "
    "exit status 75), each resuming from the newest restore point; 0 = the run ends with the worker"},
+  // [eval]
+  {"eval", "prompts", kind::path, false,
+   [](rc& c, const vr& v) { c.eval.prompts = v.path(true); },
+   [](const rc& c) { return w_path(c.eval.prompts); },
+   "held-out conversations (JSONL in the formats `tandem prepare` reads; each up to its first\n"
+   "assistant turn is a prompt, rendered with data.tokenizer's chat template) for real tau during\n"
+   "training: an eval actor decodes them speculatively with snapshots of the drafter; \"\" = none"},
+  {"eval", "count", kind::integer, false,
+   [](rc& c, const vr& v) { c.eval.count = v.positive(); },
+   [](const rc& c) { return w_int(c.eval.count); },
+   "the first N prompts of eval.prompts"},
+  {"eval", "max_new_tokens", kind::integer, false,
+   [](rc& c, const vr& v) { c.eval.max_new_tokens = v.positive(); },
+   [](const rc& c) { return w_int(c.eval.max_new_tokens); },
+   "new tokens per prompt at most"},
+  {"eval", "every_steps", kind::integer, false,
+   [](rc& c, const vr& v) { c.eval.every_steps = v.non_negative(); },
+   [](const rc& c) { return w_int(c.eval.every_steps); },
+   "optimizer steps between evaluations (one due while another runs is skipped); 0 = not during training"},
+  {"eval", "at_end", kind::boolean, false,
+   [](rc& c, const vr& v) { c.eval.at_end = v.boolean(); },
+   [](const rc& c) { return w_bool(c.eval.at_end); },
+   "evaluate the final weights when the run finishes its steps or epochs (not on a signal)"},
+  {"eval", "temperature", kind::number, false,
+   [](rc& c, const vr& v) { c.eval.temperature = v.non_negative_number(); },
+   [](const rc& c) { return w_num(c.eval.temperature); },
+   "0 = greedy; > 0: speculative sampling (lossless in distribution)"},
+  {"eval", "device", kind::string, false,
+   [](rc& c, const vr& v) {
+     auto s = v.node().as_string();
+     auto d = s ? parse_device(s->get()) : std::nullopt;
+     if (!d)
+       v.fail("\"auto\", \"cpu\" or \"cuda:N\"");
+     c.eval.device = s->get();
+   },
+   [](const rc& c) { return w_str(c.eval.device); },
+   "\"auto\" (a GPU no other actor uses, else the first drafter's device, with a second copy of the\n"
+   "target there, else the CPU), \"cpu\" or \"cuda:N\""},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -625,6 +664,7 @@ const section_def sections[] = {
   {"runtime", "flow control and liveness"},
   {"checkpoint", "snapshots"},
   {"supervision", "restarting failed drafters"},
+  {"eval", "real tau during training: held-out prompts decoded speculatively with drafter snapshots"},
   {"faults", "injected failures, for tests: [[faults.inject]] tables"},
   {"metrics", "what is recorded and shown"},
   {"run", "where the run's outputs go"},
@@ -1089,6 +1129,18 @@ void check_paths(const run_config& c, bool need_data) {
     folder_with("data.path", c.data.path,
                 "manifest.json (prepare the data with `tandem prepare`, or give data.sources)",
                 has_file("manifest.json"));
+  if (!c.eval.prompts.empty()) {
+    if (!fs::exists(c.eval.prompts, ec)) fail("eval.prompts", c.eval.prompts, "no such file");
+    if (!fs::is_regular_file(c.eval.prompts, ec)) fail("eval.prompts", c.eval.prompts, "not a file");
+    // The prompts are rendered with the data's tokenizer (the target's by default).
+    if (c.data.tokenizer.empty())
+      folder_with("model.target", c.model.target,
+                  "tokenizer.json (eval.prompts are rendered with it; or set data.tokenizer)",
+                  has_file("tokenizer.json"));
+    else
+      folder_with("data.tokenizer", c.data.tokenizer, "tokenizer.json (eval.prompts are rendered with it)",
+                  has_file("tokenizer.json"));
+  }
 }
 
 std::string to_toml(const run_config& c) {
@@ -1141,7 +1193,7 @@ std::string device_string(int32_t device) {
 
 std::string placement_plan::describe() const {
   std::map<int32_t, std::vector<std::string>> by_device;  // cpu (-1) first, then cuda:N in order
-  for (auto* role : {&targets, &prefetch, &drafters})
+  for (auto* role : {&targets, &prefetch, &drafters, &eval})
     for (auto& s : *role) by_device[s.device].push_back(s.role + " " + std::to_string(s.index));
   std::string out;
   for (auto& [device, actors] : by_device)
@@ -1221,6 +1273,24 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
                          std::to_string(targets.size()) + " target(s) is less than the " +
                          std::to_string(drafters.size()) +
                          " data-parallel drafters: a group step needs one batch per drafter");
+  }
+  if (!c.eval.prompts.empty()) {
+    int32_t device = -1;
+    if (c.eval.device == "auto") {
+      // A GPU no other actor uses; else beside the first drafter (a second
+      // copy of the target there); else the CPU.
+      std::set<int32_t> used(targets.begin(), targets.end());
+      used.insert(drafters.begin(), drafters.end());
+      device = drafters.front();
+      for (int32_t g = 0; g < gpus_available; ++g)
+        if (!used.count(g)) {
+          device = g;
+          break;
+        }
+    } else {
+      device = expand({c.eval.device}, "eval.device").front();
+    }
+    plan.eval.push_back({"eval", 0, device});
   }
   for (auto& f : c.faults)
     if (f.drafter >= static_cast<int64_t>(drafters.size()))

@@ -153,6 +153,19 @@ struct run_config {
     int64_t worker_restarts = 3;             ///< worker_restarts: new worker processes after deaths
   } supervision;
 
+  /// [eval]: real τ during training (an eval actor with its own copy of the
+  /// target decodes held-out prompts speculatively with snapshots of the drafter).
+  struct eval_section {
+    std::filesystem::path prompts;  ///< prompts: held-out conversations (JSONL, the formats
+                                    ///< `tandem prepare` reads); "" = no evaluation
+    int64_t count = 8;              ///< count: the first N prompts
+    int64_t max_new_tokens = 128;   ///< max_new_tokens: per prompt
+    int64_t every_steps = 0;        ///< every_steps: steps between evaluations; 0 = only at the end
+    bool at_end = true;             ///< at_end: evaluate the final weights too
+    double temperature = 0.0;       ///< temperature: 0 = greedy
+    std::string device = "auto";    ///< device: "auto", "cpu" or "cuda:N"
+  } eval;
+
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.
   std::vector<fault_spec> faults;
 
@@ -218,6 +231,10 @@ struct placement_plan {
     int32_t device;    ///< -1 = CPU, else the CUDA ordinal
   };
   std::vector<slot> targets, drafters, prefetch;  ///< prefetch[i] serves targets[i]
+  /// The eval actor ([eval], when eval.prompts is set): at most one.
+  /// eval.device "auto": a GPU no other actor uses, else the first
+  /// drafter's device (a second copy of the target beside it), else the CPU.
+  std::vector<slot> eval;
 
   /// One line per device in use, e.g. "cuda:0: target 0, prefetch 0".
   std::string describe() const;

@@ -31,8 +31,15 @@
 /// tick_atom:   the coordinator's own timer, first after 1 s, then every
 ///              250 ms: the step watchdog and the heartbeats
 ///              (messages/drafter.hpp, "Liveness").
-/// Events (checkpoints, epochs, failures, restarts, the end) go to the
-/// metrics actor as typed run_events (messages/metrics.hpp).
+/// Events (checkpoints, epochs, failures, restarts, evaluations, the end) go
+/// to the metrics actor as typed run_events (messages/metrics.hpp).
+///
+/// Evaluations ([eval], peers.eval): every eval_every steps the drafter is
+/// snapshotted (before a checkpoint of the same step, which then follows at
+/// that step) and the snapshot sent to the eval actor (messages/eval.hpp);
+/// its answer is the "eval" event and the summary's τ.  A run that finishes
+/// its steps or epochs is answered after one more evaluation of its final
+/// weights (eval_at_end), unless the last one holds them.
 ///
 /// Supervision (with the supervisor, messages/supervisor.hpp): a drafter
 /// that dies (exception, CUDA error; the supervisor's drafter_down), reports
@@ -68,6 +75,7 @@
 #include "messages/checkpointer.hpp"
 #include "messages/descriptors.hpp"
 #include "messages/drafter.hpp"
+#include "messages/eval.hpp"
 #include "messages/metrics.hpp"
 #include "messages/prefetch.hpp"
 #include "messages/target.hpp"
@@ -92,12 +100,15 @@ struct run_summary {
   double first_loss = 0;         ///< loss of this process's first step
   std::string stop_reason;       ///< "max_steps", "epochs", "signal"
   std::string checkpoint;        ///< the newest checkpoint written ("" if none)
+  int64_t eval_step = -1;        ///< [eval]: the step of the last real τ measured (−1: none)
+  double eval_tau = 0;           ///< its τ
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_summary& x) {
   return f(caf::meta::type_name("tandem.run_summary"), x.steps, x.epochs_completed,
-           x.samples_committed, x.last_loss, x.first_loss, x.stop_reason, x.checkpoint);
+           x.samples_committed, x.last_loss, x.first_loss, x.stop_reason, x.checkpoint, x.eval_step,
+           x.eval_tau);
 }
 
 /// The actors a coordinator drives: prefetch[i] feeds targets[i].
@@ -110,12 +121,14 @@ struct coordinator_peers {
   /// Writes the restore points in shared memory (coordinator_settings::
   /// host_every); none: the tier is off.
   checkpointer_actor host_checkpointer;
+  /// Measures real τ of snapshots ([eval]; messages/eval.hpp); none: off.
+  eval_actor eval;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, coordinator_peers& x) {
   return f(caf::meta::type_name("tandem.coordinator_peers"), x.prefetch, x.targets, x.drafters,
-           x.checkpointer, x.metrics, x.host_checkpointer);
+           x.checkpointer, x.metrics, x.host_checkpointer, x.eval);
 }
 
 using coordinator_actor = caf::typed_actor<

@@ -31,6 +31,8 @@
 ///   end                   reason, steps, checkpoint, durable_step, [error]
 ///   checkpoint_skipped    step, writing
 ///   restore_point         tier ("host"), step, dir, [error]
+///   eval                  step, tau, tau_prompt_mean, prompts, cycles, new_tokens,
+///                         tokens_per_s, seconds, device, histogram, [error]
 ///
 /// Written by `tandem run` itself as free-form lines (event_atom), not by
 /// the coordinator:
@@ -46,6 +48,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
@@ -174,12 +177,33 @@ struct restore_point_event {
   std::string error;
 };
 
+/// "eval": real τ of the drafter's weights after `step` ([eval]; the eval
+/// actor, messages/eval.hpp): speculative decoding of `prompts` held-out
+/// prompts with the dflash package's definitions — `tau` the mean of the
+/// tokens each cycle produced, `tau_prompt_mean` the mean over prompts of
+/// their own means, `histogram[k]` the cycles that produced k — at
+/// `tokens_per_s` (decoding after each prompt's first token) on `device`,
+/// `seconds` in all.  `error`: the evaluation failed (training goes on).
+struct eval_event {
+  int64_t step = 0;
+  double tau = 0;
+  double tau_prompt_mean = 0;
+  int64_t prompts = 0;
+  int64_t cycles = 0;
+  int64_t new_tokens = 0;
+  double tokens_per_s = 0;
+  double seconds = 0;
+  std::string device;
+  std::vector<int64_t> histogram;
+  std::string error;
+};
+
 /// One of the run's events.  Append only (see above).
 using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discarded_event,
                                group_formed_event, group_step_abandoned_event,
                                drafter_failed_event, budget_exhausted_event,
                                drafter_restarted_event, escalated_event, end_event,
-                               checkpoint_skipped_event, restore_point_event>;
+                               checkpoint_skipped_event, restore_point_event, eval_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -237,6 +261,12 @@ typename Inspector::result_type inspect(Inspector& f, checkpoint_skipped_event& 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, restore_point_event& x) {
   return f(caf::meta::type_name("tandem.restore_point_event"), x.tier, x.step, x.dir, x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, eval_event& x) {
+  return f(caf::meta::type_name("tandem.eval_event"), x.step, x.tau, x.tau_prompt_mean, x.prompts, x.cycles,
+           x.new_tokens, x.tokens_per_s, x.seconds, x.device, x.histogram, x.error);
 }
 
 template <class Inspector>

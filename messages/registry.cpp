@@ -37,6 +37,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<drafter_actor>("tandem.drafter_handle");
   cfg.add_message_type<coordinator_actor>("tandem.coordinator_handle");
   cfg.add_message_type<run_event>("tandem.run_event");
+  cfg.add_message_type<eval_event>("tandem.eval_event");
+  cfg.add_message_type<eval_actor>("tandem.eval_handle");
 }
 
 } // namespace tandem

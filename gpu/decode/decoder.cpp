@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "gpu/device/error.hpp"
+#include "gpu/engine/graph.hpp"
+#ifdef TANDEM_HAVE_CUDA
+#include "gpu/kernels/decode_attention.hpp"
+#endif
 
 namespace tandem::gpu {
 
@@ -64,7 +70,22 @@ void check_row(const kv_cache& c, int64_t row, int64_t n, int64_t capacity, cons
 // ---------------------------------------------------------------------------------------
 // Target
 
-target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_t capacity)
+#ifdef TANDEM_HAVE_CUDA
+/// One captured forward: its static inputs and outputs (the graph's pool).
+struct target_decoder::graph {
+  explicit graph(const at::Device& d) : step(d) {}
+  captured_step step;
+  at::Tensor ids, logit_at;  ///< [B, T], [B] (undefined without logit_at)
+  output out;
+};
+#else
+struct target_decoder::graph {};
+#endif
+
+target_decoder::~target_decoder() = default;
+
+target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_t capacity,
+                               const std::string& mode_in)
   : target_(target), capacity_(capacity) {
   const auto& c = target.config();
   const auto& w = target.weights();
@@ -73,6 +94,33 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
                                  "(every layer, the final norm and the lm-head are needed)");
   cache_ = make_cache(c.num_hidden_layers, batch, c.num_key_value_heads, capacity, c.head_dim,
                       w.embed.options());
+#ifdef TANDEM_HAVE_CUDA
+  const auto device = w.embed.device();
+  if (device.is_cuda()) {
+    lengths_dev_ = at::zeros({batch}, at::TensorOptions().dtype(at::kLong).device(device));
+    const auto sms = at::cuda::getDeviceProperties(device.index())->multiProcessorCount;
+    splits_ = kernels::decode_attention_splits(static_cast<int>(batch), static_cast<int>(c.num_key_value_heads),
+                                               static_cast<int>(capacity), sms);
+    kernels::decode_attention_args a;
+    a.batch = static_cast<int>(batch);
+    a.heads = static_cast<int>(c.num_attention_heads);
+    a.kv_heads = static_cast<int>(c.num_key_value_heads);
+    a.queries = 16;
+    a.head_dim = static_cast<int>(c.head_dim);
+    a.capacity = static_cast<int>(capacity);
+    a.splits = splits_;
+    workspace_ = at::empty({static_cast<int64_t>(kernels::decode_attention_workspace(a) / sizeof(float))},
+                           at::TensorOptions().dtype(at::kFloat).device(device));
+    // TANDEM_DECODE: "graphs" (the default), "eager" (the kernel, no
+    // graphs) or "sdpa" (neither: SDPA over the longest row), to compare.
+    const char* env = std::getenv("TANDEM_DECODE");
+    const std::string mode = !mode_in.empty() ? mode_in : env ? env : "graphs";
+    if (mode != "graphs" && mode != "eager" && mode != "sdpa")
+      throw error(errc::bad_input, "TANDEM_DECODE='" + mode + "' is not one of graphs, eager, sdpa");
+    graphs_ = mode == "graphs";
+    kernel_ = mode != "sdpa";
+  }
+#endif
 }
 
 void target_decoder::set_length(int64_t row, int64_t n) {
@@ -84,12 +132,15 @@ void target_decoder::reset() {
   std::fill(cache_.length.begin(), cache_.length.end(), 0);
 }
 
+bool target_decoder::kernel_fits(int64_t t) const {
+  const auto& c = target_.config();
+  return kernel_ && lengths_dev_.defined() && t >= 1 && t <= 16 && c.head_dim <= 128 && c.head_dim % 4 == 0
+         && (c.num_attention_heads / c.num_key_value_heads) * t <= 64;
+}
+
 target_decoder::output target_decoder::forward(const at::Tensor& ids, bool want_taps,
                                                const at::Tensor& logit_at) {
   at::NoGradGuard no_grad;
-  const auto& c = target_.config();
-  const auto& w = target_.weights();
-  const auto& taps_at = target_.tap_ids();
   const auto b = ids.size(0), t = ids.size(1);
   if (b != batch())
     throw error(errc::bad_input, "target decoder: " + std::to_string(b) + " rows for a cache of "
@@ -98,11 +149,74 @@ target_decoder::output target_decoder::forward(const at::Tensor& ids, bool want_
   if (hi > capacity_)
     throw error(errc::bad_input, "target decoder: " + std::to_string(hi)
                                    + " positions exceed the cache's " + std::to_string(capacity_));
+  const bool kernel = kernel_fits(t);
+#ifdef TANDEM_HAVE_CUDA
+  if (kernel) {
+    // The rows' lengths, where the kernel (and a replayed graph) reads them.
+    auto host = at::tensor(cache_.length, at::TensorOptions().dtype(at::kLong)).pin_memory();
+    lengths_dev_.copy_(host, /*non_blocking=*/true);
+  }
+  if (kernel && graphs_) {
+    const auto device = ids.device();
+    auto& g = graphs_by_shape_[{t, want_taps, logit_at.defined()}];
+    auto current = at::cuda::getCurrentCUDAStream(device.index());
+    if (!g) {
+      auto fresh = std::make_unique<graph>(device);
+      fresh->ids = at::empty_like(ids);
+      if (logit_at.defined())
+        fresh->logit_at = at::empty_like(logit_at);
+      g = std::move(fresh);
+    }
+    // The graph's stream takes over after what the caller queued (the
+    // inputs, the lengths), and the caller's stream after the replay.
+    at::cuda::CUDAEvent before, after;
+    before.record(current);
+    before.block(g->step.stream());
+    {
+      c10::cuda::CUDAStreamGuard on(g->step.stream());
+      g->ids.copy_(ids, true);
+      if (logit_at.defined())
+        g->logit_at.copy_(logit_at, true);
+      if (!g->step.captured()) {
+        // Warm-up (cuBLAS workspaces, the allocator's blocks), then capture;
+        // the warm-up writes the same keys/values the replay writes again.
+        run(g->ids, want_taps, g->logit_at, true);
+        g->step.capture([&] { g->out = run(g->ids, want_taps, g->logit_at, true); }, {});
+      }
+      g->step.replay();
+      ++replays_;
+      after.record(g->step.stream());
+    }
+    after.block(current);
+    // Copies: the graph's outputs are overwritten by its next replay.
+    output out;
+    out.logits = g->out.logits.clone();
+    if (want_taps)
+      out.taps = g->out.taps.clone();
+    return out;
+  }
+#endif
+  return run(ids, want_taps, logit_at, kernel);
+}
+
+target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps,
+                                           const at::Tensor& logit_at, bool kernel) {
+  const auto& c = target_.config();
+  const auto& w = target_.weights();
+  const auto& taps_at = target_.tap_ids();
+  const auto b = ids.size(0), t = ids.size(1);
   const auto device = w.embed.device();
-  auto start = lengths_tensor(cache_.length, device);
-  auto pos = positions_after(start, t);                                           // [B, T]
-  auto keys = at::arange(hi, start.options());
-  auto visible = (keys.view({1, 1, hi}) <= pos.unsqueeze(2)).unsqueeze(1);       // [B, 1, T, hi]
+  at::Tensor pos, visible;
+  int64_t hi = 0;
+  if (kernel) {
+    pos = positions_after(lengths_dev_, t);  // every length from device memory: graph-safe
+  } else {
+    hi = max_of(cache_.length) + t;
+    auto start = lengths_tensor(cache_.length, device);
+    pos = positions_after(start, t);                                              // [B, T]
+    auto keys = at::arange(hi, start.options());
+    visible = (keys.view({1, 1, hi}) <= pos.unsqueeze(2)).unsqueeze(1);          // [B, 1, T, hi]
+  }
   auto [cos, sin] = rope_tables(pos, c.head_dim, c.rope_theta);
   const layer_dims d{c.hidden_size, c.intermediate_size, c.num_attention_heads,
                      c.num_key_value_heads, c.head_dim, c.rms_norm_eps};
@@ -114,13 +228,43 @@ target_decoder::output target_decoder::forward(const at::Tensor& ids, bool want_
     auto q = project_q(h, l, d, cos, sin);
     write_cache(cache_.k[i], project_k(h, l, d, cos, sin), pos);
     write_cache(cache_.v[i], project_v(h, l, d), pos);
-    auto k = cache_.k[i].narrow(2, 0, hi), v = cache_.v[i].narrow(2, 0, hi);
-    x = x + at::linear(masked_attention(q, k, v, visible, d.head_dim), l.o_proj);
+    at::Tensor attn;
+    if (kernel) {
+#ifdef TANDEM_HAVE_CUDA
+      auto qc = q.contiguous();  // [B, H, T, h]
+      auto o = at::empty({b, t, d.heads, d.head_dim}, qc.options());
+      kernels::decode_attention_args a;
+      a.batch = static_cast<int>(b);
+      a.heads = static_cast<int>(d.heads);
+      a.kv_heads = static_cast<int>(d.kv_heads);
+      a.queries = static_cast<int>(t);
+      a.head_dim = static_cast<int>(d.head_dim);
+      a.capacity = static_cast<int>(capacity_);
+      a.splits = splits_;
+      a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+      a.dtype = qc.scalar_type() == at::kBFloat16 ? kernels::attn_dtype::bf16
+                : qc.scalar_type() == at::kHalf   ? kernels::attn_dtype::fp16
+                                                  : kernels::attn_dtype::fp32;
+      a.q = qc.data_ptr();
+      a.k = cache_.k[i].data_ptr();
+      a.v = cache_.v[i].data_ptr();
+      a.lengths = lengths_dev_.data_ptr<int64_t>();
+      a.out = o.data_ptr();
+      a.workspace = workspace_.data_ptr<float>();
+      if (!kernels::decode_attention(a, at::cuda::getCurrentCUDAStream()))
+        throw error(errc::bad_input, "target decoder: decode attention refused its shapes");
+      attn = o.view({b, t, d.heads * d.head_dim});
+#endif
+    } else {
+      auto k = cache_.k[i].narrow(2, 0, hi), v = cache_.v[i].narrow(2, 0, hi);
+      attn = masked_attention(q, k, v, visible, d.head_dim);
+    }
+    x = x + at::linear(attn, l.o_proj);
     x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
     if (want_taps)
       for (size_t j = 0; j < taps_at.size(); ++j)
         if (taps_at[j] == static_cast<int64_t>(i))
-          taps[j] = x;
+          taps[j] = target_.tap_of(x, static_cast<int64_t>(i));
   }
   output out;
   if (want_taps)

@@ -5,6 +5,15 @@
 /// The same code runs eagerly on the CPU and on CUDA; speculative decoding
 /// on top of the two: speculative.hpp.
 ///
+/// On CUDA, a target forward of T ≤ 16 new positions per row (a decode
+/// step, a verified block) attends with the split-K decode kernel
+/// (gpu/kernels/decode_attention.hpp), which reads the rows' lengths from
+/// device memory and covers the whole cache: its shapes never change, so
+/// each (T, taps, logit_at) forward is captured once as a CUDA graph and
+/// replayed (TANDEM_DECODE=eager in the environment: the kernel without
+/// graphs; TANDEM_DECODE=sdpa: SDPA, as on the CPU; for comparisons).  Longer forwards (a prefill) and the CPU run eagerly with
+/// SDPA over the longest row.
+///
 /// Positions: row b of a decoder holds `length(b)` committed positions
 /// 0 … length(b)−1.  A forward writes its T new positions after them
 /// (length(b) … length(b)+T−1) without committing them; set_length commits
@@ -13,6 +22,10 @@
 /// past the row's length and is overwritten before it is ever seen.
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu/models/dflash.hpp"
@@ -34,7 +47,9 @@ public:
   /// Caches for `batch` rows of `capacity` positions (prompt + new tokens +
   /// one block), on the target's device and in its dtype.  The target must
   /// have been loaded with its head (qwen3_target::load(..., with_head)).
-  target_decoder(const qwen3_target& target, int64_t batch, int64_t capacity);
+  /// `mode` ("" = TANDEM_DECODE, else "graphs"): "graphs", "eager" or
+  /// "sdpa", as above.
+  target_decoder(const qwen3_target& target, int64_t batch, int64_t capacity, const std::string& mode = "");
 
   struct output {
     at::Tensor logits;  ///< [B, T, V] float32 (T = 1 with `logit_at`)
@@ -53,11 +68,27 @@ public:
   int64_t batch() const { return static_cast<int64_t>(cache_.length.size()); }
   void reset();  ///< every row empty
   const qwen3_target& target() const { return target_; }
+  /// Forwards replayed from a captured graph so far (0 on the CPU).
+  int64_t replays() const { return replays_; }
+  ~target_decoder();
 
 private:
+  /// The forward itself (eager, or the body a graph captures); `kernel`:
+  /// attention through the decode kernel over the whole cache.
+  output run(const at::Tensor& ids, bool want_taps, const at::Tensor& logit_at, bool kernel);
+  bool kernel_fits(int64_t t) const;
+
+  struct graph;
   const qwen3_target& target_;
   int64_t capacity_;
   kv_cache cache_;
+  at::Tensor lengths_dev_;   ///< [B] int64 on the device: cache_.length, for the kernel
+  at::Tensor workspace_;     ///< the kernel's fp32 partials, sized for T = 16
+  int splits_ = 1;
+  bool graphs_ = false;
+  bool kernel_ = true;
+  std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<graph>> graphs_by_shape_;
+  int64_t replays_ = 0;
 };
 
 /// The DFlash drafter in inference: per layer, the keys/values of the fused

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -48,9 +49,9 @@ drafter_location checkpoint_location(const fs::path& dir) {
   return loc;
 }
 
-int64_t shape_field(const json& d, const char* name, const fs::path& file) {
+int64_t shape_field(const json& d, const char* name, const std::string& where) {
   if (!d.contains(name) || !d[name].is_number_integer())
-    fail(file.string() + ": field 'drafter." + std::string(name) + "' is missing or not an integer");
+    fail(where + ": field 'drafter." + std::string(name) + "' is missing or not an integer");
   return d[name].get<int64_t>();
 }
 
@@ -73,6 +74,44 @@ void check_fits(const dflash_config& c, const qwen3_config& t, const std::string
            + " layers");
 }
 
+/// A checkpoint's (or snapshot's) drafter: its shape from `state`
+/// (state.json's "drafter"), its weights by name, on `device` in `dtype`,
+/// checked against the target.  `where` names the source in errors.
+std::pair<dflash_config, dflash_weights> drafter_from_state(const json& state,
+                                                            const std::vector<std::string>& names,
+                                                            const std::vector<at::Tensor>& weights,
+                                                            const std::string& where,
+                                                            const qwen3_config& target,
+                                                            const fs::path& target_dir, at::Device device,
+                                                            at::ScalarType dtype) {
+  if (!state.contains("drafter") || !state["drafter"].is_object())
+    fail(where + ": field 'drafter' is missing or not an object");
+  const auto& d = state["drafter"];
+  dflash_config cfg;
+  cfg.layer = target;  // the drafter's layers take the target's shape and RoPE (drafter_engine)
+  cfg.layer.num_hidden_layers = shape_field(d, "num_hidden_layers", where);
+  cfg.layer.hidden_size = shape_field(d, "hidden_size", where);
+  cfg.layer.intermediate_size = shape_field(d, "intermediate_size", where);
+  cfg.layer.num_attention_heads = shape_field(d, "num_attention_heads", where);
+  cfg.layer.num_key_value_heads = shape_field(d, "num_key_value_heads", where);
+  cfg.layer.head_dim = shape_field(d, "head_dim", where);
+  cfg.layer.vocab_size = shape_field(d, "vocab_size", where);
+  cfg.block_size = shape_field(d, "block_size", where);
+  cfg.num_target_layers = shape_field(d, "num_target_layers", where);
+  cfg.mask_token_id = shape_field(d, "mask_token_id", where);
+  if (!d.contains("target_layer_ids") || !d["target_layer_ids"].is_array())
+    fail(where + ": field 'drafter.target_layer_ids' is missing or not an array");
+  cfg.target_layer_ids = d["target_layer_ids"].get<std::vector<int64_t>>();
+  check_fits(cfg, target, where, target_dir);
+  std::map<std::string, at::Tensor> tensors;
+  for (size_t i = 0; i < names.size() && i < weights.size(); ++i)
+    tensors[names[i]] = weights[i];
+  auto w = dflash_weights_from(tensors, cfg, dtype, where);
+  for (auto& [name, p] : dflash_parameters(w))
+    *p = p->to(device);
+  return {std::move(cfg), std::move(w)};
+}
+
 /// The drafter's config and weights (on `device`, in `dtype`), checked against the target.
 std::pair<dflash_config, dflash_weights> load_drafter(const drafter_location& loc,
                                                       const qwen3_config& target,
@@ -84,31 +123,8 @@ std::pair<dflash_config, dflash_weights> load_drafter(const drafter_location& lo
     return {std::move(cfg), std::move(w)};
   }
   const auto ck = read_checkpoint(loc.dir);
-  const auto file = loc.dir / "state.json";
-  const auto& d = ck.state.at("drafter");
-  dflash_config cfg;
-  cfg.layer = target;  // the drafter's layers take the target's shape and RoPE (drafter_engine)
-  cfg.layer.num_hidden_layers = shape_field(d, "num_hidden_layers", file);
-  cfg.layer.hidden_size = shape_field(d, "hidden_size", file);
-  cfg.layer.intermediate_size = shape_field(d, "intermediate_size", file);
-  cfg.layer.num_attention_heads = shape_field(d, "num_attention_heads", file);
-  cfg.layer.num_key_value_heads = shape_field(d, "num_key_value_heads", file);
-  cfg.layer.head_dim = shape_field(d, "head_dim", file);
-  cfg.layer.vocab_size = shape_field(d, "vocab_size", file);
-  cfg.block_size = shape_field(d, "block_size", file);
-  cfg.num_target_layers = shape_field(d, "num_target_layers", file);
-  cfg.mask_token_id = shape_field(d, "mask_token_id", file);
-  if (!d.contains("target_layer_ids") || !d["target_layer_ids"].is_array())
-    fail(file.string() + ": field 'drafter.target_layer_ids' is missing or not an array");
-  cfg.target_layer_ids = d["target_layer_ids"].get<std::vector<int64_t>>();
-  check_fits(cfg, target, loc.dir.string(), target_dir);
-  std::map<std::string, at::Tensor> tensors;
-  for (size_t i = 0; i < ck.names.size(); ++i)
-    tensors[ck.names[i]] = ck.weights[i];
-  auto w = dflash_weights_from(tensors, cfg, dtype, (loc.dir / "weights.safetensors").string());
-  for (auto& [name, p] : dflash_parameters(w))
-    *p = p->to(device);
-  return {std::move(cfg), std::move(w)};
+  return drafter_from_state(ck.state, ck.names, ck.weights, (loc.dir / "state.json").string(), target,
+                            target_dir, device, dtype);
 }
 
 fs::path resolve_target(const fs::path& given, const drafter_location& loc, const char* who) {
@@ -165,6 +181,61 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
+/// The report's speculative figures, prompt by prompt (run_eval and
+/// eval_engine alike: the dflash package's definitions).
+struct report_builder {
+  std::vector<double> spec_tpot, taus;
+  double spec_time = 0;
+  int64_t spec_decoded = 0;
+
+  /// Prompt p's speculative generation `g`: into p and the report's histogram and counts.
+  void add(eval_report& r, eval_prompt& p, const generation& g) {
+    p.tokens = g.tokens;
+    p.produced = g.produced;
+    p.prefill_s = g.prefill_s;
+    p.decode_s = g.decode_s;
+    if (!g.produced.empty()) {
+      p.tau = std::accumulate(g.produced.begin(), g.produced.end(), 0.0)
+              / static_cast<double>(g.produced.size());
+      taus.push_back(p.tau);
+    }
+    for (auto k : g.produced)
+      ++r.histogram.at(static_cast<size_t>(k));
+    r.cycles += static_cast<int64_t>(g.produced.size());
+    r.new_tokens += static_cast<int64_t>(g.tokens.size());
+    spec_tpot.push_back(g.decode_s / static_cast<double>(g.tokens.size()));
+    spec_time += g.decode_s;
+    spec_decoded += static_cast<int64_t>(g.tokens.size()) - 1;
+  }
+
+  /// τ (over cycles and over prompts) and the decode rate.
+  void finish(eval_report& r) const {
+    int64_t produced_sum = 0;
+    for (size_t k = 0; k < r.histogram.size(); ++k)
+      produced_sum += static_cast<int64_t>(k) * r.histogram[k];
+    r.tau = r.cycles ? static_cast<double>(produced_sum) / static_cast<double>(r.cycles) : 0.0;
+    r.tau_prompt_mean = mean(taus);
+    r.spec_tokens_per_s = spec_time > 0 ? static_cast<double>(spec_decoded) / spec_time : 0.0;
+  }
+};
+
+/// Every prompt non-empty and inside the vocabulary; the longest's length.
+size_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t vocab, const char* who) {
+  if (prompts.empty())
+    fail(std::string(who) + ": no prompts");
+  size_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty())
+      fail(std::string(who) + ": prompt " + std::to_string(i) + " is empty");
+    for (auto id : prompts[i])
+      if (id < 0 || id >= vocab)
+        fail(std::string(who) + ": prompt " + std::to_string(i) + " holds token " + std::to_string(id)
+             + ", outside the target's vocabulary of " + std::to_string(vocab));
+    longest = std::max(longest, prompts[i].size());
+  }
+  return longest;
+}
+
 } // namespace
 
 drafter_location locate_drafter(const fs::path& path) {
@@ -199,8 +270,6 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   const auto device = detail::engine_device(o.device, "tandem eval");
   const auto dtype = detail::engine_dtype(o.dtype, device, "tandem eval");
   detail::device_scope scope(device);
-  if (o.prompts.empty())
-    fail("tandem eval: no prompts");
   if (o.max_new_tokens < 1)
     fail("tandem eval: --max-new-tokens must be at least 1");
   if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
@@ -214,16 +283,7 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   if (bs > cfg.block_size)
     fail("tandem eval: block size " + std::to_string(bs) + " exceeds the drafter's "
          + std::to_string(cfg.block_size));
-  size_t longest = 0;
-  for (size_t i = 0; i < o.prompts.size(); ++i) {
-    if (o.prompts[i].empty())
-      fail("tandem eval: prompt " + std::to_string(i) + " is empty");
-    for (auto id : o.prompts[i])
-      if (id < 0 || id >= tcfg.vocab_size)
-        fail("tandem eval: prompt " + std::to_string(i) + " holds token " + std::to_string(id)
-             + ", outside the target's vocabulary of " + std::to_string(tcfg.vocab_size));
-    longest = std::max(longest, o.prompts[i].size());
-  }
+  const auto longest = check_prompts(o.prompts, tcfg.vocab_size, "tandem eval");
   const auto capacity = static_cast<int64_t>(longest) + o.max_new_tokens + 1;
   target_decoder td(target, 1, capacity);
   drafter_decoder dd(cfg, w, target.embedding(), target.lm_head(), 1, capacity);
@@ -254,29 +314,15 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   // bfloat16 logits of a block and of one token differ by rounding; a gap
   // this small may flip the argmax (tolerances: docs/bench.md).  float32: none.
   r.near_tie_margin = dtype == at::kFloat ? 0.0 : 0.25;
-  std::vector<double> spec_tpot, base_tpot, taus;
-  double spec_time = 0, base_time = 0;
-  int64_t spec_decoded = 0, base_decoded = 0;
+  report_builder built;
+  std::vector<double> base_tpot;
+  double base_time = 0;
+  int64_t base_decoded = 0;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     eval_prompt p;
     p.prompt_tokens = static_cast<int64_t>(o.prompts[i].size());
     auto g = speculative_generate(td, &dd, o.prompts[i], so, gen);
-    p.tokens = g.tokens;
-    p.produced = g.produced;
-    p.prefill_s = g.prefill_s;
-    p.decode_s = g.decode_s;
-    if (!g.produced.empty()) {
-      p.tau = std::accumulate(g.produced.begin(), g.produced.end(), 0.0)
-              / static_cast<double>(g.produced.size());
-      taus.push_back(p.tau);
-    }
-    for (auto k : g.produced)
-      ++r.histogram.at(k);
-    r.cycles += static_cast<int64_t>(g.produced.size());
-    r.new_tokens += static_cast<int64_t>(g.tokens.size());
-    spec_tpot.push_back(g.decode_s / static_cast<double>(g.tokens.size()));
-    spec_time += g.decode_s;
-    spec_decoded += static_cast<int64_t>(g.tokens.size()) - 1;
+    built.add(r, p, g);
     if (o.baseline) {
       auto b = speculative_generate(td, nullptr, o.prompts[i], base_opts, gen);
       p.baseline_decode_s = b.decode_s;
@@ -312,15 +358,10 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
     if (progress)
       progress(i + 1, o.prompts.size());
   }
-  int64_t produced_sum = 0;
-  for (size_t k = 0; k < r.histogram.size(); ++k)
-    produced_sum += static_cast<int64_t>(k) * r.histogram[k];
-  r.tau = r.cycles ? static_cast<double>(produced_sum) / static_cast<double>(r.cycles) : 0.0;
-  r.tau_prompt_mean = mean(taus);
-  r.spec_tokens_per_s = spec_time > 0 ? static_cast<double>(spec_decoded) / spec_time : 0.0;
+  built.finish(r);
   r.baseline_tokens_per_s = base_time > 0 ? static_cast<double>(base_decoded) / base_time : 0.0;
-  if (o.baseline && mean(spec_tpot) > 0)
-    r.speedup = mean(base_tpot) / mean(spec_tpot);
+  if (o.baseline && mean(built.spec_tpot) > 0)
+    r.speedup = mean(base_tpot) / mean(built.spec_tpot);
   if (o.reference_drafters) {
     const auto untrained = untrained_weights(cfg, device, dtype, o.seed + 1);
     drafter_decoder ud(cfg, untrained, target.embedding(), target.lm_head(), 1, capacity);
@@ -333,6 +374,106 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   }
   return r;
 }
+
+struct eval_engine::impl {
+  eval_engine_options o;
+  at::Device device{at::kCPU};
+  at::ScalarType dtype = at::kFloat;
+  qwen3_config tcfg;
+  int64_t capacity = 0;
+  std::optional<qwen3_target> target;
+  std::vector<int64_t> taps;  ///< the target's, as loaded
+  dflash_config cfg;
+  dflash_weights w;
+  std::unique_ptr<target_decoder> td;
+  std::unique_ptr<drafter_decoder> dd;
+  std::optional<at::Generator> gen;
+  speculative_options so;
+  eval_report r;
+  report_builder built;
+  size_t next_prompt = 0;
+};
+
+eval_engine::eval_engine(eval_engine_options o) : impl_(std::make_unique<impl>()) {
+  auto& m = *impl_;
+  m.device = detail::engine_device(o.device, "eval");
+  m.dtype = detail::engine_dtype(o.dtype, m.device, "eval");
+  if (o.max_new_tokens < 1)
+    fail("eval: max_new_tokens must be at least 1");
+  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+    fail("eval: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+  m.tcfg = load_qwen3_config(o.target_dir);
+  const auto longest = check_prompts(o.prompts, m.tcfg.vocab_size, "eval");
+  m.capacity = static_cast<int64_t>(longest) + o.max_new_tokens + 1;
+  m.so.max_new_tokens = o.max_new_tokens;
+  m.so.stop_ids = o.stop_ids;
+  m.so.sampling = {o.temperature, o.top_p, o.top_k};
+  m.o = std::move(o);
+}
+
+eval_engine::~eval_engine() = default;
+
+void eval_engine::begin(transport::handle snap) {
+  auto& m = *impl_;
+  detail::device_scope scope(m.device);
+  const auto s = read_snapshot_weights(snap);
+  const auto where = "the drafter snapshot of step " + std::to_string(s.step);
+  m.dd.reset();
+  std::tie(m.cfg, m.w) = drafter_from_state(s.state, s.names, s.weights, where, m.tcfg, m.o.target_dir,
+                                            m.device, m.dtype);
+  for (auto& [name, p] : dflash_parameters(m.w))
+    if (p->device() == s.weights.front().device())
+      *p = p->clone();  // never a view of the snapshot, which its owner releases
+  if (!m.target || m.taps != m.cfg.target_layer_ids) {
+    m.td.reset();
+    m.target.reset();
+    m.target.emplace(qwen3_target::load(m.o.target_dir, m.device, m.dtype, m.cfg.target_layer_ids, true));
+    m.taps = m.cfg.target_layer_ids;
+    // SDPA, no graphs: inside a training run a captured decode graph on a
+    // GPU the training shares was seen to fail the target actor once
+    // ("invalid argument", H200, 12-epoch default): not understood yet.
+    m.td = std::make_unique<target_decoder>(*m.target, 1, m.capacity, "sdpa");
+    m.gen.emplace(detail::private_generator(m.device, m.o.seed));
+  }
+  m.dd = std::make_unique<drafter_decoder>(m.cfg, m.w, m.target->embedding(), m.target->lm_head(), 1, m.capacity);
+  m.so.block_size = m.cfg.block_size;
+  m.r = eval_report{};
+  m.r.target = m.o.target_dir.string();
+  m.r.drafter = where;
+  m.r.drafter_kind = "snapshot";
+  m.r.drafter_step = s.step;
+  m.r.device = m.device.str();
+  m.r.dtype = detail::dtype_name(m.dtype);
+  m.r.block_size = m.cfg.block_size;
+  m.r.max_new_tokens = m.o.max_new_tokens;
+  m.r.temperature = m.o.temperature;
+  m.r.top_p = m.o.top_p;
+  m.r.top_k = m.o.top_k;
+  m.r.histogram.assign(static_cast<size_t>(m.cfg.block_size) + 1, 0);
+  m.built = report_builder{};
+  m.next_prompt = 0;
+}
+
+bool eval_engine::next() {
+  auto& m = *impl_;
+  if (!m.dd)
+    fail("eval: next() before begin()");
+  if (m.next_prompt >= m.o.prompts.size())
+    return false;
+  detail::device_scope scope(m.device);
+  const auto& prompt = m.o.prompts[m.next_prompt++];
+  eval_prompt p;
+  p.prompt_tokens = static_cast<int64_t>(prompt.size());
+  const auto g = speculative_generate(*m.td, m.dd.get(), prompt, m.so, *m.gen);
+  m.built.add(m.r, p, g);
+  m.r.prompts.push_back(std::move(p));
+  m.built.finish(m.r);
+  return m.next_prompt < m.o.prompts.size();
+}
+
+size_t eval_engine::done() const { return impl_->next_prompt; }
+size_t eval_engine::total() const { return impl_->o.prompts.size(); }
+eval_report eval_engine::report() const { return impl_->r; }
 
 std::string eval_json(const eval_report& r) {
   json j{{"schema", "tandem.eval.v1"},

@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "gpu/transport/transport.hpp"
 
 namespace tandem::gpu {
 
@@ -101,6 +104,51 @@ eval_report run_eval(const eval_options& o,
 
 /// The report as one JSON line (schema "tandem.eval.v1"), per-prompt figures included.
 std::string eval_json(const eval_report& r);
+
+/// Real τ during training (the eval actor's engine, config [eval]): the
+/// target, loaded once (at the first evaluation: the snapshot says which
+/// layers to tap), and held-out prompts; each evaluation takes the weights
+/// of a drafter snapshot (drafter_engine::snapshot) and decodes one prompt
+/// per call to next(), so that its actor serves its mailbox between
+/// prompts.  No baseline, no references: τ, its histogram, tokens/s.  All
+/// calls on one thread (it owns the device work).
+struct eval_engine_options {
+  std::filesystem::path target_dir;
+  std::vector<std::vector<int64_t>> prompts;  ///< token ids, rendered with the chat template
+  std::vector<int64_t> stop_ids;
+  int64_t max_new_tokens = 128;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  int32_t device = -1;                        ///< −1: the CPU; n: CUDA device n
+  std::string dtype = "auto";
+  uint64_t seed = 0;
+};
+
+class eval_engine {
+public:
+  /// Checks the options and the target's config (not its weights yet).
+  /// Throws gpu::error(bad_input) naming what is wrong.
+  explicit eval_engine(eval_engine_options o);
+  ~eval_engine();
+  eval_engine(const eval_engine&) = delete;
+  eval_engine& operator=(const eval_engine&) = delete;
+
+  /// Starts an evaluation of snapshot `snap`'s weights (copied: the caller
+  /// may release the handle once this returns).  Throws gpu::error
+  /// (bad_input: not a snapshot of a drafter that fits the target).
+  void begin(transport::handle snap);
+  /// Decodes the next prompt; true while prompts remain after it.
+  bool next();
+  size_t done() const;
+  size_t total() const;
+  /// The evaluation begun last (drafter_step: the snapshot's step).
+  eval_report report() const;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
 
 struct generate_options {
   std::filesystem::path target_dir;

@@ -233,27 +233,53 @@ transport::handle publish_snapshot(const snapshot_parts& parts) {
   return transport::publish(std::move(p));
 }
 
-void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std::string& extra_json) {
-  const auto dir = without_trailing_slash(dir_in);
-  const auto where = "snapshot " + std::to_string(snap);
-  auto t = transport::acquire(snap, at::Device(at::kCPU));
-  if (t.size() < 2 || t[0].scalar_type() != at::kByte || t[0].dim() != 1)
-    throw error(errc::bad_input, where + " is not a drafter snapshot");
-  const auto bytes = t[0].contiguous();
-  std::string text(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
-                   static_cast<size_t>(bytes.numel()));
+namespace {
+
+/// A snapshot's tensors, its state.json text, the state parsed and the
+/// parameter names, checked for shape.
+struct opened_snapshot {
+  std::vector<at::Tensor> t;
+  std::string text;
   json state;
   std::vector<std::string> names;
+};
+
+opened_snapshot open_snapshot(transport::handle snap) {
+  const auto where = "snapshot " + std::to_string(snap);
+  opened_snapshot o;
+  o.t = transport::acquire(snap, at::Device(at::kCPU));
+  if (o.t.size() < 2 || o.t[0].scalar_type() != at::kByte || o.t[0].dim() != 1)
+    throw error(errc::bad_input, where + " is not a drafter snapshot");
+  const auto bytes = o.t[0].contiguous();
+  o.text.assign(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
   try {
-    state = json::parse(text);
-    names = state.at("parameters").get<std::vector<std::string>>();
+    o.state = json::parse(o.text);
+    o.names = o.state.at("parameters").get<std::vector<std::string>>();
   } catch (const json::exception& e) {
     throw error(errc::bad_input, where + ": malformed state: " + e.what());
   }
+  if (o.t.size() != 2 + 3 * o.names.size())
+    throw error(errc::bad_input, where + " has " + std::to_string(o.t.size()) + " tensors, expected "
+                                   + std::to_string(2 + 3 * o.names.size()));
+  return o;
+}
+
+} // namespace
+
+snapshot_weights read_snapshot_weights(transport::handle snap) {
+  auto o = open_snapshot(snap);
+  snapshot_weights w;
+  w.step = o.state.value("step", int64_t{0});
+  w.state = std::move(o.state);
+  w.names = std::move(o.names);
+  w.weights.assign(o.t.begin() + 2, o.t.begin() + 2 + static_cast<std::ptrdiff_t>(w.names.size()));
+  return w;
+}
+
+void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std::string& extra_json) {
+  const auto dir = without_trailing_slash(dir_in);
+  auto [t, text, state, names] = open_snapshot(snap);
   const auto p = names.size();
-  if (t.size() != 2 + 3 * p)
-    throw error(errc::bad_input, where + " has " + std::to_string(t.size()) + " tensors, expected "
-                                   + std::to_string(2 + 3 * p));
   if (!extra_json.empty() && !json::accept(extra_json))
     fail(dir, "extra state is not JSON: " + extra_json.substr(0, 80));
   state["extra"] = extra_json;

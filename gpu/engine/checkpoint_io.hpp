@@ -36,6 +36,19 @@ struct snapshot_parts {
 
 transport::handle publish_snapshot(const snapshot_parts& parts);
 
+/// The weights of snapshot `snap` (not released): its state (state.json's
+/// fields, without `extra`), the parameter names in order and the CPU fp32
+/// weights (views of the snapshot's own tensors: copy them before the
+/// handle is released).  Throws gpu::error(bad_input) for a handle that is
+/// not a drafter snapshot.
+struct snapshot_weights {
+  nlohmann::json state;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> weights;
+  int64_t step = 0;
+};
+snapshot_weights read_snapshot_weights(transport::handle snap);
+
 /// A checkpoint read back and checked for consistency with itself (every
 /// listed parameter present with its moments of the same shape, fp32; step
 /// in state.json = the optimizer's).  Tensors are CPU, read-only mappings.

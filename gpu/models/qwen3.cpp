@@ -40,6 +40,9 @@ qwen3_weights qwen3_weights_from(const std::map<std::string, at::Tensor>& t,
   } else {
     w.lm_head = take_tensor(t, "lm_head.weight", {c.vocab_size, c.hidden_size}, dtype, file);
   }
+  // A tap of the last layer is taken after the final norm (HF hidden_states[L]).
+  if (!w.final_norm.defined() && n == c.num_hidden_layers)
+    w.final_norm = take_tensor(t, "model.norm.weight", {c.hidden_size}, dtype, file);
   return w;
 }
 
@@ -122,6 +125,14 @@ at::Tensor qwen3_attention(const at::Tensor& x, const decoder_layer_weights& w,
   return at::linear(out.transpose(1, 2).reshape({b, s, d.heads * d.head_dim}), w.o_proj);
 }
 
+at::Tensor qwen3_target::tap_of(const at::Tensor& x, int64_t layer) const {
+  if (layer != cfg_.num_hidden_layers - 1)
+    return x;
+  if (!w_.final_norm.defined())
+    throw error(errc::bad_input, "a tap of the last layer needs the target's final norm (model.norm.weight)");
+  return rms_norm(x, w_.final_norm, cfg_.rms_norm_eps);
+}
+
 qwen3_output qwen3_target::run(const at::Tensor& input_ids, const at::Tensor& positions,
                                const at::Tensor& visible, bool want_logits) const {
   at::NoGradGuard no_grad;
@@ -140,7 +151,7 @@ qwen3_output qwen3_target::run(const at::Tensor& input_ids, const at::Tensor& po
     x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
     for (size_t t = 0; t < tap_ids_.size(); ++t)
       if (tap_ids_[t] == i)
-        taps[t] = x;
+        taps[t] = tap_of(x, i);
   }
   qwen3_output out;
   out.taps = at::cat(taps, -1);

@@ -37,6 +37,9 @@ class qwen3_target {
 public:
   /// `tap_ids`: 0-indexed decoder layers whose outputs are tapped (HF
   /// hidden_states[id + 1]); empty means DFLASH.md's default for 5 taps.
+  /// As in HF (and so in the dflash package and the serving engines that
+  /// follow it), the last layer's hidden state, hidden_states[L], is taken
+  /// after the final norm; every other tap is the raw residual stream.
   qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<int64_t> tap_ids = {});
 
   /// Loads config.json + safetensors (single file or sharded) from `dir`
@@ -60,6 +63,9 @@ public:
   const at::Tensor& embedding() const { return w_.embed; }  ///< [V, D]
   const at::Tensor& lm_head() const { return w_.lm_head; }  ///< [V, D]
   const qwen3_weights& weights() const { return w_; }        ///< for the decoder (gpu/decode/)
+  /// Layer `layer`'s output `x` as a tap: x, or for the last layer
+  /// final_norm(x) (HF hidden_states[L]).
+  at::Tensor tap_of(const at::Tensor& x, int64_t layer) const;
 
 private:
   qwen3_output run(const at::Tensor& input_ids, const at::Tensor& positions,

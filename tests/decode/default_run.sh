@@ -4,13 +4,17 @@
 #                   which use the drafter it trains): `tandem run config/default.toml`
 #                   trains a drafter on the conversations the tiny target regenerated;
 #   default_run.sh tau   TANDEM PYTHON SOURCE RUN_DIR   `tandem eval` measures real speculative decoding on the
-# held-out prompts (config/default/data/eval.jsonl) with the untrained-drafter
-# and prompt-lookup references beside it.  Fails if τ ≤ 2.0, if τ does not
-# beat prompt lookup by at least 10%, or if greedy speculative decoding ever
-# differs from target-only decoding.  Leaves RUN_DIR (the run) and
-# RUN_DIR/eval.json (the report) for the other decode tests.
-# Takes as long as the README says the default takes on the machine (about
-# 10 minutes on 2 cores; longer beside other tests under ctest -j2).
+# held-out prompts (config/default/data/eval.jsonl: the README's command, 8
+# prompts, 128 new tokens) with the untrained-drafter and prompt-lookup
+# references beside it.  Fails if τ ≤ 2.0, if τ does not beat prompt lookup
+# by at least 10%, or if greedy speculative decoding ever differs from
+# target-only decoding.  The run's own real τ ([eval] in config/default.toml:
+# "eval" events in metrics.jsonl, the end summary) must be there, the last of
+# the final step, and equal `tandem eval`'s on the same weights and prompts
+# (float32 on the CPU: the eval actor decodes exactly as `tandem eval` does).
+# Leaves RUN_DIR (the run) and RUN_DIR/eval.json (the report) for the other
+# decode tests.  Training takes as long as the README says the default takes
+# (about 9 minutes on 2 cores; longer beside other tests under ctest -j2).
 set -euo pipefail
 step="$1"; tandem="$2"; python="$3"; source_dir="$4"; run_dir="$5"; shift 5  # then: --set ... for `train`
 start=$(date +%s)
@@ -25,13 +29,17 @@ if [[ "$step" == train ]]; then
   exit 0
 fi
 "$tandem" eval --drafter "$run_dir" --tokenizer "$source_dir/config/default/tokenizer" \
-  --prompts "$source_dir/config/default/data/eval.jsonl" --device cpu --references --json --quiet \
+  --prompts "$source_dir/config/default/data/eval.jsonl" --limit 8 --max-new-tokens 128 --device cpu \
+  --references --json --quiet \
   > "$run_dir/eval.json" 2> "$run_dir.eval.log" || { cat "$run_dir.eval.log"; echo "FAILED: tandem eval"; exit 1; }
 cat "$run_dir.eval.log"
 echo "eval $(( $(date +%s) - start )) s"
-"$python" - "$run_dir/eval.json" <<'EOF'
+"$python" - "$run_dir/eval.json" "$run_dir/metrics.jsonl" "$run_dir.train.log" <<'EOF'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+lines = [json.loads(l) for l in open(sys.argv[2])]
+evals = [l for l in lines if l.get("event") == "eval"]
+end = [l for l in lines if l.get("event") == "end"]
 ref = r["references"]
 tau, lookup, untrained = r["tau"], ref["lookup_tau"], ref["untrained_tau"]
 print(f"tau {tau:.3f} (per-prompt mean {r['tau_prompt_mean']:.3f}); untrained {untrained:.3f}; "
@@ -46,6 +54,20 @@ if tau <= untrained:
     bad.append(f"tau {tau:.3f} <= the untrained drafter's {untrained:.3f}")
 if r["differing_prompts"]:
     bad.append(f"{r['differing_prompts']} prompts differ from target-only greedy decoding (float32 must be exact)")
+# Real tau during training ([eval]): every evaluation answered, the last of
+# the final step, equal to tandem eval's on the same checkpoint and prompts.
+print("run's evaluations:", [(e["step"], round(e.get("tau", 0), 3), e.get("error", "")) for e in evals])
+if not evals or any("error" in e for e in evals):
+    bad.append("the run's eval events are missing or failed")
+elif not end or evals[-1]["step"] != end[-1]["steps"]:
+    bad.append(f"the last evaluation (step {evals[-1]['step']}) is not of the final step {end and end[-1]['steps']}")
+elif r["drafter_step"] != evals[-1]["step"] or abs(evals[-1]["tau"] - tau) > 1e-9:
+    bad.append(f"the run's final tau {evals[-1]['tau']!r} (step {evals[-1]['step']}) differs from tandem eval's "
+               f"{tau!r} (step {r['drafter_step']})")
+elif evals[-1]["histogram"] != r["histogram"]:
+    bad.append("the run's final histogram differs from tandem eval's")
+if "tau " not in open(sys.argv[3]).read():
+    bad.append("the run's end summary does not give tau")
 for b in bad:
     print("FAILED:", b)
 sys.exit(1 if bad else 0)

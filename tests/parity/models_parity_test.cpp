@@ -63,6 +63,23 @@ TEST(parity, target_stopping_after_deepest_tap_gives_same_taps) {
   EXPECT_THROW(target.forward(ref.at("input_ids"), true), tandem::gpu::error);
 }
 
+TEST(parity, a_tap_of_the_last_layer_is_hf_hidden_states_after_the_final_norm) {
+  // HF's hidden_states[L] (what the dflash package and the serving engines
+  // read for target layer L-1) is the final norm's output; every other
+  // hidden_states[id+1] is the raw residual stream.  Both loads: with the
+  // head, and stopping after the deepest tap (which is then the last layer).
+  auto ref = reference("qwen3_tiny");
+  const auto hs = ref.at("hidden_states");  // [L+1, B, T, D]
+  const int64_t layers = hs.size(0) - 1;
+  const auto expected = at::cat({hs[1], hs[layers]}, -1);
+  for (bool with_head : {true, false}) {
+    SCOPED_TRACE(with_head ? "with head" : "stopping after the deepest tap");
+    auto target = qwen3_target::load(fixtures() / "qwen3_tiny", at::kCPU, at::kFloat, {0, layers - 1}, with_head);
+    auto out = target.forward(ref.at("input_ids"));
+    EXPECT_REL(out.taps, expected, tol::target_rel);
+  }
+}
+
 TEST(parity, packed_documents_attend_only_within_themselves) {
   auto ref = reference("qwen3_tiny");
   auto target = qwen3_target::load(fixtures() / "qwen3_tiny", at::kCPU, at::kFloat, {}, true);

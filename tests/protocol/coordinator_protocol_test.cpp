@@ -849,6 +849,80 @@ CAF_TEST(restore points in shared memory are taken every host_every steps and co
   check_handles_released();
 }
 
+CAF_TEST(evaluations take snapshots every eval_every steps and the final weights once) {
+  // eval_every 2 over a 6-step epoch: evaluations of steps 2, 4 and 6, each
+  // an "eval" event; the epoch's checkpoint at step 6 follows the eval's
+  // snapshot of that step; step 6 is evaluated already, so the end adds none.
+  setup s;
+  s.opts.eval_every = 2;
+  spawn_all(s);
+  auto ev = sys.spawn(fake_eval, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(ev));
+  peers.eval = ev;
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->evaluated, (std::vector<int64_t>{2, 4, 6}));
+  auto evals = w->events_named("eval");
+  CAF_REQUIRE_EQUAL(evals.size(), 3u);
+  CAF_CHECK_EQUAL(evals[2]["step"], 6);
+  CAF_CHECK_EQUAL(evals[2]["tau"], 1.6);
+  CAF_CHECK_EQUAL(w->summary->eval_step, 6);
+  CAF_CHECK_EQUAL(w->summary->eval_tau, 1.6);
+  auto ckpts = w->events_named("checkpoint");
+  CAF_REQUIRE_EQUAL(ckpts.size(), 1u);
+  CAF_CHECK_EQUAL(ckpts[0]["step"], 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(the run waits for its final evaluation and answers after it) {
+  // eval_every 0, at_end: one evaluation, of the final step, whose event
+  // comes before the end event; the summary carries its τ.
+  setup s;
+  s.opts.max_steps = 3;
+  spawn_all(s);
+  auto ev = sys.spawn(fake_eval, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(ev));
+  peers.eval = ev;
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->evaluated, (std::vector<int64_t>{3}));
+  CAF_CHECK_EQUAL(w->summary->eval_step, 3);
+  size_t eval_at = 0, end_at = 0;
+  for (size_t i = 0; i < w->events.size(); ++i) {
+    if (w->events[i].value("event", "") == "eval")
+      eval_at = i;
+    if (w->events[i].value("event", "") == "end")
+      end_at = i;
+  }
+  CAF_CHECK(eval_at < end_at);
+  check_handles_released();
+}
+
+CAF_TEST(a failed evaluation is an event and training goes on) {
+  setup s;
+  s.opts.eval_every = 2;
+  w->eval_fails = true;
+  spawn_all(s);
+  auto ev = sys.spawn(fake_eval, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(ev));
+  peers.eval = ev;
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  CAF_CHECK_EQUAL(w->summary->eval_step, -1);
+  auto evals = w->events_named("eval");
+  CAF_REQUIRE(!evals.empty());
+  CAF_CHECK_EQUAL(evals[0]["error"], "fake: out of memory");
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
 CAF_TEST(a lost device context fails the run at once without a restart) {
   // device_lost: nothing on the device can run again in this process (no
   // restart, no last snapshot); the end event names the durable step.

@@ -134,6 +134,10 @@ struct peer_world {
   std::vector<nlohmann::json> extras;
   std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> checkpoints;  ///< dir -> (step, weights)
 
+  // -- eval -----------------------------------------------------------------
+  std::vector<int64_t> evaluated;     ///< the steps of the snapshots fake_eval measured
+  bool eval_fails = false;            ///< fake_eval answers with an error
+
   // -- metrics --------------------------------------------------------------
   std::vector<step_report> reports;
   std::vector<nlohmann::json> events;
@@ -493,6 +497,31 @@ fake_host_checkpointer(checkpointer_actor::pointer self, world_ptr w) {
       w->snapshots.erase(snap.handle);
       return "shm/step-" + std::to_string(snap.step);
     },
+    [self](shutdown_atom) { self->quit(); },
+  };
+}
+
+// ---------------------------------------------------------------------- eval
+
+/// The eval actor: "measures" τ = 1 + step / 10 of each snapshot (or fails
+/// with eval_fails), records the step, releases the snapshot.
+inline eval_actor::behavior_type fake_eval(eval_actor::pointer self, world_ptr w) {
+  return {
+    [w](const snapshot_desc& snap) -> eval_event {
+      w->snapshots.erase(snap.handle);
+      eval_event e;
+      e.step = snap.step;
+      if (w->eval_fails) {
+        e.error = "fake: out of memory";
+        return e;
+      }
+      w->evaluated.push_back(snap.step);
+      e.tau = 1.0 + static_cast<double>(snap.step) / 10.0;
+      e.prompts = 2;
+      e.cycles = 10;
+      return e;
+    },
+    [](eval_next_atom) {},
     [self](shutdown_atom) { self->quit(); },
   };
 }

@@ -29,7 +29,7 @@ const std::set<std::string> tested_types{
   "tandem.snapshot_desc", "tandem.run_summary", "tandem.int64_list",
   "tandem.coordinator_peers", "tandem.group_spec", "tandem.bytes",
   "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
-  "tandem.run_event",
+  "tandem.run_event", "tandem.eval_event", "tandem.eval_handle",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -206,6 +206,8 @@ CAF_TEST(every kind of run_event round trips) {
     {checkpoint_skipped_event{40, 20}, "tandem.checkpoint_skipped_event"},
     {restore_point_event{"host", 30, "/dev/shm/tandem-0/run-1/step-30", ""}, "tandem.restore_point_event"},
     {restore_point_event{"host", 40, "", "no space left"}, "tandem.restore_point_event"},
+    {eval_event{400, 2.5, 3.25, 8, 40, 100, 250.0, 4.5, "cuda:0", {0, 20, 10, 10}, ""}, "tandem.eval_event"},
+    {eval_event{800, 0, 0, 0, 0, 0, 0, 0.5, "cpu", {}, "out of memory"}, "tandem.eval_event"},
   };
   for (const auto& [e, name] : cases) {
     CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));
@@ -215,6 +217,17 @@ CAF_TEST(every kind of run_event round trips) {
     TANDEM_CHECK_MSG(contains(text, name), text << " lacks " << name);
   }
   CAF_CHECK_EQUAL(tested_types.count("tandem.run_event"), 1u);
+  // The eval actor's answer travels alone too (messages/eval.hpp), and its handle.
+  const eval_event ev{400, 2.5, 3.25, 8, 40, 100, 250.0, 4.5, "cuda:0", {0, 20, 10, 10}, ""};
+  CAF_CHECK_EQUAL(event_line(run_event{roundtrip(ev)}), event_line(run_event{ev}));
+  CAF_CHECK_EQUAL(event_line(run_event{through_message(ev)}), event_line(run_event{ev}));
+  const run_event as_event = ev;
+  const auto line = event_line(as_event);
+  CAF_MESSAGE("eval line: " << line.dump());
+  CAF_CHECK_EQUAL(line.value("histogram", nlohmann::json()), nlohmann::json::parse("[0, 20, 10, 10]"));
+  CAF_CHECK(!through_message(eval_actor{}));
+  CAF_CHECK_EQUAL(tested_types.count("tandem.eval_event"), 1u);
+  CAF_CHECK_EQUAL(tested_types.count("tandem.eval_handle"), 1u);
 }
 
 CAF_TEST(the int64 list and coordinator_peers round trip) {

@@ -35,6 +35,8 @@ std::string observe(const std::vector<std::string>& overrides, const std::string
   std::string out = to_json(p);
   for (const auto& a : prepare_arguments(c))
     out += "\nprepare " + a;
+  for (const auto& a : eval_prompt_arguments(c, "/out/eval-prompts.jsonl"))
+    out += "\nrender " + a;
   return out;
 }
 
@@ -97,6 +99,13 @@ const std::map<std::string, use>& uses() {
     {"metrics.jsonl", {"metrics.jsonl=m.jsonl"}},
     {"metrics.progress", {"metrics.progress=false"}},
     {"metrics.every_s", {"metrics.every_s=2"}},
+    {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
+    {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
+    {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},
+    {"eval.every_steps", {"eval.every_steps=50", {"eval.prompts=/chat/held.jsonl"}}},
+    {"eval.at_end", {"eval.at_end=false", {"eval.prompts=/chat/held.jsonl"}}},
+    {"eval.temperature", {"eval.temperature=0.7", {"eval.prompts=/chat/held.jsonl"}}},
+    {"eval.device", {"eval.device=cuda:5", {"eval.prompts=/chat/held.jsonl"}}},
     {"run.output_dir", {"run.output_dir=/tmp/out"}},
     {"run.name", {"run.name=other"}},
   };
@@ -142,6 +151,37 @@ TEST(plan, every_config_key_changes_the_plan_or_a_named_observable) {
     checked.insert(key);
   }
   EXPECT_EQ(checked.size(), run_config_keys().size());
+}
+
+TEST(plan, places_the_eval_actor_on_a_free_gpu_else_beside_the_first_drafter_else_the_cpu) {
+  auto eval_device = [](int32_t gpus, std::vector<std::string> overrides) {
+    overrides.push_back("eval.prompts=/chat/held.jsonl");
+    auto c = parse_run_config(base_text, "/cfg/run.toml", overrides);
+    auto p = make_plan(c, inventory::this_host(gpus), facts);
+    EXPECT_TRUE(p.eval.has_value());
+    EXPECT_EQ(p.placement.eval.size(), 1u);
+    return p.eval ? p.eval->device : -2;
+  };
+  EXPECT_EQ(eval_device(4, {"placement.targets=cuda:0", "placement.drafters=cuda:1"}), 2);
+  EXPECT_EQ(eval_device(2, {"placement.targets=cuda:0", "placement.drafters=cuda:1"}), 1);  // shares the drafter's
+  EXPECT_EQ(eval_device(1, {}), 0);
+  EXPECT_EQ(eval_device(0, {}), -1);
+  EXPECT_EQ(eval_device(4, {"eval.device=cpu"}), -1);
+  EXPECT_EQ(eval_device(4, {"eval.device=cuda:3"}), 3);
+  // Off without eval.prompts, and refused on a GPU the host lacks, by name.
+  EXPECT_FALSE(make_plan(parse_run_config(base_text, "/cfg/run.toml", {}), inventory::this_host(1), facts).eval);
+  try {
+    eval_device(2, {"eval.device=cuda:7"});
+    ADD_FAILURE() << "eval.device=cuda:7 on 2 GPUs was accepted";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("eval.device"), std::string::npos) << e.what();
+  }
+  try {
+    parse_run_config(base_text, "/cfg/run.toml", {"eval.device=tpu:0"});
+    ADD_FAILURE() << "eval.device=tpu:0 was accepted";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("eval.device"), std::string::npos) << e.what();
+  }
 }
 
 TEST(plan, carries_the_values_into_every_options_struct) {

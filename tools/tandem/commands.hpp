@@ -35,6 +35,16 @@ void add_eval(CLI::App& app, int& exit_code);
 /// "auto" → 0 when a GPU is present; anything else throws gpu::error(bad_input).
 int32_t parse_device(const std::string& s);
 
+/// The prompts file of `tandem prepare --prompts-out` (tandem.prompts.v1):
+/// each prompt's token ids into `prompts`, the tokenizer's stop ids into
+/// `stop_ids`.  Throws gpu::error(bad_input) naming the file and line.
+void read_prompt_file(const std::string& file, std::vector<std::vector<int64_t>>& prompts,
+                      std::vector<int64_t>& stop_ids);
+
+/// Adds the EOS ids of `target`/generation_config.json (one or a list) to
+/// `stop_ids`, unless already there.
+void add_generation_eos(const std::string& target, std::vector<int64_t>& stop_ids);
+
 /// `tandem generate`: target-only batched decoding (prepare --regenerate).
 void add_generate(CLI::App& app, int& exit_code);
 

@@ -47,6 +47,49 @@ int32_t parse_device(const std::string& s) {
   return -1;
 }
 
+void read_prompt_file(const std::string& file, std::vector<std::vector<int64_t>>& prompts,
+                      std::vector<int64_t>& stop_ids) {
+  std::ifstream f(file);
+  if (!f)
+    throw gpu::error(errc::bad_input, "cannot read " + file);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    const auto j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw gpu::error(errc::bad_input, file + ":" + std::to_string(n) + ": not a JSON object");
+    try {
+      if (n == 1)
+        stop_ids = j.value("stop_ids", std::vector<int64_t>{});
+      else
+        prompts.push_back(j.at("ids").get<std::vector<int64_t>>());
+    } catch (const json::exception& e) {
+      throw gpu::error(errc::bad_input, file + ":" + std::to_string(n) + ": " + e.what());
+    }
+  }
+}
+
+void add_generation_eos(const std::string& target, std::vector<int64_t>& stop_ids) {
+  std::ifstream f(fs::path(target) / "generation_config.json");
+  if (!f)
+    return;
+  const auto j = json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.contains("eos_token_id"))
+    return;
+  std::vector<int64_t> eos;
+  const auto& e = j["eos_token_id"];
+  if (e.is_number_integer())
+    eos.push_back(e.get<int64_t>());
+  else if (e.is_array())
+    for (const auto& x : e)
+      if (x.is_number_integer())
+        eos.push_back(x.get<int64_t>());
+  for (auto id : eos)
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) == stop_ids.end())
+      stop_ids.push_back(id);
+}
+
 namespace {
 
 struct eval_args {
@@ -57,42 +100,6 @@ struct eval_args {
   bool last_turn = false, as_json = false, no_baseline = false, quiet = false, references = false;
   int64_t lookup_ngram = 3;
 };
-
-/// The prompts file of `tandem prepare --prompts-out`: ids and stop ids.
-void read_prompts(const fs::path& file, gpu::eval_options& o) {
-  std::ifstream f(file);
-  if (!f)
-    throw gpu::error(errc::bad_input, "cannot read " + file.string());
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(f, line)) {
-    ++n;
-    const auto j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      throw gpu::error(errc::bad_input, file.string() + ":" + std::to_string(n) + ": not a JSON object");
-    if (n == 1) {
-      o.stop_ids = j.value("stop_ids", std::vector<int64_t>{});
-      continue;
-    }
-    o.prompts.push_back(j.at("ids").get<std::vector<int64_t>>());
-  }
-}
-
-/// The target folder's generation_config.json EOS ids (one or a list), if any.
-std::vector<int64_t> generation_eos(const fs::path& target) {
-  std::ifstream f(target / "generation_config.json");
-  if (!f)
-    return {};
-  const auto j = json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.contains("eos_token_id"))
-    return {};
-  const auto& e = j["eos_token_id"];
-  if (e.is_number_integer())
-    return {e.get<int64_t>()};
-  if (e.is_array())
-    return e.get<std::vector<int64_t>>();
-  return {};
-}
 
 std::string percent(int64_t k, int64_t n) {
   char buf[32];
@@ -162,11 +169,9 @@ int run_eval_command(const eval_args& a) {
     std::fprintf(stderr, "tandem eval: rendering the prompts of %s failed (exit %d)\n", a.prompts.c_str(), rc);
     return rc == 2 ? 2 : 1;
   }
-  read_prompts(rendered, o);
+  read_prompt_file(rendered.string(), o.prompts, o.stop_ids);
   fs::remove(rendered);
-  for (auto id : generation_eos(o.target_dir))
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end())
-      o.stop_ids.push_back(id);
+  add_generation_eos(o.target_dir.string(), o.stop_ids);
   o.max_new_tokens = a.max_new_tokens;
   o.temperature = a.temperature;
   o.top_p = a.top_p;

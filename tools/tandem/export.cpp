@@ -49,7 +49,7 @@ json last_eval(const fs::path& run) {
     if (line.find("\"eval\"") == std::string::npos)
       continue;
     auto j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "eval" && j.contains("tau"))
+    if (!j.is_discarded() && j.value("event", "") == "eval" && j.contains("tau") && !j.contains("error"))
       found = j;
   }
   return found;

@@ -202,6 +202,27 @@ int run_training(const run_options& ro, const worker_context& wc) {
   }
   auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
   plan.faults_fired_file = wc.fired_file;
+  if (plan.eval) {
+    // [eval]: the held-out conversations rendered with the chat template
+    // by the same code as the data (tandem prepare --prompts-out).
+    const auto rendered = cfg.run.output_dir / "eval-prompts.jsonl";
+    if (int rc = run_prepare(eval_prompt_arguments(cfg, rendered)); rc != 0) {
+      std::fprintf(stderr, "tandem run: rendering eval.prompts (%s) failed with exit status %d\n",
+                   cfg.eval.prompts.c_str(), rc);
+      return rc == 2 ? 2 : 1;
+    }
+    read_prompt_file(rendered.string(), plan.eval->prompts, plan.eval->stop_ids);
+    add_generation_eos(cfg.model.target.string(), plan.eval->stop_ids);
+    if (plan.eval->prompts.empty()) {
+      std::fprintf(stderr, "tandem run: %s: eval.prompts (%s) holds no conversation with an assistant turn\n",
+                   ro.config.c_str(), cfg.eval.prompts.c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "tandem run: eval: %zu held-out prompts, on %s%s\n", plan.eval->prompts.size(),
+                 device_string(plan.eval->device).c_str(),
+                 cfg.eval.every_steps > 0 ? (", every " + std::to_string(cfg.eval.every_steps) + " steps").c_str()
+                                          : "");
+  }
   prepare_host_tier(plan, !resume && !ro.resume && !wc.resume_if_any);
   // A new worker of the same run was checked when the run started (and its
   // predecessor's files take space it will reuse).
@@ -213,6 +234,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
       used.insert(t.device);
     for (const auto& d : plan.drafters)
       used.insert(d.device);
+    if (plan.eval)
+      used.insert(plan.eval->device);
     for (auto d : used)
       gpu::set_memory_fraction(d, plan.gpu_memory_fraction);
   }
@@ -238,11 +261,18 @@ int run_training(const run_options& ro, const worker_context& wc) {
     self->receive(
       [&](const run_summary& s) {
         done = true;
+        std::string tau;
+        if (s.eval_step >= 0) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "; tau %.3f (real, at step %lld)", s.eval_tau,
+                        static_cast<long long>(s.eval_step));
+          tau = buf;
+        }
         std::fprintf(stderr,
-                     "tandem run: %s after %lld steps (%lld epochs complete); loss %.4f -> %.4f; "
+                     "tandem run: %s after %lld steps (%lld epochs complete); loss %.4f -> %.4f%s; "
                      "checkpoint %s\n",
                      s.stop_reason.c_str(), static_cast<long long>(s.steps),
-                     static_cast<long long>(s.epochs_completed), s.first_loss, s.last_loss,
+                     static_cast<long long>(s.epochs_completed), s.first_loss, s.last_loss, tau.c_str(),
                      s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
       },
       [&](const caf::error& err) {
