@@ -141,6 +141,15 @@ struct fixture : test_coordinator_fixture<config> {
   }
 
   /// The launcher: asks for the run and records its answer.
+  /// spawn_all, an eval actor (fake_eval) among the peers, launch.
+  void start_with_eval(setup s) {
+    spawn_all(s);
+    auto ev = sys.spawn(fake_eval, w);
+    everyone.push_back(caf::actor_cast<caf::actor>(ev));
+    peers.eval = ev;
+    launch(peers);
+  }
+
   void launch(coordinator_peers p) {
     auto wp = w;
     auto to = coordinator;
@@ -855,11 +864,7 @@ CAF_TEST(evaluations take snapshots every eval_every steps and the final weights
   // snapshot of that step; step 6 is evaluated already, so the end adds none.
   setup s;
   s.opts.eval_every = 2;
-  spawn_all(s);
-  auto ev = sys.spawn(fake_eval, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(ev));
-  peers.eval = ev;
-  launch(peers);
+  start_with_eval(s);
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
@@ -882,11 +887,7 @@ CAF_TEST(the run waits for its final evaluation and answers after it) {
   // comes before the end event; the summary carries its τ.
   setup s;
   s.opts.max_steps = 3;
-  spawn_all(s);
-  auto ev = sys.spawn(fake_eval, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(ev));
-  peers.eval = ev;
-  launch(peers);
+  start_with_eval(s);
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK_EQUAL(w->evaluated, (std::vector<int64_t>{3}));
@@ -906,11 +907,7 @@ CAF_TEST(a failed evaluation is an event and training goes on) {
   setup s;
   s.opts.eval_every = 2;
   w->eval_fails = true;
-  spawn_all(s);
-  auto ev = sys.spawn(fake_eval, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(ev));
-  peers.eval = ev;
-  launch(peers);
+  start_with_eval(s);
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
