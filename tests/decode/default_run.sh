@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# The README's run command on the embedded default, whole, in two steps.
-#   default_run.sh train TANDEM PYTHON SOURCE RUN_DIR   (the fixture of the decode tests,
-#                   which use the drafter it trains): `tandem run config/default.toml`
-#                   trains a drafter on the conversations the tiny target regenerated;
-#   default_run.sh tau   TANDEM PYTHON SOURCE RUN_DIR   `tandem eval` measures real speculative decoding on the
-# held-out prompts (config/default/data/eval.jsonl: the README's command, 8
-# prompts, 128 new tokens) with the untrained-drafter and prompt-lookup
-# references beside it.  Fails if τ ≤ 2.0, if τ does not beat prompt lookup
-# by at least 10%, or if greedy speculative decoding ever differs from
-# target-only decoding.  The run's own real τ ([eval] in config/default.toml:
-# "eval" events in metrics.jsonl, the end summary) must be there, the last of
-# the final step, and equal `tandem eval`'s on the same weights and prompts
-# (float32 on the CPU: the eval actor decodes exactly as `tandem eval` does).
+# The README's run command on the embedded default, in two steps.
+#   default_run.sh train TANDEM PYTHON SOURCE RUN_DIR [--set ...]
+#       `tandem run config/default.toml` (plus the --set arguments) trains a
+#       drafter on the conversations the tiny target regenerated.  The decode
+#       tests' fixture shortens it to one epoch; decode.default_claim's runs
+#       it whole.
+#   default_run.sh tau|claim TANDEM PYTHON SOURCE RUN_DIR
+#       `tandem eval` measures real speculative decoding on the held-out
+#       prompts (config/default/data/eval.jsonl: the README's command, 8
+#       prompts, 128 new tokens) with the untrained-drafter and prompt-lookup
+#       references beside it.  Both fail if greedy speculative decoding ever
+#       differs from target-only decoding, if τ does not beat the untrained
+#       drafter's by 0.3, or if the run's own real τ ([eval] in
+#       config/default.toml: "eval" events in metrics.jsonl, the end summary)
+#       is missing, not of the final step, or not equal to `tandem eval`'s on
+#       the same weights and prompts (float32 on the CPU: the eval actor
+#       decodes exactly as `tandem eval` does).  `claim` also checks what the
+#       README claims for the whole default: τ > 2 and at least 10% above
+#       prompt lookup's.
 # Leaves RUN_DIR (the run) and RUN_DIR/eval.json (the report) for the other
-# decode tests.  Training takes as long as the README says the default takes
-# (about 9 minutes on 2 cores; longer beside other tests under ctest -j2).
+# decode tests.
 set -euo pipefail
 step="$1"; tandem="$2"; python="$3"; source_dir="$4"; run_dir="$5"; shift 5  # then: --set ... for `train`
 start=$(date +%s)
+case "$step" in train|tau|claim) ;; *) echo "default_run.sh: unknown step '$step' (train, tau, claim)"; exit 2 ;; esac
 if [[ "$step" == train ]]; then
   rm -rf "$run_dir"
   mkdir -p "$(dirname "$run_dir")"
@@ -34,7 +40,7 @@ fi
   > "$run_dir/eval.json" 2> "$run_dir.eval.log" || { cat "$run_dir.eval.log"; echo "FAILED: tandem eval"; exit 1; }
 cat "$run_dir.eval.log"
 echo "eval $(( $(date +%s) - start )) s"
-"$python" - "$run_dir/eval.json" "$run_dir/metrics.jsonl" "$run_dir.train.log" <<'EOF'
+"$python" - "$run_dir/eval.json" "$run_dir/metrics.jsonl" "$run_dir.train.log" "$step" <<'EOF'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 lines = [json.loads(l) for l in open(sys.argv[2])]
@@ -46,12 +52,13 @@ print(f"tau {tau:.3f} (per-prompt mean {r['tau_prompt_mean']:.3f}); untrained {u
       f"prompt lookup {lookup:.3f}; {r['differing_prompts']} of {len(r['prompts'])} prompts differ from "
       "target-only decoding")
 bad = []
-if tau <= 2.0:
-    bad.append(f"tau {tau:.3f} <= 2.0")
-if tau < 1.1 * lookup:
-    bad.append(f"tau {tau:.3f} does not beat prompt lookup's {lookup:.3f} by 10%")
-if tau <= untrained:
-    bad.append(f"tau {tau:.3f} <= the untrained drafter's {untrained:.3f}")
+if sys.argv[4] == "claim":
+    if tau <= 2.0:
+        bad.append(f"tau {tau:.3f} <= 2.0")
+    if tau < 1.1 * lookup:
+        bad.append(f"tau {tau:.3f} does not beat prompt lookup's {lookup:.3f} by 10%")
+if tau < untrained + 0.3:
+    bad.append(f"tau {tau:.3f} does not beat the untrained drafter's {untrained:.3f} by 0.3")
 if r["differing_prompts"]:
     bad.append(f"{r['differing_prompts']} prompts differ from target-only greedy decoding (float32 must be exact)")
 # Real tau during training ([eval]): every evaluation answered, the last of

@@ -308,7 +308,11 @@ int run_training(const run_options& ro, const worker_context& wc) {
   shutdown_system(run);
   if (exit_code == 0 && plan.coordinator.host_every > 0) {
     // Everything trained is in a checkpoint: the restore points in shared
-    // memory (RAM) are no longer needed.
+    // memory (RAM) are no longer needed.  The host checkpointer may still be
+    // writing the last one: removing the folder under it would leave that
+    // one behind.
+    if (run.peers.host_checkpointer)
+      self->wait_for(run.peers.host_checkpointer);
     gpu::remove_folder(plan.host_checkpointer.dir);
   }
   return exit_code;
