@@ -129,7 +129,7 @@ void on_stop(self_ptr self) {
 }
 
 std::string status_json(coordinator_state& s) {
-  nlohmann::json j{{"running", s.running()}, {"stopping", s.stopping()}, {"epoch", s.epoch},
+  nlohmann::json j{{"running", s.running()}, {"stopping", s.stopping()}, {"paused", s.paused}, {"epoch", s.epoch},
                    {"step", s.step},         {"in_flight", s.in_flight.size()},
                    {"queued", s.queue.size()}, {"busy", s.busy.size()}};
   if (s.ledger) {
@@ -137,7 +137,65 @@ std::string status_json(coordinator_state& s) {
     j["ledger"] = {{"pending", c.pending}, {"issued", c.issued}, {"trained", c.trained},
                    {"committed", c.committed}};
   }
+  j["durable_step"] = s.durable_step;
+  j["checkpoint"] = s.summary.checkpoint;
+  j["credits"] = s.opts.credits;
+  // Per drafter: what the coordinator knows of it (the control endpoint's tree).
+  auto drafters = nlohmann::json::array();
+  for (size_t d = 0; d < s.drafters.size(); ++d) {
+    const auto& slot = s.drafters[d];
+    const auto i = static_cast<int32_t>(d);
+    const char* state = slot.down                   ? "restarting"
+                        : slot.snapshot_pending     ? "snapshotting"
+                        : s.busy.count(i) != 0      ? "stepping"
+                                                    : "idle";
+    drafters.push_back({{"index", i}, {"state", state}, {"memory_step", slot.memory_step}});
+  }
+  j["drafters"] = std::move(drafters);
   return j.dump();
+}
+
+/// An action through the control endpoint; each one that acts is a
+/// control event naming its source.
+caf::result<std::string> on_control(self_ptr self, const control_command& c) {
+  auto& s = self->state;
+  if (!s.running() || s.stopping())
+    return make_error(errc::bad_input, "the run is " + std::string(s.stopping() ? "stopping" : "not running")
+                                         + ": '" + c.action + "' is not possible now");
+  std::string result;
+  const auto step = std::to_string(s.step);
+  if (c.action == "pause") {
+    if (s.paused)
+      return "already paused at step " + step;
+    s.paused = true;
+    result = "paused at step " + step
+             + (s.busy.empty() ? "" : " (" + std::to_string(s.busy.size()) + " step(s) in progress finish)");
+  } else if (c.action == "resume") {
+    if (!s.paused)
+      return "not paused (step " + step + ")";
+    s.paused = false;
+    result = "resumed at step " + step;
+  } else if (c.action == "stop") {
+    result = "stopping after step " + step + ": the steps in progress finish, then a checkpoint";
+  } else if (c.action == "checkpoint") {
+    if (s.step == s.durable_step)
+      return "step " + step + " is already in checkpoint " + s.summary.checkpoint;
+    if (s.busy.empty() && !s.checkpointing() && (!s.grouped() || group_at_rest(self))) {
+      checkpoint(self, nullptr);
+      result = "writing a checkpoint of step " + step;
+    } else {
+      s.checkpoint_due = true;
+      result = "a checkpoint follows the step in progress (now at step " + step + ")";
+    }
+  } else {
+    return make_error(errc::bad_input, "unknown action '" + c.action + "' (pause, resume, stop, checkpoint)");
+  }
+  event(self, control_event{c.action, c.source, s.step, result});
+  if (c.action == "stop")
+    finish(self, "stopped");
+  else if (c.action == "resume")
+    dispatch(self);
+  return result;
 }
 
 void on_exhausted(self_ptr self, int32_t source, int64_t epoch, int64_t generation) {
@@ -191,6 +249,7 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](run_atom, coordinator_peers& peers) { return on_run(self, peers); },
     [self](stop_atom) { on_stop(self); },
     [self](status_atom) { return status_json(self->state); },
+    [self](const control_command& c) { return on_control(self, c); },
     [self](batch_desc& batch) { on_batch(self, batch); },
     [self](exhausted_atom, int32_t source, int64_t epoch, int64_t generation) {
       on_exhausted(self, source, epoch, generation);

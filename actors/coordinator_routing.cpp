@@ -51,6 +51,8 @@ bool epoch_tail(self_ptr self) {
 
 void dispatch(self_ptr self) {
   auto& s = self->state;
+  if (s.paused)
+    return;  // the features wait in the queue (within the credits) until resumed
   if (s.grouped()) {
     dispatch_group(self);
     return;

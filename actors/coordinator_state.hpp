@@ -123,6 +123,7 @@ struct coordinator_state {
   int64_t epoch = 0;
   int64_t data_generation = 0;          ///< epoch starts and rollbacks so far (prefetch.hpp): older batches are stale
   int64_t step = 0;
+  bool paused = false;                  ///< control endpoint: no work is dispatched (on_control)
 
   // Checkpoints.
   int64_t durable_step = -1;

@@ -79,6 +79,10 @@ struct line_writer {
       j["error"] = x.error;
     return j;
   }
+  nlohmann::json operator()(const control_event& x) const {
+    return {{"event", "control"}, {"action", x.action}, {"source", x.source}, {"step", x.step},
+            {"result", x.result}};
+  }
   nlohmann::json operator()(const end_event& x) const {
     nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
                      {"checkpoint", x.checkpoint}, {"durable_step", x.durable_step}};
@@ -112,6 +116,7 @@ struct metrics_state {
   int64_t first_step = -1;     ///< the step before this process's first report (a resume starts late)
   bool tty = false;
   std::string tau;             ///< the last real τ ([eval]) for the progress line: " tau 2.31 (step 400)"
+  control_actor feed;          ///< the control endpoint's actor, sent every report and event (or none)
 };
 
 void write_line(metrics_state& s, nlohmann::json j) {
@@ -135,12 +140,13 @@ void write_event(metrics_state& s, nlohmann::json j) {
 
 } // namespace
 
-metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
-  auto behavior = [](metrics_actor::stateful_pointer<metrics_state> self,
-                     metrics_options o) -> metrics_actor::behavior_type {
+metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, control_actor feed) {
+  auto behavior = [](metrics_actor::stateful_pointer<metrics_state> self, metrics_options o,
+                     control_actor f) -> metrics_actor::behavior_type {
     auto& s = self->state;
     install_default_handler(self, metrics_state::name);
     s.opts = std::move(o);
+    s.feed = std::move(f);
     s.tty = isatty(fileno(stderr)) != 0;
     if (!s.opts.jsonl.empty()) {
       std::filesystem::create_directories(s.opts.jsonl.parent_path());
@@ -149,6 +155,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
     return {
       [self](const step_report& r) {
         auto& s = self->state;
+        if (s.feed)
+          self->send(s.feed, r);
         const double elapsed = std::chrono::duration<double>(clock_type::now() - s.start).count();
         s.ema_loss = std::isnan(s.ema_loss) ? r.loss : 0.9 * s.ema_loss + 0.1 * r.loss;
         s.loss_sum += r.loss;
@@ -208,9 +216,13 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
           std::snprintf(buf, sizeof buf, "  tau %.2f (step %lld)", ev->tau, static_cast<long long>(ev->step));
           self->state.tau = buf;
         }
+        if (self->state.feed)
+          self->send(self->state.feed, e);
         write_event(self->state, event_line(e));
       },
       [self](event_atom, const std::string& json) {
+        if (self->state.feed)
+          self->send(self->state.feed, event_atom::value, json);
         auto j = nlohmann::json::parse(json, nullptr, false);
         if (j.is_discarded())
           j = {{"event", "text"}, {"text", json}};
@@ -223,7 +235,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts) {
       },
     };
   };
-  return sys.spawn(behavior, std::move(opts));
+  return sys.spawn(behavior, std::move(opts), std::move(feed));
 }
 
 } // namespace tandem

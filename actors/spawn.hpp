@@ -29,6 +29,7 @@
 #include "gpu/engine/target_engine.hpp"
 #include "launch/options.hpp"
 #include "messages/checkpointer.hpp"
+#include "messages/control.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/drafter.hpp"
 #include "messages/eval.hpp"
@@ -88,7 +89,12 @@ template <caf::spawn_options Os = caf::detached>
 eval_actor spawn_eval(caf::actor_system& sys, gpu::eval_engine_options opts);
 
 /// metrics_options: launch/options.hpp (plain data, filled by the launch plan).
-metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts);
+/// `feed`: the control actor, sent every step report and event too (none: no endpoint).
+metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, control_actor feed = {});
+
+/// The control endpoint's actor (messages/control.hpp); its HTTP server is
+/// actors/control_http.hpp.
+control_actor spawn_control(caf::actor_system& sys, control_options opts, coordinator_actor coordinator);
 
 /// The coordinator's settings (launch/options.hpp) and the wiring of a
 /// running system.

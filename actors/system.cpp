@@ -40,7 +40,6 @@ void fault_plan::record_fired(const entry& e) const {
 
 running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
   running_system run;
-  run.peers.metrics = spawn_metrics(sys, plan.metrics);
   run.peers.checkpointer = spawn_checkpointer(sys, plan.checkpointer.dir, plan.checkpointer.keep);
   if (plan.coordinator.host_every > 0) {
     // A run resumed from a restore point in shared memory may roll back to
@@ -93,6 +92,30 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
   co.supervisor = run.supervisor;
   run.coordinator = spawn_coordinator(sys, co);
   *coordinator_handle = run.coordinator;
+  if (plan.control) {
+    // The control endpoint: its actor first (the metrics actor feeds it),
+    // then its server; a port that cannot be bound fails the start.
+    run.control = spawn_control(sys, *plan.control, run.coordinator);
+    control_server_options so;
+    so.host = plan.control->host;
+    so.port = plan.control->port;
+    so.token = random_token();
+    so.answer_timeout_ms = plan.control->answer_timeout_ms;
+    run.control_token = so.token;
+    try {
+      run.control_http = std::make_shared<control_server>(sys, run.control, so);
+    } catch (...) {
+      // Nothing runs yet: end what is spawned (the actor system's end waits for it).
+      for (const auto& a : {caf::actor_cast<caf::actor>(run.control), caf::actor_cast<caf::actor>(run.coordinator),
+                            caf::actor_cast<caf::actor>(run.supervisor),
+                            caf::actor_cast<caf::actor>(run.peers.checkpointer),
+                            caf::actor_cast<caf::actor>(run.peers.host_checkpointer)})
+        if (a)
+          caf::anon_send(a, shutdown_atom::value);
+      throw;
+    }
+  }
+  run.peers.metrics = spawn_metrics(sys, plan.metrics, run.control);
 
   for (size_t i = 0; i < plan.placement.targets.size(); ++i) {
     const auto index = plan.placement.targets[i].index;
@@ -137,6 +160,10 @@ void request_stop(const running_system& run) {
 }
 
 void shutdown_system(const running_system& run) {
+  if (run.control_http)
+    run.control_http->stop();  // no request reaches the actors from here on
+  if (run.control)
+    caf::anon_send(run.control, shutdown_atom::value);
   caf::anon_send(run.supervisor, shutdown_atom::value);
   for (auto& p : run.peers.prefetch)
     caf::anon_send(p, shutdown_atom::value);

@@ -1,14 +1,18 @@
 #pragma once
 /// One run's actor system, spawned from its launch plan (launch/plan.hpp):
-/// metrics, checkpointer, supervisor, coordinator, then one prefetch and one
-/// target actor per placement target and one drafter per placement drafter
-/// (DESIGN.md §3).  `tandem run` calls spawn_system, start_run, and, when
+/// checkpointers, supervisor, coordinator, the control endpoint ([control]),
+/// metrics, then one prefetch and one target actor per placement target and
+/// one drafter per placement drafter (DESIGN.md §3).  `tandem run` calls spawn_system, start_run, and, when
 /// the run has ended, shutdown_system; it keeps only the arguments and the
 /// signal loop.
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include <memory>
+#include <string>
+
+#include "actors/control_http.hpp"
 #include "actors/spawn.hpp"
 #include "launch/plan.hpp"
 #include "messages/coordinator.hpp"
@@ -21,6 +25,11 @@ struct running_system {
   coordinator_actor coordinator;
   supervisor_actor supervisor;
   coordinator_peers peers;  ///< the first incarnations of the workers
+  /// The control endpoint ([control]; none when control.listen is ""): its
+  /// actor, its HTTP server (bound, serving) and the token it wants.
+  control_actor control;
+  std::shared_ptr<control_server> control_http;
+  std::string control_token;
 };
 
 /// Spawns every actor `plan` names, wired to each other; nothing runs until

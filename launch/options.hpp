@@ -65,6 +65,25 @@ struct metrics_options {
   int64_t log_every = 10;       ///< JSON line every N steps
 };
 
+/// The control endpoint (config [control]; actors/control.cpp and
+/// actors/control_http.hpp).
+struct control_options {
+  std::string host = "127.0.0.1";  ///< control.listen's host (loopback)
+  uint16_t port = 0;               ///< 0: any free port (control.json says which)
+  std::string run_name;
+  std::string config_toml;         ///< the effective config, for GET /v1/config
+  /// Every actor of the run, for GET /v1/tree ("cpu" or "cuda:N").
+  struct actor_entry {
+    std::string role;
+    int32_t index = 0;
+    std::string device;
+  };
+  std::vector<actor_entry> actors;
+  size_t steps_kept = 1000;        ///< the last step reports kept (GET /v1/steps)
+  size_t events_kept = 2000;       ///< the last events kept (GET /v1/events)
+  int64_t answer_timeout_ms = 5000;  ///< a request not answered by then: 503
+};
+
 /// The checkpointer (config [checkpoint]).
 struct checkpointer_options {
   std::filesystem::path dir;  ///< snapshots go to dir/step-<k>/

@@ -82,6 +82,24 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
                                                 : p.schedule_steps;
   p.metrics.log_every = c.train.log_every;
 
+  if (!c.control.listen.empty()) {
+    const auto a = parse_listen(c.control.listen);  // checked when the config was read
+    control_options co;
+    co.host = a->host == "localhost" ? "127.0.0.1" : a->host;
+    co.port = a->port;
+    co.run_name = c.run.name;
+    const auto device = [](int32_t d) { return d < 0 ? std::string("cpu") : "cuda:" + std::to_string(d); };
+    co.actors.push_back({"coordinator", 0, "cpu"});
+    co.actors.push_back({"supervisor", 0, "cpu"});
+    for (const auto* role : {&p.placement.prefetch, &p.placement.targets, &p.placement.drafters, &p.placement.eval})
+      for (const auto& slot : *role)
+        co.actors.push_back({slot.role, slot.index, device(slot.device)});
+    co.actors.push_back({"checkpointer", 0, "cpu"});
+    co.actors.push_back({"metrics", 0, "cpu"});
+    co.actors.push_back({"control", 0, "cpu"});
+    p.control = std::move(co);
+  }
+
   p.checkpointer.dir = c.checkpoint_dir();
   p.checkpointer.keep = static_cast<int>(c.checkpoint.keep);
   p.host_checkpointer.dir = host_restore_dir(c);
@@ -254,6 +272,12 @@ std::string to_json(const launch_plan& p) {
                  {"dtype", p.eval->dtype}, {"max_new_tokens", p.eval->max_new_tokens},
                  {"temperature", p.eval->temperature}, {"seed", p.eval->seed},
                  {"prompts", p.eval_prompts.string()}, {"count", p.eval_count}};
+  if (p.control) {
+    auto actors = nlohmann::json::array();
+    for (const auto& a : p.control->actors)
+      actors.push_back(a.role + " " + std::to_string(a.index) + " " + a.device);
+    j["control"] = {{"host", p.control->host}, {"port", p.control->port}, {"actors", actors}};
+  }
   return j.dump(2);
 }
 

@@ -98,6 +98,9 @@ struct launch_plan {
   std::filesystem::path eval_prompts;  ///< eval.prompts (conversations, not yet rendered)
   int64_t eval_count = 0;              ///< eval.count
   bool checkpoint_on_signal = true;   ///< checkpoint.on_signal
+  /// The control endpoint ([control] listen; none: ""): `tandem run` adds
+  /// the effective config and binds it.
+  std::optional<control_options> control;
 };
 
 /// The plan for `config` on `devices` (one node: multi-node placement lands

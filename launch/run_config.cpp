@@ -625,6 +625,27 @@ const field_def fields[] = {
    [](const rc& c) { return w_str(c.eval.device); },
    "\"auto\" (a GPU no other actor uses, else the first drafter's device, with a second copy of the\n"
    "target there, else the CPU), \"cpu\" or \"cuda:N\""},
+  // [control]
+  {"control", "listen", kind::string, false,
+   [](rc& c, const vr& v) {
+     const auto* node = v.node().as_string();
+     if (node == nullptr)
+       v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:0\") or \"\"");
+     const std::string text = node->get();
+     if (!text.empty()) {
+       const auto a = parse_listen(text);
+       if (!a)
+         v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:0\") or \"\"");
+       if (!a->loopback())
+         v.fail("a loopback address (127.0.0.1, localhost or [::1]): off loopback the endpoint needs TLS, "
+                "which this build does not serve yet; reach it through an SSH tunnel "
+                "(ssh -L PORT:127.0.0.1:PORT host)");
+     }
+     c.control.listen = text;
+   },
+   [](const rc& c) { return w_str(c.control.listen); },
+   "the control endpoint's address, \"HOST:PORT\" on loopback (port 0: any free port; the address and\n"
+   "a token are written to RUN_DIR/control.json); `tandem shell RUN_DIR` connects to it; \"\" = none"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -665,6 +686,7 @@ const section_def sections[] = {
   {"checkpoint", "snapshots"},
   {"supervision", "restarting failed drafters"},
   {"eval", "real tau during training: held-out prompts decoded speculatively with drafter snapshots"},
+  {"control", "the control endpoint: tandem shell, /metrics"},
   {"faults", "injected failures, for tests: [[faults.inject]] tables"},
   {"metrics", "what is recorded and shown"},
   {"run", "where the run's outputs go"},
@@ -1301,6 +1323,57 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
                                                : " drafters (0 to " +
                                                    std::to_string(drafters.size() - 1) + ")"));
   return plan;
+}
+
+bool listen_address::loopback() const {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::optional<listen_address> parse_listen(const std::string& text) {
+  // "HOST:PORT", "[::1]:PORT"
+  std::string host, port;
+  if (!text.empty() && text[0] == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      return std::nullopt;
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string::npos || text.find(':') != colon)
+      return std::nullopt;
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (host.empty() || port.empty() || port.size() > 5)
+    return std::nullopt;
+  unsigned value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    value = value * 10 + static_cast<unsigned>(c - '0');
+  }
+  if (value > 65535)
+    return std::nullopt;
+  if (host != "localhost" && host != "::1") {
+    // An IPv4 literal: four numbers 0-255.
+    int parts = 0;
+    size_t i = 0;
+    while (i <= host.size()) {
+      size_t j = host.find('.', i);
+      if (j == std::string::npos)
+        j = host.size();
+      const auto part = host.substr(i, j - i);
+      if (part.empty() || part.size() > 3 || part.find_first_not_of("0123456789") != std::string::npos
+          || std::stoi(part) > 255)
+        return std::nullopt;
+      ++parts;
+      i = j + 1;
+    }
+    if (parts != 4)
+      return std::nullopt;
+  }
+  return listen_address{host, static_cast<uint16_t>(value)};
 }
 
 } // namespace tandem

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -166,6 +167,12 @@ struct run_config {
     std::string device = "auto";    ///< device: "auto", "cpu" or "cuda:N"
   } eval;
 
+  /// [control]: the control endpoint (actors/control.cpp): the inspection
+  /// shell's, the dashboard's and Prometheus' way in.
+  struct control_section {
+    std::string listen = "127.0.0.1:0";  ///< listen: "HOST:PORT" (loopback; port 0: any free one); "" = none
+  } control;
+
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.
   std::vector<fault_spec> faults;
 
@@ -194,6 +201,15 @@ struct run_config {
     return metrics.jsonl.empty() ? std::filesystem::path{} : run.output_dir / metrics.jsonl;
   }
 };
+
+/// A control.listen address split: `host` (an IPv4 literal, "localhost" or
+/// "::1"), `port` (0: any free one).  nullopt when it is not "HOST:PORT".
+struct listen_address {
+  std::string host;
+  uint16_t port = 0;
+  bool loopback() const;
+};
+std::optional<listen_address> parse_listen(const std::string& text);
 
 /// Reads `toml_file`, applies `overrides` ("section.key=value", in order,
 /// after the file; the value is TOML typed like the field, where a bare word

@@ -131,10 +131,28 @@ typename Inspector::result_type inspect(Inspector& f, coordinator_peers& x) {
            x.checkpointer, x.metrics, x.host_checkpointer, x.eval);
 }
 
+/// An action through the control endpoint (messages/control.hpp):
+/// `action` "pause" (no more work to the drafters; the steps in progress
+/// end, heartbeats go on), "resume", "stop" (as a signal: finish the step,
+/// checkpoint, end) or "checkpoint" (at once when no step is in progress,
+/// else after the next one).  `source`: who asked, for the control event.
+struct control_command {
+  std::string action;
+  std::string source;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_command& x) {
+  return f(caf::meta::type_name("tandem.control_command"), x.action, x.source);
+}
+
 using coordinator_actor = caf::typed_actor<
   caf::replies_to<run_atom, coordinator_peers>::with<run_summary>,
   caf::reacts_to<stop_atom>,
   caf::replies_to<status_atom>::with<std::string>,
+  /// the control actor: an action; the answer says what happened (or an
+  /// error: not running, unknown action).
+  caf::replies_to<control_command>::with<std::string>,
   caf::reacts_to<batch_desc>,
   caf::reacts_to<exhausted_atom, int32_t, int64_t, int64_t>,  ///< prefetch index, epoch, generation
   caf::reacts_to<work_item>,

@@ -198,12 +198,24 @@ struct eval_event {
   std::string error;
 };
 
+/// "control": an action taken through the control endpoint
+/// (messages/control.hpp): `action` pause, resume, stop or checkpoint at
+/// `step`, asked by `source` (the client's address and what it said it
+/// is, e.g. "127.0.0.1:51234 tandem-shell"); `result` what came of it.
+struct control_event {
+  std::string action;
+  std::string source;
+  int64_t step = 0;
+  std::string result;
+};
+
 /// One of the run's events.  Append only (see above).
 using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discarded_event,
                                group_formed_event, group_step_abandoned_event,
                                drafter_failed_event, budget_exhausted_event,
                                drafter_restarted_event, escalated_event, end_event,
-                               checkpoint_skipped_event, restore_point_event, eval_event>;
+                               checkpoint_skipped_event, restore_point_event, eval_event,
+                               control_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -261,6 +273,11 @@ typename Inspector::result_type inspect(Inspector& f, checkpoint_skipped_event& 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, restore_point_event& x) {
   return f(caf::meta::type_name("tandem.restore_point_event"), x.tier, x.step, x.dir, x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_event& x) {
+  return f(caf::meta::type_name("tandem.control_event"), x.action, x.source, x.step, x.result);
 }
 
 template <class Inspector>

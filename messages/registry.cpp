@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include "messages/control.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/descriptors.hpp"
 #include "messages/errors.hpp"
@@ -39,6 +40,10 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<run_event>("tandem.run_event");
   cfg.add_message_type<eval_event>("tandem.eval_event");
   cfg.add_message_type<eval_actor>("tandem.eval_handle");
+  cfg.add_message_type<control_event>("tandem.control_event");
+  cfg.add_message_type<control_command>("tandem.control_command");
+  cfg.add_message_type<control_request>("tandem.control_request");
+  cfg.add_message_type<control_reply>("tandem.control_reply");
 }
 
 } // namespace tandem

@@ -1508,4 +1508,73 @@ CAF_TEST(shutting the supervisor down ends the current drafter incarnations and 
   CAF_CHECK_EQUAL(exit_c->reasons.size(), 1u);
 }
 
+CAF_TEST(the control endpoint pauses the work then checkpoints at rest and resumes) {
+  // The pause arrives right after the run request: no work goes out, the
+  // targets fill their credits; a checkpoint then is written at once (no
+  // step in progress); resume trains the epoch to its end, exactly once.
+  setup s;
+  start(s);
+  auto paused = ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  sched.run();
+  CAF_REQUIRE(paused->value.has_value());
+  CAF_CHECK_EQUAL(*paused->value, "paused at step 0");
+  CAF_CHECK(w->steps.empty());
+  CAF_CHECK(!w->summary.has_value());
+  auto st = status();
+  CAF_CHECK_EQUAL(st["paused"], true);
+  CAF_CHECK_EQUAL(st["queued"], 2);  // the credits' worth of features, waiting
+  CAF_CHECK_EQUAL(st["drafters"][0]["state"], "idle");
+  auto again = ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  auto ckpt = ask<std::string>(sys, coordinator, control_command{"checkpoint", "tester"});
+  sched.run();
+  CAF_CHECK_EQUAL(*again->value, "already paused at step 0");
+  CAF_CHECK_EQUAL(*ckpt->value, "writing a checkpoint of step 0");
+  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
+  CAF_CHECK_EQUAL(w->written[0].step, 0);
+  auto resumed = ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  auto bogus = ask<std::string>(sys, coordinator, control_command{"frobnicate", "tester"});
+  sched.run();
+  CAF_CHECK_EQUAL(*resumed->value, "resumed at step 0");
+  CAF_REQUIRE(bogus->error.has_value());
+  CAF_CHECK(is(*bogus->error, errc::bad_input));
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "epochs");
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  auto control = w->events_named("control");
+  CAF_REQUIRE_EQUAL(control.size(), 3u);  // the repeated pause and the unknown action did nothing
+  CAF_CHECK_EQUAL(control[0]["action"], "pause");
+  CAF_CHECK_EQUAL(control[0]["source"], "tester");
+  CAF_CHECK_EQUAL(control[1]["action"], "checkpoint");
+  CAF_CHECK_EQUAL(control[2]["action"], "resume");
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
+CAF_TEST(stop through the control endpoint ends the run stopped with a checkpoint) {
+  setup s;
+  s.opts.epochs = 3;
+  start(s);
+  auto paused = ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  sched.run();
+  auto resumed = ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  auto stop = ask<std::string>(sys, coordinator, control_command{"stop", "tester"});
+  sched.run();
+  CAF_REQUIRE(stop->value.has_value());
+  CAF_CHECK(contains(*stop->value, "stopping after step"));
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "stopped");
+  CAF_CHECK(w->summary->steps < 18);  // stopped before the third epoch's end
+  CAF_REQUIRE(!w->written.empty());
+  CAF_CHECK_EQUAL(w->written.back().step, w->summary->steps);  // nothing trained is lost
+  auto end = w->events_named("end");
+  CAF_REQUIRE_EQUAL(end.size(), 1u);
+  CAF_CHECK_EQUAL(end[0]["reason"], "stopped");
+  CAF_CHECK_EQUAL(end[0]["durable_step"], w->summary->steps);
+  auto late = ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  sched.run();
+  CAF_REQUIRE(late->error.has_value());  // nothing to resume once stopping
+  check_handles_released();
+}
+
 CAF_TEST_FIXTURE_SCOPE_END()

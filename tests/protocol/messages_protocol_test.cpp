@@ -30,6 +30,7 @@ const std::set<std::string> tested_types{
   "tandem.coordinator_peers", "tandem.group_spec", "tandem.bytes",
   "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
   "tandem.run_event", "tandem.eval_event", "tandem.eval_handle",
+  "tandem.control_event", "tandem.control_command", "tandem.control_request", "tandem.control_reply",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -208,6 +209,7 @@ CAF_TEST(every kind of run_event round trips) {
     {restore_point_event{"host", 40, "", "no space left"}, "tandem.restore_point_event"},
     {eval_event{400, 2.5, 3.25, 8, 40, 100, 250.0, 4.5, "cuda:0", {0, 20, 10, 10}, ""}, "tandem.eval_event"},
     {eval_event{800, 0, 0, 0, 0, 0, 0, 0.5, "cpu", {}, "out of memory"}, "tandem.eval_event"},
+    {control_event{"pause", "127.0.0.1:5000 tandem-shell", 12, "paused at step 12"}, "tandem.control_event"},
   };
   for (const auto& [e, name] : cases) {
     CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));
@@ -228,6 +230,15 @@ CAF_TEST(every kind of run_event round trips) {
   CAF_CHECK(!through_message(eval_actor{}));
   CAF_CHECK_EQUAL(tested_types.count("tandem.eval_event"), 1u);
   CAF_CHECK_EQUAL(tested_types.count("tandem.eval_handle"), 1u);
+}
+
+CAF_TEST(the control endpoint messages round trip) {
+  check_value(control_command{"checkpoint", "127.0.0.1:5000 tandem-shell"}, "tandem.control_command",
+              {"checkpoint", "tandem-shell"});
+  check_value(control_request{"POST", "/v1/steps?n=3", "{\"a\": 1}", "::1 curl"}, "tandem.control_request",
+              {"POST", "/v1/steps?n=3"});
+  check_value(control_reply{409, "{\"error\": \"stopping\"}"}, "tandem.control_reply", {"409"});
+  CAF_CHECK_EQUAL(tested_types.count("tandem.control_event"), 1u);
 }
 
 CAF_TEST(the int64 list and coordinator_peers round trip) {

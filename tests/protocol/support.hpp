@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "messages/control.hpp"
 #include "messages/coordinator.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
@@ -85,6 +86,18 @@ inline bool operator==(const run_summary& a, const run_summary& b) {
          && a.samples_committed == b.samples_committed && a.last_loss == b.last_loss
          && a.first_loss == b.first_loss && a.stop_reason == b.stop_reason
          && a.checkpoint == b.checkpoint;
+}
+
+inline bool operator==(const control_command& a, const control_command& b) {
+  return a.action == b.action && a.source == b.source;
+}
+
+inline bool operator==(const control_request& a, const control_request& b) {
+  return a.method == b.method && a.target == b.target && a.body == b.body && a.source == b.source;
+}
+
+inline bool operator==(const control_reply& a, const control_reply& b) {
+  return a.status == b.status && a.body == b.body;
 }
 
 inline bool operator==(const restart_plan& a, const restart_plan& b) {
@@ -214,6 +227,10 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
     },
     [](stop_atom) {},
     [](status_atom) { return std::string("{}"); },
+    [log](const control_command& c) {
+      log->order.push_back("control " + c.action);
+      return std::string("recorded");
+    },
     [log](batch_desc& b) {
       log->batches.push_back(std::move(b));
       log->order.push_back("batch");

@@ -99,6 +99,7 @@ const std::map<std::string, use>& uses() {
     {"metrics.jsonl", {"metrics.jsonl=m.jsonl"}},
     {"metrics.progress", {"metrics.progress=false"}},
     {"metrics.every_s", {"metrics.every_s=2"}},
+    {"control.listen", {"control.listen=127.0.0.1:7000"}},
     {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
     {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
     {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},

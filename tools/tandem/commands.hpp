@@ -54,4 +54,7 @@ void add_export(CLI::App& app, int& exit_code);
 /// `tandem run CONFIG.toml`: single-node training.
 void add_run(CLI::App& app, int& exit_code);
 
+/// `tandem shell RUN_DIR|HOST:PORT`: the inspection shell (the control endpoint).
+void add_shell(CLI::App& app, int& exit_code);
+
 } // namespace tandem::cli

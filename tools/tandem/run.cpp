@@ -13,6 +13,7 @@
 // trains in the first process, with no parent.
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,6 +71,24 @@ struct worker_context {
   std::string fired_file;         ///< fault_plan::fired_file
   nlohmann::json restarted;       ///< the worker_restarted line (null: the first worker)
 };
+
+/// RUN_DIR/control.json: where the control endpoint listens and its token,
+/// readable by this user only (mode 0600, set before anything is written).
+void write_control_file(const std::filesystem::path& path, const std::string& host, uint16_t port,
+                        const std::string& token, const std::string& run_name) {
+  const nlohmann::json j{{"url", "http://" + host + ":" + std::to_string(port)},
+                         {"host", host},
+                         {"port", port},
+                         {"token", token},
+                         {"pid", static_cast<int64_t>(::getpid())},
+                         {"run", run_name}};
+  const auto text = j.dump(2) + "\n";
+  const auto tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || ::fchmod(fd, 0600) != 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())
+      || ::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+}
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -240,10 +259,30 @@ int run_training(const run_options& ro, const worker_context& wc) {
       gpu::set_memory_fraction(d, plan.gpu_memory_fraction);
   }
 
+  if (plan.control)
+    plan.control->config_toml = to_toml(cfg);
+
   caf::actor_system_config sys_cfg;
   register_messages(sys_cfg);
   caf::actor_system sys{sys_cfg};
-  const auto run = spawn_system(sys, plan);
+  running_system run;
+  try {
+    run = spawn_system(sys, plan);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "tandem run: %s: %s\n", ro.config.c_str(), e.what());
+    return 2;
+  }
+  const auto control_file = cfg.run.output_dir / "control.json";
+  if (run.control_http) {
+    try {
+      write_control_file(control_file, plan.control->host, run.control_http->port(), run.control_token,
+                         cfg.run.name);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem run: warning: %s: tandem shell cannot find the endpoint\n", e.what());
+    }
+    std::fprintf(stderr, "tandem run: control endpoint http://%s:%u (tandem shell %s)\n", plan.control->host.c_str(),
+                 static_cast<unsigned>(run.control_http->port()), cfg.run.output_dir.c_str());
+  }
   if (!wc.restarted.is_null())
     caf::anon_send(run.peers.metrics, event_atom::value, wc.restarted.dump());
   if (!resumed.is_null()) {
@@ -306,6 +345,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
       });
   }
   shutdown_system(run);
+  if (run.control_http)
+    ::unlink(control_file.c_str());  // the endpoint is gone
   if (exit_code == 0 && plan.coordinator.host_every > 0) {
     // Everything trained is in a checkpoint: the restore points in shared
     // memory (RAM) are no longer needed.  The host checkpointer may still be

@@ -1,0 +1,381 @@
+// The control endpoint's actor (messages/control.hpp): keeps what the
+// metrics actor forwards (the last step reports, the event log, per-drafter
+// figures) and answers the HTTP server's requests from it and from the
+// coordinator (its status; the actions).  The JSON API it serves is
+// documented in docs/control.md; every answer is JSON.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <map>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/default_handler.hpp"
+#include "actors/metrics_lines.hpp"
+#include "actors/spawn.hpp"
+#include "messages/errors.hpp"
+
+namespace tandem {
+
+namespace {
+
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+/// Step times of one drafter: counts per bucket of compute_ms, the upper
+/// bounds doubling from 1 ms (the last bucket holds everything above).
+struct step_histogram {
+  static constexpr double first_ms = 1.0;
+  static constexpr size_t buckets = 16;  ///< 1 ms .. 16 s, then +inf
+  std::vector<int64_t> counts = std::vector<int64_t>(buckets + 1, 0);
+  void add(double ms) {
+    size_t b = 0;
+    double bound = first_ms;
+    while (b < buckets && ms > bound) {
+      ++b;
+      bound *= 2;
+    }
+    ++counts[b];
+  }
+  json to_json() const {
+    json out = json::array();
+    double bound = first_ms;
+    for (size_t b = 0; b <= buckets; ++b, bound *= 2)
+      out.push_back({{"le_ms", b < buckets ? json(bound) : json("inf")}, {"count", counts[b]}});
+    return out;
+  }
+};
+
+/// What the control actor knows of one drafter from the reports and events.
+struct drafter_view {
+  step_report last;
+  bool reported = false;
+  int64_t steps = 0;          ///< reports seen by this process
+  int64_t incarnation = 0;    ///< restarts so far (drafter_restarted events)
+  int64_t failures = 0;
+  std::string last_failure;
+  step_histogram step_ms;
+};
+
+struct control_state {
+  static inline const char* name = "tandem.control";
+  control_options opts;
+  coordinator_actor coordinator;
+  clock_type::time_point start = clock_type::now();
+  std::deque<step_report> steps;                   ///< the last opts.steps_kept
+  std::deque<std::pair<int64_t, json>> events;     ///< (sequence number, line), the last opts.events_kept
+  int64_t next_event = 1;
+  std::map<int32_t, drafter_view> drafters;
+  int64_t requests = 0;
+  int64_t unauthorized = 0;
+  std::string last_unauthorized;
+  double uptime() const { return std::chrono::duration<double>(clock_type::now() - start).count(); }
+};
+
+using self_ptr = control_actor::stateful_pointer<control_state>;
+
+control_reply reply(int32_t status, const json& body) {
+  return {status, body.dump()};
+}
+
+control_reply error_reply(int32_t status, const std::string& what) {
+  return reply(status, {{"error", what}});
+}
+
+void add_event(control_state& s, json line) {
+  line["seq"] = s.next_event;
+  line["uptime_s"] = s.uptime();
+  s.events.emplace_back(s.next_event++, std::move(line));
+  while (s.events.size() > s.opts.events_kept)
+    s.events.pop_front();
+}
+
+json report_json(const step_report& r) {
+  return {{"drafter", r.drafter},       {"step", r.step},           {"batch", r.batch_id},
+          {"loss", r.loss},             {"accuracy", r.accuracy},   {"sim_accept", r.sim_accept},
+          {"grad_norm", r.grad_norm},   {"lr", r.lr},               {"tokens", r.real_tokens},
+          {"scored_tokens", r.scored_tokens}, {"finite", r.finite}, {"compute_ms", r.compute_ms},
+          {"wait_ms", r.wait_ms},       {"tflop", r.tflop}};
+}
+
+/// "/v1/steps?n=20" → path "/v1/steps", query {"n": "20"}.
+struct target_parts {
+  std::string path;
+  std::map<std::string, std::string> query;
+};
+
+target_parts split_target(const std::string& target) {
+  target_parts t;
+  const auto q = target.find('?');
+  t.path = target.substr(0, q);
+  if (q == std::string::npos)
+    return t;
+  std::string rest = target.substr(q + 1);
+  size_t i = 0;
+  while (i <= rest.size()) {
+    auto j = rest.find('&', i);
+    if (j == std::string::npos)
+      j = rest.size();
+    const auto kv = rest.substr(i, j - i);
+    const auto eq = kv.find('=');
+    if (!kv.empty())
+      t.query[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    i = j + 1;
+  }
+  while (t.path.size() > 1 && t.path.back() == '/')
+    t.path.pop_back();
+  return t;
+}
+
+/// A non-negative integer query parameter (`fallback` when absent); nullopt
+/// when present but not a number.
+std::optional<int64_t> query_int(const target_parts& t, const std::string& key, int64_t fallback) {
+  auto it = t.query.find(key);
+  if (it == t.query.end())
+    return fallback;
+  const auto& v = it->second;
+  if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(v);
+}
+
+/// The endpoints: GET /v1 lists them.
+const std::vector<std::pair<std::string, std::string>> endpoints = {
+  {"GET /v1", "this list"},
+  {"GET /v1/status", "the run: step, epoch, paused, ledger, credits, queues, the drafters' states"},
+  {"GET /v1/tree", "every actor: role, index, device, state, incarnation, steps handled"},
+  {"GET /v1/actors/ROLE/INDEX", "one actor in detail (a drafter: last report, step-time histogram)"},
+  {"GET /v1/ledger", "epoch, samples pending / issued / trained / committed, durable checkpoint"},
+  {"GET /v1/steps?n=N", "the last N step reports (default 20)"},
+  {"GET /v1/events?since=SEQ", "the events after sequence number SEQ (default 0: all kept)"},
+  {"GET /v1/config", "the effective config (TOML)"},
+  {"POST /v1/pause", "stop sending work to the drafters (the steps in progress finish)"},
+  {"POST /v1/resume", "send work again"},
+  {"POST /v1/checkpoint", "write a checkpoint now (after the step in progress)"},
+  {"POST /v1/stop", "as SIGTERM: finish the step, write a checkpoint, end"},
+};
+
+/// The actor tree from the plan's entries and the coordinator's status.
+json tree_json(control_state& s, const json& status) {
+  json actors = json::array();
+  std::map<int32_t, json> coord_drafters;
+  if (status.contains("drafters"))
+    for (const auto& d : status["drafters"])
+      coord_drafters[d.value("index", -1)] = d;
+  for (const auto& a : s.opts.actors) {
+    json e{{"role", a.role}, {"index", a.index}, {"device", a.device}, {"name", a.role + " " + std::to_string(a.index)}};
+    if (a.role == "drafter") {
+      const auto& v = s.drafters[a.index];
+      auto it = coord_drafters.find(a.index);
+      e["state"] = it != coord_drafters.end() ? it->second.value("state", "unknown") : "unknown";
+      e["incarnation"] = v.incarnation;
+      e["steps_handled"] = v.steps;
+      if (v.reported)
+        e["last_step"] = v.last.step;
+      e["failures"] = v.failures;
+    } else if (a.role == "coordinator") {
+      e["state"] = status.value("paused", false) ? "paused" : status.value("stopping", false) ? "stopping" : "running";
+      e["step"] = status.value("step", int64_t{0});
+    } else if (a.role == "control") {
+      e["state"] = "serving";
+      e["requests"] = s.requests;
+    } else {
+      e["state"] = status.value("stopping", false) ? "stopping" : "running";
+    }
+    actors.push_back(std::move(e));
+  }
+  return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)}};
+}
+
+/// Asks the coordinator for its status and answers with `make(status)`.
+template <class Make>
+caf::result<control_reply> with_status(self_ptr self, Make make) {
+  auto rp = self->make_response_promise<control_reply>();
+  self->request(self->state.coordinator, std::chrono::milliseconds(self->state.opts.answer_timeout_ms), status_atom::value)
+    .then(
+      [self, rp, make](const std::string& text) mutable {
+        auto status = json::parse(text, nullptr, false);
+        rp.deliver(make(self->state, status.is_discarded() ? json::object() : status));
+      },
+      [self, rp](const caf::error& err) mutable {
+        rp.deliver(error_reply(503, "the coordinator did not answer: " + self->system().render(err)));
+      });
+  return rp;
+}
+
+caf::result<control_reply> on_action(self_ptr self, const std::string& action, const control_request& req) {
+  if (!req.body.empty()) {
+    auto body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return error_reply(400, "the body of POST /v1/" + action + " must be a JSON object (or empty)");
+  }
+  auto rp = self->make_response_promise<control_reply>();
+  self->request(self->state.coordinator, std::chrono::milliseconds(self->state.opts.answer_timeout_ms),
+                control_command{action, req.source})
+    .then([rp](const std::string& result) mutable { rp.deliver(reply(200, {{"result", result}})); },
+          [self, rp](const caf::error& err) mutable {
+            // A refused action (the run is stopping) is a conflict, not our fault.
+            rp.deliver(error_reply(err.category() == error_category ? 409 : 503, self->system().render(err)));
+          });
+  return rp;
+}
+
+caf::result<control_reply> on_request(self_ptr self, const control_request& req) {
+  auto& s = self->state;
+  ++s.requests;
+  const auto t = split_target(req.target);
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+  auto wrong_method = [&](const char* allowed) {
+    return error_reply(405, req.method + " " + t.path + ": not allowed (" + allowed + ")");
+  };
+  if (t.path == "/v1") {
+    if (!get)
+      return wrong_method("GET");
+    json list = json::array();
+    for (const auto& [e, doc] : endpoints)
+      list.push_back({{"endpoint", e}, {"what", doc}});
+    return reply(200, {{"api", "v1"}, {"endpoints", list}});
+  }
+  if (t.path == "/v1/status") {
+    if (!get)
+      return wrong_method("GET");
+    return with_status(self, [](control_state& s, const json& status) {
+      return reply(200, {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"requests", s.requests},
+                         {"unauthorized", s.unauthorized}, {"coordinator", status}});
+    });
+  }
+  if (t.path == "/v1/tree") {
+    if (!get)
+      return wrong_method("GET");
+    return with_status(self, [](control_state& s, const json& status) { return reply(200, tree_json(s, status)); });
+  }
+  if (t.path == "/v1/ledger") {
+    if (!get)
+      return wrong_method("GET");
+    return with_status(self, [](control_state&, const json& status) {
+      json out{{"epoch", status.value("epoch", int64_t{0})},
+               {"step", status.value("step", int64_t{0})},
+               {"in_flight", status.value("in_flight", int64_t{0})},
+               {"queued", status.value("queued", int64_t{0})},
+               {"credits_per_prefetch", status.value("credits", int64_t{0})},
+               {"durable_step", status.value("durable_step", int64_t{-1})},
+               {"checkpoint", status.value("checkpoint", std::string())}};
+      if (status.contains("ledger"))
+        out["samples"] = status["ledger"];
+      return reply(200, out);
+    });
+  }
+  if (t.path == "/v1/steps") {
+    if (!get)
+      return wrong_method("GET");
+    const auto n = query_int(t, "n", 20);
+    if (!n)
+      return error_reply(400, "n must be a non-negative integer");
+    json out = json::array();
+    const auto first = s.steps.size() > static_cast<size_t>(*n) ? s.steps.size() - static_cast<size_t>(*n) : 0;
+    for (size_t i = first; i < s.steps.size(); ++i)
+      out.push_back(report_json(s.steps[i]));
+    return reply(200, {{"steps", out}});
+  }
+  if (t.path == "/v1/events") {
+    if (!get)
+      return wrong_method("GET");
+    const auto since = query_int(t, "since", 0);
+    if (!since)
+      return error_reply(400, "since must be a non-negative integer");
+    json out = json::array();
+    for (const auto& [seq, line] : s.events)
+      if (seq > *since)
+        out.push_back(line);
+    return reply(200, {{"events", out}, {"next", s.next_event - 1}});
+  }
+  if (t.path == "/v1/config") {
+    if (!get)
+      return wrong_method("GET");
+    return reply(200, {{"toml", s.opts.config_toml}});
+  }
+  if (t.path.rfind("/v1/actors/", 0) == 0) {
+    if (!get)
+      return wrong_method("GET");
+    const auto rest = t.path.substr(11);
+    const auto slash = rest.find('/');
+    const auto role = rest.substr(0, slash);
+    const auto index_text = slash == std::string::npos ? std::string("0") : rest.substr(slash + 1);
+    if (index_text.empty() || index_text.size() > 6 || index_text.find_first_not_of("0123456789") != std::string::npos)
+      return error_reply(400, "an actor is /v1/actors/ROLE/INDEX (e.g. /v1/actors/drafter/0)");
+    const auto index = static_cast<int32_t>(std::stoi(index_text));
+    const auto it = std::find_if(s.opts.actors.begin(), s.opts.actors.end(),
+                                 [&](const auto& a) { return a.role == role && a.index == index; });
+    if (it == s.opts.actors.end())
+      return error_reply(404, "no actor '" + role + " " + std::to_string(index) + "' (GET /v1/tree lists them)");
+    return with_status(self, [role, index](control_state& s, const json& status) {
+      auto tree = tree_json(s, status);
+      json out;
+      for (const auto& a : tree["actors"])
+        if (a["role"] == role && a["index"] == index)
+          out = a;
+      if (role == "drafter") {
+        const auto& v = s.drafters[index];
+        if (v.reported)
+          out["last_report"] = report_json(v.last);
+        out["step_ms_histogram"] = v.step_ms.to_json();
+        out["last_failure"] = v.last_failure;
+      }
+      return reply(200, out);
+    });
+  }
+  for (const char* action : {"pause", "resume", "checkpoint", "stop"})
+    if (t.path == std::string("/v1/") + action)
+      return post ? on_action(self, action, req) : wrong_method("POST");
+  return error_reply(404, "no endpoint " + t.path + " (GET /v1 lists them)");
+}
+
+} // namespace
+
+control_actor spawn_control(caf::actor_system& sys, control_options opts, coordinator_actor coordinator) {
+  auto behavior = [](self_ptr self, control_options o, coordinator_actor c) -> control_actor::behavior_type {
+    install_default_handler(self, control_state::name);
+    self->state.opts = std::move(o);
+    self->state.coordinator = std::move(c);
+    return {
+      [self](const control_request& req) { return on_request(self, req); },
+      [self](const step_report& r) {
+        auto& s = self->state;
+        s.steps.push_back(r);
+        while (s.steps.size() > s.opts.steps_kept)
+          s.steps.pop_front();
+        auto& v = s.drafters[r.drafter];
+        v.last = r;
+        v.reported = true;
+        ++v.steps;
+        v.step_ms.add(r.compute_ms);
+      },
+      [self](const run_event& e) {
+        auto& s = self->state;
+        if (const auto* x = caf::get_if<drafter_restarted_event>(&e))
+          ++s.drafters[x->drafter].incarnation;
+        if (const auto* x = caf::get_if<drafter_failed_event>(&e)) {
+          auto& v = s.drafters[x->drafter];
+          ++v.failures;
+          v.last_failure = x->reason;
+        }
+        add_event(s, event_line(e));
+      },
+      [self](event_atom, const std::string& text) {
+        auto line = json::parse(text, nullptr, false);
+        add_event(self->state, line.is_discarded() ? json{{"event", "text"}, {"text", text}} : line);
+      },
+      [self](unauthorized_atom, const std::string& who) {
+        ++self->state.unauthorized;
+        self->state.last_unauthorized = who;
+      },
+      [self](shutdown_atom) { self->quit(); },
+    };
+  };
+  return sys.spawn(behavior, std::move(opts), std::move(coordinator));
+}
+
+} // namespace tandem

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The control endpoint and `tandem shell` against a real `tandem run` (issue 17).
+
+    control_test.py TANDEM PYTHON FIXTURES
+
+The tiny run of run_test.toml on the CPU (long enough to be watched), then:
+
+- control.json: mode 0600, the address and a 64-hex-digit token;
+- no token, a wrong one -> 401, counted in /v1/status;
+- bad input, the run unharmed: malformed HTTP -> 400, a 16 KiB header -> 431,
+  a 128 KiB body -> 413, a body that is not JSON -> 400, an unknown path or
+  actor -> 404, a wrong method -> 405;
+- reads: /v1/tree (every actor of the plan, the drafter's state and steps),
+  /v1/steps (the same losses as metrics.jsonl's step lines), /v1/ledger,
+  /v1/events, /v1/config (the effective config), `tandem shell -c` and
+  `--json` with the same answers;
+- pause: no step for 2 s; resume: steps again; checkpoint: a checkpoint
+  event and folder; stop: exit 0, a final checkpoint, control.json gone;
+  every action a "control" event in metrics.jsonl naming its source;
+- the loss of every step equals an undisturbed run's (same steps, bit for bit);
+- `control.listen` off loopback is refused at start (exit 2, naming the field).
+
+~40 s on 2 cores.
+"""
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import urllib.error
+
+tandem, python, fixtures = sys.argv[1:4]
+here = os.path.dirname(os.path.abspath(__file__))
+work = tempfile.mkdtemp(prefix="tandem-control-")
+failures = []
+passed = 0
+
+
+def check(ok, what):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failures.append(what)
+        print("FAILED:", what, flush=True)
+
+
+def lines(path, kind=None):
+    out = []
+    if os.path.exists(path):
+        for l in open(path):
+            j = json.loads(l)
+            if kind is None or j.get("event") == kind:
+                out.append(j)
+    return out
+
+
+subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
+config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
+open(os.path.join(work, "run.toml"), "w").write(config)
+common = ["--set", "data.epochs=100", "--set", "train.max_steps=2000", "--set", "checkpoint.every_steps=0",
+          "--set", "checkpoint.host_every=0"]
+
+
+def start(name, *extra):
+    out = os.path.join(work, name)
+    log = open(out + ".log", "w")
+    p = subprocess.Popen([tandem, "run", os.path.join(work, "run.toml"), "--set", f"run.output_dir={out}", *common,
+                          *extra], stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    return p, out
+
+
+# Refused at start: off loopback.
+r = subprocess.run([tandem, "run", os.path.join(work, "run.toml"), "--set", "control.listen=0.0.0.0:0",
+                    "--set", f"run.output_dir={work}/refused"], capture_output=True, text=True)
+check(r.returncode == 2 and "control.listen" in r.stderr and "loopback" in r.stderr,
+      f"control.listen off loopback refused (exit {r.returncode}): {r.stderr[-300:]}")
+r = subprocess.run([tandem, "run", os.path.join(work, "run.toml"), "--set", "control.listen=127.0.0.1:http",
+                    "--set", f"run.output_dir={work}/refused"], capture_output=True, text=True)
+check(r.returncode == 2 and "control.listen" in r.stderr, f"a bad control.listen refused: {r.stderr[-300:]}")
+
+proc, run_dir = start("run")
+control_file = os.path.join(run_dir, "control.json")
+metrics = os.path.join(run_dir, "metrics.jsonl")
+deadline = time.time() + 60
+while time.time() < deadline and not (os.path.exists(control_file) and len(lines(metrics, "step")) >= 5):
+    if proc.poll() is not None:
+        break
+    time.sleep(0.2)
+if not os.path.exists(control_file):
+    print(open(run_dir + ".log").read()[-2000:])
+    sys.exit("FAILED: no control.json")
+ctl = json.load(open(control_file))
+mode = stat.S_IMODE(os.stat(control_file).st_mode)
+check(mode == 0o600, f"control.json mode {oct(mode)}")
+check(len(ctl["token"]) == 64 and all(c in "0123456789abcdef" for c in ctl["token"]), "a 64-hex-digit token")
+base = ctl["url"]
+
+
+def http(method, path, body=None, token=ctl["token"], headers=None):
+    req = urllib.request.Request(base + path, method=method, data=body)
+    if token is not None:
+        req.add_header("Authorization", "Bearer " + token)
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=15) as res:
+            return res.status, json.loads(res.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def raw(data):
+    """Sends bytes as they are; the status code of the answer (0: none)."""
+    s = socket.create_connection((ctl["host"], ctl["port"]), timeout=15)
+    s.sendall(data)
+    got = b""
+    try:
+        while b"\r\n" not in got:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        s.close()
+    parts = got.split(b" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+# Authentication.
+check(http("GET", "/v1/status", token=None)[0] == 401, "no token: 401")
+check(http("GET", "/v1/status", token="0" * 64)[0] == 401, "a wrong token: 401")
+check(http("GET", "/v1/status", token=ctl["token"][:-1])[0] == 401, "a token one digit short: 401")
+code, status = http("GET", "/v1/status")
+check(code == 200 and status["unauthorized"] == 3, f"the refused requests are counted: {status}")
+
+# Bad input.
+auth = f"Authorization: Bearer {ctl['token']}\r\n".encode()
+check(raw(b"GARBAGE\r\n\r\n") == 400, "malformed HTTP: 400")
+check(raw(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Big: " + b"a" * 16384 + b"\r\n\r\n") == 431,
+      "a 16 KiB header: 431")
+check(raw(b"POST /v1/pause HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 131072\r\n\r\n" + b"{" * 131072)
+      == 413, "a 128 KiB body: 413")
+check(http("POST", "/v1/pause", body=b"{not json")[0] == 400, "a body that is not JSON: 400")
+check(http("GET", "/v1/nothing")[0] == 404, "an unknown path: 404")
+check(http("GET", "/v1/actors/drafter/7")[0] == 404, "an unknown actor: 404")
+check(http("GET", "/v1/actors/drafter/x")[0] == 400, "a bad actor index: 400")
+check(http("GET", "/v1/pause")[0] == 405, "GET of an action: 405")
+check(http("POST", "/v1/tree")[0] == 405, "POST of a read: 405")
+check(http("DELETE", "/v1/tree")[0] == 405, "DELETE: 405")
+check(http("GET", "/v1/steps?n=abc")[0] == 400, "a bad query: 400")
+
+# Reads.
+code, tree = http("GET", "/v1/tree")
+roles = sorted((a["role"], a["index"]) for a in tree["actors"])
+check(code == 200 and ("drafter", 0) in roles and ("target", 0) in roles and ("prefetch", 0) in roles
+      and ("coordinator", 0) in roles, f"the tree lists the plan's actors: {roles}")
+drafter = [a for a in tree["actors"] if a["role"] == "drafter"][0]
+check(drafter["state"] in ("idle", "stepping") and drafter["steps_handled"] >= 5 and drafter["device"] == "cpu",
+      f"the drafter's row: {drafter}")
+code, detail = http("GET", "/v1/actors/drafter/0")
+check(code == 200 and "last_report" in detail and sum(b["count"] for b in detail["step_ms_histogram"])
+      == detail["steps_handled"], "drafter 0 in detail: last report, a histogram of every step")
+code, steps = http("GET", "/v1/steps?n=5")
+check(code == 200 and len(steps["steps"]) == 5, "the last 5 steps")
+logged = {l["step"]: l["loss"] for l in lines(metrics, "step")}
+check(all(logged.get(s["step"]) == s["loss"] for s in steps["steps"] if s["step"] in logged)
+      and any(s["step"] in logged for s in steps["steps"]), "the steps' losses equal metrics.jsonl's")
+code, ledger = http("GET", "/v1/ledger")
+check(code == 200 and set(ledger["samples"]) == {"pending", "issued", "trained", "committed"}
+      and sum(ledger["samples"].values()) == 64, f"the ledger covers the epoch's 64 samples: {ledger}")
+code, cfg = http("GET", "/v1/config")
+check(code == 200 and "max_steps = 2000" in cfg["toml"], "the effective config")
+code, events = http("GET", "/v1/events")
+check(code == 200 and events["events"] and events["events"][0]["event"] == "epoch", "the event log")
+shell = subprocess.run([tandem, "shell", run_dir, "-c", "tree", "-c", "status", "-c", "ledger", "-c", "steps 3",
+                        "-c", "show drafter 0", "-c", "top"], capture_output=True, text=True, timeout=60)
+check(shell.returncode == 0 and "drafter 0" in shell.stdout and "committed" in shell.stdout,
+      f"tandem shell -c: {shell.returncode} {shell.stderr[-300:]}")
+shell = subprocess.run([tandem, "shell", run_dir, "--json", "-c", "tree"], capture_output=True, text=True, timeout=30)
+check(shell.returncode == 0 and json.loads(shell.stdout)["actors"], "tandem shell --json")
+shell = subprocess.run([tandem, "shell", run_dir, "-c", "frobnicate"], capture_output=True, text=True, timeout=30)
+check(shell.returncode == 2 and "unknown command" in shell.stderr, "an unknown shell command: exit 2")
+shell = subprocess.run([tandem, "shell", f"{ctl['host']}:{ctl['port']}", "-c", "status"], capture_output=True,
+                       text=True, timeout=30, env={**os.environ, "TANDEM_TOKEN": "f" * 64})
+check(shell.returncode == 1 and "wrong token" in shell.stderr, f"HOST:PORT with a wrong TANDEM_TOKEN: {shell.stderr}")
+
+# Pause, resume, checkpoint.
+code, ans = http("POST", "/v1/pause")
+check(code == 200 and "paused" in ans["result"], f"pause: {ans}")
+time.sleep(1.0)  # the step in progress ends
+step_a = http("GET", "/v1/status")[1]["coordinator"]["step"]
+time.sleep(2.0)
+st = http("GET", "/v1/status")[1]["coordinator"]
+check(st["step"] == step_a and st["paused"], f"paused: step {step_a} -> {st['step']}")
+check(http("GET", "/v1/tree")[1]["actors"][0]["state"] == "paused", "the coordinator's row says paused")
+code, ans = http("POST", "/v1/checkpoint", body=b"{}")
+check(code == 200 and "checkpoint" in ans["result"], f"checkpoint: {ans}")
+time.sleep(1.0)
+cks = lines(metrics, "checkpoint")
+check(any(c["step"] == step_a for c in cks) and os.path.isdir(os.path.join(run_dir, "checkpoints",
+                                                                           "step-%08d" % step_a)),
+      f"a checkpoint of the paused step {step_a}: {cks}")
+code, ans = http("POST", "/v1/resume")
+check(code == 200 and "resumed" in ans["result"], f"resume: {ans}")
+time.sleep(1.5)
+check(http("GET", "/v1/status")[1]["coordinator"]["step"] > step_a, "steps again after resume")
+
+# Stop.
+stop = subprocess.run([tandem, "shell", run_dir, "-c", "stop"], capture_output=True, text=True, timeout=30)
+check(stop.returncode == 0 and "stopping" in stop.stdout, f"stop: {stop.stdout} {stop.stderr}")
+rc = proc.wait(timeout=120)
+check(rc == 0, f"the stopped run exits 0 (got {rc})")
+end = lines(metrics, "end")
+last = end[-1]["steps"] if end else -1
+check(end and end[-1]["reason"] == "stopped" and end[-1]["durable_step"] == last and not end[-1].get("error"),
+      f"the run ended 'stopped' with everything in a checkpoint: {end}")
+check(not os.path.exists(control_file), "control.json is removed at the end")
+actions = [(c["action"], "tandem-shell" in c["source"] or "Python-urllib" in c["source"])
+           for c in lines(metrics, "control")]
+check(actions == [("pause", True), ("checkpoint", True), ("resume", True), ("stop", True)],
+      f"every action is a control event naming its source: {actions}")
+after = subprocess.run([tandem, "shell", run_dir, "-c", "status"], capture_output=True, text=True, timeout=30)
+check(after.returncode == 2 and "control.json" in after.stderr, "the shell after the run: no control.json")
+
+# The same steps undisturbed: the same losses, bit for bit.
+ref, ref_dir = start("reference", "--set", f"train.max_steps={last}", "--set", "control.listen=")
+check(ref.wait(timeout=300) == 0, "the undisturbed run")
+ref_loss = {l["step"]: l["loss"] for l in lines(os.path.join(ref_dir, "metrics.jsonl"), "step")}
+run_loss = {l["step"]: l["loss"] for l in lines(metrics, "step")}
+check(len(ref_loss) == last and ref_loss == run_loss,
+      f"the loss of each of the {last} steps equals the undisturbed run's "
+      f"({sum(ref_loss.get(k) != v for k, v in run_loss.items())} differ)")
+check(not os.path.exists(os.path.join(ref_dir, "control.json")), "control.listen = \"\": no endpoint")
+
+print(f"{passed} passed, {len(failures)} failed")
+if not failures and not os.environ.get("KEEP_WORK"):
+    subprocess.run(["rm", "-rf", work])
+sys.exit(1 if failures else 0)

@@ -1,0 +1,149 @@
+// Control protocol (messages/control.hpp): the real control actor of
+// actors/control.cpp on CAF's deterministic test coordinator, fed by the
+// real metrics actor, with a recording coordinator (support.hpp) whose
+// status is "{}" and which answers every control_command "recorded".  The
+// coordinator's own side of the actions is in coordinator_protocol_test.cpp.
+#define CAF_SUITE control_protocol
+
+#include "actors/spawn.hpp"  // before dsl.hpp (its `inject` macro)
+#include "support.hpp"
+
+#include "dsl.hpp"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+struct fixture : test_coordinator_fixture<config> {
+  std::shared_ptr<coordinator_log> log = std::make_shared<coordinator_log>();
+  coordinator_actor coord = sys.spawn(recording_coordinator, log);
+  control_actor control;
+  metrics_actor metrics;
+
+  fixture() {
+    control_options o;
+    o.run_name = "proto";
+    o.config_toml = "[train]\nmax_steps = 7\n";
+    o.actors = {{"coordinator", 0, "cpu"}, {"drafter", 0, "cuda:0"}, {"drafter", 1, "cuda:1"}};
+    o.steps_kept = 4;
+    o.events_kept = 3;
+    control = spawn_control(sys, o, coord);
+    metrics_options mo;
+    mo.progress = false;
+    metrics = spawn_metrics(sys, mo, control);  // no file: only the feed
+  }
+
+  ~fixture() {
+    for (const auto& a : {caf::actor_cast<caf::actor>(control), caf::actor_cast<caf::actor>(metrics),
+                          caf::actor_cast<caf::actor>(coord)})
+      caf::anon_send(a, shutdown_atom::value);
+    run();
+  }
+
+  /// The reply to one request (status and parsed body).
+  std::pair<int32_t, nlohmann::json> call(const std::string& method, const std::string& target,
+                                          const std::string& body = "") {
+    auto a = ask<control_reply>(sys, control, control_request{method, target, body, "test-client"});
+    run();
+    CAF_REQUIRE(a->value.has_value());
+    return {a->value->status, nlohmann::json::parse(a->value->body)};
+  }
+
+  static step_report report(int32_t drafter, int64_t step, double ms) {
+    step_report r;
+    r.drafter = drafter;
+    r.step = step;
+    r.loss = 10.0 - static_cast<double>(step);
+    r.compute_ms = ms;
+    return r;
+  }
+};
+
+} // namespace
+
+CAF_TEST_FIXTURE_SCOPE(control_protocol_tests, fixture)
+
+CAF_TEST(step reports reach the endpoint through the metrics actor and the last ones are kept) {
+  for (int64_t k = 1; k <= 6; ++k)
+    self->send(metrics, report(static_cast<int32_t>(k % 2), k, 0.5 + static_cast<double>(k)));
+  run();
+  auto [code, steps] = call("GET", "/v1/steps?n=3");
+  CAF_CHECK_EQUAL(code, 200);
+  CAF_REQUIRE_EQUAL(steps["steps"].size(), 3u);
+  CAF_CHECK_EQUAL(steps["steps"][0]["step"], 4);
+  CAF_CHECK_EQUAL(steps["steps"][2]["step"], 6);
+  CAF_CHECK_EQUAL(steps["steps"][2]["loss"], 4.0);
+  const auto kept = call("GET", "/v1/steps?n=100").second;
+  CAF_CHECK_EQUAL(kept["steps"].size(), 4u);  // steps_kept
+  // Drafter 1 took steps 1, 3, 5 (1.5, 3.5, 5.5 ms): buckets ≤2, ≤4, ≤8 ms.
+  auto [dcode, d1] = call("GET", "/v1/actors/drafter/1");
+  CAF_CHECK_EQUAL(dcode, 200);
+  CAF_CHECK_EQUAL(d1["device"], "cuda:1");
+  CAF_CHECK_EQUAL(d1["steps_handled"], 3);
+  CAF_CHECK_EQUAL(d1["last_report"]["step"], 5);
+  const auto& h = d1["step_ms_histogram"];
+  CAF_CHECK_EQUAL(h[1]["count"], 1);
+  CAF_CHECK_EQUAL(h[2]["count"], 1);
+  CAF_CHECK_EQUAL(h[3]["count"], 1);
+}
+
+CAF_TEST(events keep their sequence numbers and since filters them) {
+  self->send(metrics, run_event{epoch_event{0, 64, 0}});
+  self->send(metrics, run_event{drafter_failed_event{1, "boom", 3, 1, "memory", 2, "", 1, 3, 0.1}});
+  self->send(metrics, run_event{drafter_restarted_event{1, 3, "memory (step 3)"}});
+  self->send(metrics, event_atom::value, std::string(R"({"event":"resumed","step":3})"));
+  run();
+  auto [code, all] = call("GET", "/v1/events");
+  CAF_CHECK_EQUAL(code, 200);
+  CAF_REQUIRE_EQUAL(all["events"].size(), 3u);  // events_kept: the first is gone
+  CAF_CHECK_EQUAL(all["events"][0]["seq"], 2);
+  CAF_CHECK_EQUAL(all["events"][0]["event"], "drafter_failed");
+  CAF_CHECK_EQUAL(all["events"][2]["event"], "resumed");
+  CAF_CHECK_EQUAL(all["next"], 4);
+  const auto since = call("GET", "/v1/events?since=3").second;
+  CAF_CHECK_EQUAL(since["events"].size(), 1u);
+  auto tree = call("GET", "/v1/tree").second;
+  CAF_REQUIRE_EQUAL(tree["actors"].size(), 3u);
+  CAF_CHECK_EQUAL(tree["actors"][2]["incarnation"], 1);
+  CAF_CHECK_EQUAL(tree["actors"][2]["failures"], 1);
+  const auto d1 = call("GET", "/v1/actors/drafter/1").second;
+  CAF_CHECK_EQUAL(d1["last_failure"], "boom");
+}
+
+CAF_TEST(actions go to the coordinator with their source) {
+  auto [code, ans] = call("POST", "/v1/pause", "{}");
+  CAF_CHECK_EQUAL(code, 200);
+  CAF_CHECK_EQUAL(ans["result"], "recorded");
+  CAF_CHECK_EQUAL(call("POST", "/v1/stop").first, 200);
+  CAF_CHECK_EQUAL(log->order, (std::vector<std::string>{"control pause", "control stop"}));
+}
+
+CAF_TEST(bad requests get 4xx and reach nobody) {
+  CAF_CHECK_EQUAL(call("GET", "/v2/status").first, 404);
+  CAF_CHECK_EQUAL(call("GET", "/v1/pause").first, 405);
+  CAF_CHECK_EQUAL(call("POST", "/v1/tree").first, 405);
+  CAF_CHECK_EQUAL(call("POST", "/v1/pause", "[1, 2").first, 400);
+  CAF_CHECK_EQUAL(call("POST", "/v1/pause", "[1, 2]").first, 400);  // not an object
+  CAF_CHECK_EQUAL(call("GET", "/v1/steps?n=-1").first, 400);
+  CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/2").first, 404);
+  CAF_CHECK_EQUAL(call("GET", "/v1/actors/target/0").first, 404);
+  CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/").first, 400);
+  CAF_CHECK(log->order.empty());
+}
+
+CAF_TEST(the refused requests are counted and the config is served) {
+  self->send(control, unauthorized_atom::value, std::string("10.0.0.1:1 curl"));
+  self->send(control, unauthorized_atom::value, std::string("10.0.0.1:2 curl"));
+  run();
+  auto [code, status] = call("GET", "/v1/status");
+  CAF_CHECK_EQUAL(code, 200);
+  CAF_CHECK_EQUAL(status["unauthorized"], 2);
+  CAF_CHECK_EQUAL(status["run"], "proto");
+  const auto config = call("GET", "/v1/config").second;
+  CAF_CHECK_EQUAL(config["toml"], "[train]\nmax_steps = 7\n");
+  const auto index = call("GET", "/v1").second;
+  CAF_CHECK(index["endpoints"].size() > 8);
+}
+
+CAF_TEST_FIXTURE_SCOPE_END()

@@ -1,0 +1,493 @@
+// `tandem shell`: the inspection shell against a running `tandem run`
+// (its control endpoint, actors/control_http.hpp; the API is docs/control.md).
+#include <poll.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "launch/run_config.hpp"
+
+namespace tandem::cli {
+
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+struct endpoint {
+  std::string host;
+  std::string port;
+  std::string token;
+  std::string where;  ///< for messages: the run folder or HOST:PORT
+};
+
+struct answer {
+  int status = 0;      ///< 0: no answer (error says why)
+  json body;
+  std::string error;
+};
+
+/// One request; a fresh connection each time (the shell is not a hot path).
+answer call(const endpoint& ep, http::verb method, const std::string& target, const std::string& body = "",
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+  answer a;
+  net::io_context io;
+  beast::tcp_stream stream(io);
+  tcp::resolver resolver(io);
+  http::request<http::string_body> req{method, target, 11};
+  req.set(http::field::host, ep.host);
+  req.set(http::field::user_agent, "tandem-shell");
+  req.set(http::field::authorization, "Bearer " + ep.token);
+  if (method == http::verb::post) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+  }
+  req.prepare_payload();
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  beast::error_code failure;
+  stream.expires_after(timeout);
+  resolver.async_resolve(ep.host, ep.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
+    if (ec) {
+      failure = ec;
+      return;
+    }
+    stream.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
+      if (ec) {
+        failure = ec;
+        return;
+      }
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+        if (ec) {
+          failure = ec;
+          return;
+        }
+        http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { failure = ec; });
+      });
+    });
+  });
+  io.run();
+  if (failure) {
+    a.error = "the run's control endpoint (" + ep.where + ", " + ep.host + ":" + ep.port + ") does not answer: "
+              + failure.message() + (failure == net::error::connection_refused ? " (has the run ended?)" : "");
+    return a;
+  }
+  a.status = static_cast<int>(res.result_int());
+  a.body = json::parse(res.body(), nullptr, false);
+  if (a.body.is_discarded())
+    a.body = json{{"error", "not JSON: " + res.body().substr(0, 200)}};
+  if (a.status >= 300)
+    a.error = a.body.value("error", "HTTP " + std::to_string(a.status));
+  return a;
+}
+
+/// The endpoint from a run folder's control.json or HOST:PORT plus a token.
+endpoint find_endpoint(const std::string& target, const std::string& token_file) {
+  endpoint ep;
+  std::string token;
+  if (!token_file.empty()) {
+    std::ifstream f(token_file);
+    if (!f)
+      throw std::runtime_error("--token-file " + token_file + ": cannot read it");
+    std::getline(f, token);
+  } else if (const char* t = std::getenv("TANDEM_TOKEN")) {
+    token = t;
+  }
+  if (auto a = parse_listen(target)) {
+    ep.host = a->host;
+    ep.port = std::to_string(a->port);
+    ep.where = target;
+    if (token.empty())
+      throw std::runtime_error("HOST:PORT needs the run's token: --token-file FILE or TANDEM_TOKEN (it is in "
+                               "RUN_DIR/control.json)");
+    ep.token = token;
+    return ep;
+  }
+  const auto file = std::filesystem::path(target) / "control.json";
+  std::ifstream f(file);
+  if (!f)
+    throw std::runtime_error(file.string() + ": no such file: " + target
+                             + " is not a running run's folder (a run writes control.json when its control "
+                               "endpoint starts and removes it when it ends; [control] listen = \"\" has none)");
+  auto j = json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.contains("host") || !j.contains("port") || !j.contains("token"))
+    throw std::runtime_error(file.string() + ": not a control file (host, port, token)");
+  ep.host = j["host"].get<std::string>();
+  ep.port = std::to_string(j["port"].get<int>());
+  ep.token = token.empty() ? j["token"].get<std::string>() : token;
+  ep.where = target;
+  return ep;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string pad(std::string s, size_t n) {
+  if (s.size() < n)
+    s.append(n - s.size(), ' ');
+  return s;
+}
+
+std::string num(const json& j, const char* key, int digits = -1) {
+  if (!j.contains(key) || j[key].is_null())
+    return "-";
+  const auto& v = j[key];
+  if (v.is_number_float() && digits >= 0)
+    return fixed(v.get<double>(), digits);
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+void print_tree(const json& t) {
+  std::printf("%s  (up %s s)\n", t.value("run", "").c_str(), fixed(t.value("uptime_s", 0.0), 0).c_str());
+  std::printf("%s %s %s %s\n", pad("ACTOR", 14).c_str(), pad("DEVICE", 8).c_str(), pad("STATE", 13).c_str(), "DETAIL");
+  for (const auto& a : t["actors"]) {
+    std::string detail;
+    if (a["role"] == "drafter")
+      detail = "incarnation " + num(a, "incarnation") + ", " + num(a, "steps_handled") + " steps, last "
+               + num(a, "last_step") + ", failures " + num(a, "failures");
+    else if (a["role"] == "coordinator")
+      detail = "step " + num(a, "step");
+    else if (a["role"] == "control")
+      detail = num(a, "requests") + " requests";
+    std::printf("%s %s %s %s\n", pad(a.value("name", ""), 14).c_str(), pad(a.value("device", ""), 8).c_str(),
+                pad(a.value("state", ""), 13).c_str(), detail.c_str());
+  }
+}
+
+void print_status(const json& s) {
+  const auto& c = s["coordinator"];
+  std::printf("run %s: step %s, epoch %s%s%s; up %s s; %s requests, %s unauthorized\n", s.value("run", "").c_str(),
+              num(c, "step").c_str(), num(c, "epoch").c_str(), c.value("paused", false) ? ", PAUSED" : "",
+              c.value("stopping", false) ? ", stopping" : "", fixed(s.value("uptime_s", 0.0), 0).c_str(),
+              num(s, "requests").c_str(), num(s, "unauthorized").c_str());
+  if (c.contains("ledger"))
+    std::printf("ledger: %s\n", c["ledger"].dump().c_str());
+  std::printf("in flight %s, queued %s, busy %s; durable step %s\n", num(c, "in_flight").c_str(),
+              num(c, "queued").c_str(), num(c, "busy").c_str(), num(c, "durable_step").c_str());
+}
+
+void print_ledger(const json& l) {
+  std::printf("epoch %s, step %s\n", num(l, "epoch").c_str(), num(l, "step").c_str());
+  if (l.contains("samples"))
+    for (const char* k : {"pending", "issued", "trained", "committed"})
+      std::printf("  %s %s\n", pad(k, 10).c_str(), num(l["samples"], k).c_str());
+  std::printf("in flight %s, queued %s, credits per prefetch %s\n", num(l, "in_flight").c_str(),
+              num(l, "queued").c_str(), num(l, "credits_per_prefetch").c_str());
+  std::printf("durable step %s (%s)\n", num(l, "durable_step").c_str(), l.value("checkpoint", "").c_str());
+}
+
+void print_steps(const json& s) {
+  std::printf("%s %s %s %s %s %s %s\n", pad("STEP", 8).c_str(), pad("DRAFTER", 8).c_str(), pad("LOSS", 9).c_str(),
+              pad("ACC", 7).c_str(), pad("SIM-TAU", 8).c_str(), pad("LR", 10).c_str(), "STEP-MS");
+  for (const auto& r : s["steps"])
+    std::printf("%s %s %s %s %s %s %s\n", pad(num(r, "step"), 8).c_str(), pad(num(r, "drafter"), 8).c_str(),
+                pad(num(r, "loss", 4), 9).c_str(), pad(num(r, "accuracy", 3), 7).c_str(),
+                pad(num(r, "sim_accept", 2), 8).c_str(), pad(num(r, "lr", 6), 10).c_str(),
+                num(r, "compute_ms", 1).c_str());
+}
+
+void print_events(const json& e) {
+  for (const auto& line : e["events"]) {
+    auto rest = line;
+    rest.erase("seq");
+    rest.erase("event");
+    rest.erase("uptime_s");
+    rest.erase("time_s");
+    rest.erase("run");
+    std::printf("#%s %s %s\n", num(line, "seq").c_str(), line.value("event", "?").c_str(), rest.dump().c_str());
+  }
+}
+
+const char* help_text =
+  "commands:\n"
+  "  status               the run: step, epoch, paused, ledger, queues\n"
+  "  tree                 every actor: device, state, incarnation\n"
+  "  show ROLE [INDEX]    one actor in detail (show drafter 0)\n"
+  "  top                  a full-screen view refreshed every second (q leaves)\n"
+  "  ledger               samples pending / issued / trained / committed\n"
+  "  steps [N]            the last N step reports (default 20)\n"
+  "  events [-f]          the event log (-f: follow it; Ctrl-C leaves)\n"
+  "  config               the effective config\n"
+  "  pause | resume       stop / restart sending work to the drafters\n"
+  "  checkpoint           write a checkpoint now\n"
+  "  stop                 as SIGTERM: finish the step, checkpoint, end the run\n"
+  "  help, quit\n";
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string x; in >> x;)
+    w.push_back(x);
+  return w;
+}
+
+/// Reads one key within `ms` (raw mode set by the caller); 0 when none.
+char key_within(int ms) {
+  pollfd p{STDIN_FILENO, POLLIN, 0};
+  if (::poll(&p, 1, ms) > 0) {
+    char c = 0;
+    if (::read(STDIN_FILENO, &c, 1) == 1)
+      return c;
+  }
+  return 0;
+}
+
+/// `top`: the tree and the last reports, refreshed every second until `q`.
+int top(const endpoint& ep, bool once) {
+  termios saved{};
+  const bool tty = ::isatty(STDIN_FILENO) != 0 && !once;
+  if (tty) {
+    ::tcgetattr(STDIN_FILENO, &saved);
+    termios raw = saved;
+    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+  }
+  int rc = 0;
+  for (;;) {
+    auto tree = call(ep, http::verb::get, "/v1/tree");
+    auto status = call(ep, http::verb::get, "/v1/status");
+    auto steps = call(ep, http::verb::get, "/v1/steps?n=200");
+    if (!tree.error.empty() || !status.error.empty()) {
+      std::printf("%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
+      rc = 1;
+      break;
+    }
+    std::string out = tty ? "\x1b[H\x1b[2J" : "";
+    const auto& c = status.body["coordinator"];
+    out += "tandem top - " + status.body.value("run", "") + "  step " + num(c, "step") + "  epoch " + num(c, "epoch")
+           + (c.value("paused", false) ? "  PAUSED" : "") + (c.value("stopping", false) ? "  stopping" : "")
+           + "   (q leaves)\n\n";
+    out += pad("ACTOR", 14) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
+           + pad("SIM-TAU", 9) + pad("WAIT%", 7) + "STEP-MS\n";
+    for (const auto& a : tree.body["actors"]) {
+      std::string rate = "-", loss = "-", acc = "-", tau = "-", wait = "-", ms = "-";
+      if (a["role"] == "drafter") {
+        // From this drafter's reports among the last 200.
+        double first_t = -1, busy = 0, idle = 0, n = 0;
+        json last;
+        for (const auto& r : steps.body["steps"])
+          if (r["drafter"] == a["index"]) {
+            busy += r.value("compute_ms", 0.0);
+            idle += r.value("wait_ms", 0.0);
+            n += 1;
+            last = r;
+          }
+        (void)first_t;
+        if (n > 0) {
+          rate = fixed(1000.0 * n / std::max(1e-9, busy + idle), 2);
+          loss = num(last, "loss", 4);
+          acc = num(last, "accuracy", 3);
+          tau = num(last, "sim_accept", 2);
+          wait = fixed(100.0 * idle / std::max(1e-9, busy + idle), 1);
+          ms = fixed(busy / n, 1);
+        }
+      }
+      out += pad(a.value("name", ""), 14) + pad(a.value("device", ""), 8) + pad(a.value("state", ""), 13)
+             + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + ms + "\n";
+    }
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+    if (once)
+      break;
+    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
+    if (k == 'q' || k == 'Q')
+      break;
+  }
+  if (tty)
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+  return rc;
+}
+
+/// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse).
+int run_command(const endpoint& ep, const std::string& line, bool as_json, bool interactive) {
+  const auto w = words(line);
+  if (w.empty())
+    return 0;
+  const auto& cmd = w[0];
+  auto show = [&](const answer& a, void (*pretty)(const json&)) {
+    if (!a.error.empty()) {
+      std::fprintf(stderr, "%s\n", a.error.c_str());
+      return 1;
+    }
+    if (as_json || !pretty)
+      std::printf("%s\n", a.body.dump(as_json ? -1 : 2).c_str());
+    else
+      pretty(a.body);
+    return 0;
+  };
+  if (cmd == "help" || cmd == "?") {
+    std::fputs(help_text, stdout);
+    return 0;
+  }
+  if (cmd == "status")
+    return show(call(ep, http::verb::get, "/v1/status"), print_status);
+  if (cmd == "tree")
+    return show(call(ep, http::verb::get, "/v1/tree"), print_tree);
+  if (cmd == "ledger")
+    return show(call(ep, http::verb::get, "/v1/ledger"), print_ledger);
+  if (cmd == "config") {
+    auto a = call(ep, http::verb::get, "/v1/config");
+    if (a.error.empty() && !as_json) {
+      std::fputs(a.body.value("toml", "").c_str(), stdout);
+      return 0;
+    }
+    return show(a, nullptr);
+  }
+  if (cmd == "steps") {
+    const std::string n = w.size() > 1 ? w[1] : "20";
+    return show(call(ep, http::verb::get, "/v1/steps?n=" + n), print_steps);
+  }
+  if (cmd == "show") {
+    if (w.size() < 2) {
+      std::fprintf(stderr, "show ROLE [INDEX] (e.g. show drafter 0)\n");
+      return 2;
+    }
+    // "drafter1" or "drafter 1"
+    std::string role = w[1], index = w.size() > 2 ? w[2] : "";
+    while (!role.empty() && std::isdigit(static_cast<unsigned char>(role.back())) && index.empty()) {
+      const auto at = role.find_first_of("0123456789");
+      index = role.substr(at);
+      role = role.substr(0, at);
+    }
+    return show(call(ep, http::verb::get, "/v1/actors/" + role + "/" + (index.empty() ? "0" : index)), nullptr);
+  }
+  if (cmd == "events") {
+    const bool follow = w.size() > 1 && (w[1] == "-f" || w[1] == "--follow");
+    int64_t since = 0;
+    for (;;) {
+      auto a = call(ep, http::verb::get, "/v1/events?since=" + std::to_string(since));
+      if (!a.error.empty()) {
+        if (since > 0 && a.status == 0) {
+          std::printf("the run has ended (%s)\n", a.error.c_str());
+          return 0;
+        }
+        std::fprintf(stderr, "%s\n", a.error.c_str());
+        return 1;
+      }
+      if (as_json)
+        for (const auto& e : a.body["events"])
+          std::printf("%s\n", e.dump().c_str());
+      else
+        print_events(a.body);
+      std::fflush(stdout);
+      since = a.body.value("next", since);
+      if (!follow)
+        return 0;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  if (cmd == "top")
+    return top(ep, !interactive);
+  for (const char* action : {"pause", "resume", "checkpoint", "stop"})
+    if (cmd == action) {
+      auto a = call(ep, http::verb::post, std::string("/v1/") + action, "{}");
+      if (!a.error.empty()) {
+        std::fprintf(stderr, "%s: %s\n", action, a.error.c_str());
+        return 1;
+      }
+      if (as_json)
+        std::printf("%s\n", a.body.dump().c_str());
+      else
+        std::printf("%s\n", a.body.value("result", "").c_str());
+      return 0;
+    }
+  std::fprintf(stderr, "unknown command '%s' (help lists them)\n", cmd.c_str());
+  return 2;
+}
+
+} // namespace
+
+void add_shell(CLI::App& app, int& exit_code) {
+  struct options {
+    std::string target;
+    std::string token_file;
+    std::vector<std::string> commands;
+    bool json = false;
+  };
+  auto o = std::make_shared<options>();
+  auto* cmd = app.add_subcommand("shell", "Inspect and steer a running `tandem run` through its control endpoint "
+                                          "(tree, status, top, steps, events, pause, resume, checkpoint, stop)");
+  cmd->add_option("target", o->target,
+                  "The run's folder (its control.json says where and holds the token), or HOST:PORT")
+    ->required();
+  cmd->add_option("--token-file", o->token_file,
+                  "A file holding the token (else TANDEM_TOKEN, else the run folder's control.json)");
+  cmd->add_option("-c,--command", o->commands, "Run this command and exit (repeatable; exit status 1 if one "
+                                               "fails); without it the shell reads commands from the terminal");
+  cmd->add_flag("--json", o->json, "Print the endpoint's JSON answers, one per line");
+  cmd->callback([o, &exit_code] {
+    endpoint ep;
+    try {
+      ep = find_endpoint(o->target, o->token_file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem shell: %s\n", e.what());
+      exit_code = 2;
+      return;
+    }
+    if (!o->commands.empty()) {
+      exit_code = 0;
+      for (const auto& c : o->commands)
+        if (int rc = run_command(ep, c, o->json, false); rc != 0)
+          exit_code = rc;
+      return;
+    }
+    // Interactive.
+    auto hello = call(ep, http::verb::get, "/v1/status");
+    if (!hello.error.empty()) {
+      std::fprintf(stderr, "tandem shell: %s\n", hello.error.c_str());
+      exit_code = 1;
+      return;
+    }
+    std::printf("connected to run %s at %s:%s (help lists the commands)\n", hello.body.value("run", "").c_str(),
+                ep.host.c_str(), ep.port.c_str());
+    std::string line;
+    for (;;) {
+      std::printf("tandem> ");
+      std::fflush(stdout);
+      if (!std::getline(std::cin, line))
+        break;
+      const auto w = words(line);
+      if (!w.empty() && (w[0] == "quit" || w[0] == "exit"))
+        break;
+      run_command(ep, line, o->json, true);
+      if (!w.empty() && w[0] == "stop")
+        continue;
+      // The run may have ended meanwhile: say so and leave.
+      if (!w.empty()) {
+        auto alive = call(ep, http::verb::get, "/v1", "", std::chrono::milliseconds(3000));
+        if (alive.status == 0) {
+          std::printf("the run has ended or its endpoint is gone (%s)\n", alive.error.c_str());
+          break;
+        }
+      }
+    }
+    exit_code = 0;
+  });
+}
+
+} // namespace tandem::cli
