@@ -8,12 +8,17 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#ifdef TANDEM_HAVE_TLS
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
+#endif
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
@@ -56,6 +61,9 @@ struct control_server::impl {
   std::optional<caf::scoped_actor> asker;  ///< lives on the I/O thread
   std::atomic<bool> stopped{false};
   uint16_t port = 0;  ///< bound
+#ifdef TANDEM_HAVE_TLS
+  std::optional<net::ssl::context> tls;  ///< set: every connection is TLS
+#endif
 
   impl(caf::actor_system& s, control_actor a, control_server_options o)
     : sys(s), actor(std::move(a)), opts(std::move(o)) {}
@@ -89,24 +97,45 @@ std::string error_body(const std::string& what) {
   return "{\"error\":\"" + escaped + "\"}";
 }
 
-class session : public std::enable_shared_from_this<session> {
+/// One connection: requests read and answered in turn (keep-alive).
+/// `Stream`: beast::tcp_stream, or an ssl_stream over one (TLS).
+template <class Stream>
+class session : public std::enable_shared_from_this<session<Stream>> {
  public:
-  session(tcp::socket socket, control_server::impl& server) : stream_(std::move(socket)), server_(server) {
+  template <class... Args>
+  session(control_server::impl& server, tcp::socket socket, Args&&... args)
+    : stream_(std::move(socket), std::forward<Args>(args)...), server_(server) {
     beast::error_code ec;
-    const auto ep = stream_.socket().remote_endpoint(ec);
+    const auto ep = beast::get_lowest_layer(stream_).socket().remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
   }
 
-  void start() { read(); }
+  void start() {
+#ifdef TANDEM_HAVE_TLS
+    if constexpr (!std::is_same_v<Stream, beast::tcp_stream>) {
+      beast::get_lowest_layer(stream_).expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
+      stream_.async_handshake(net::ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code ec) {
+                                if (ec) {
+                                  self->close();  // not TLS, or a certificate the client refused
+                                  return;
+                                }
+                                self->read();
+                              });
+      return;
+    }
+#endif
+    read();
+  }
 
  private:
   void read() {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(server_.opts.header_limit));
     parser_->body_limit(server_.opts.body_limit);
-    stream_.expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
     http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -135,8 +164,8 @@ class session : public std::enable_shared_from_this<session> {
     res_ = std::make_shared<http::response<http::string_body>>(std::move(res));
     res_->keep_alive(keep);
     res_->prepare_payload();
-    stream_.expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
-    http::async_write(stream_, *res_, [self = shared_from_this(), keep](beast::error_code ec, size_t) {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
+    http::async_write(stream_, *res_, [self = this->shared_from_this(), keep](beast::error_code ec, size_t) {
       if (ec || !keep) {
         self->close();
         return;
@@ -147,11 +176,12 @@ class session : public std::enable_shared_from_this<session> {
 
   void close() {
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.socket().close(ec);
+    auto& socket = beast::get_lowest_layer(stream_).socket();
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<http::response<http::string_body>> res_;
@@ -170,7 +200,14 @@ void control_server::impl::accept() {
       }
       return;
     }
-    std::make_shared<session>(std::move(socket), *this)->start();
+#ifdef TANDEM_HAVE_TLS
+    if (tls) {
+      std::make_shared<session<beast::ssl_stream<beast::tcp_stream>>>(*this, std::move(socket), *tls)->start();
+      accept();
+      return;
+    }
+#endif
+    std::make_shared<session<beast::tcp_stream>>(*this, std::move(socket))->start();
     accept();
   });
 }
@@ -211,6 +248,26 @@ http::response<http::string_body> control_server::impl::answer(const http::reque
 control_server::control_server(caf::actor_system& sys, control_actor actor, control_server_options opts)
   : impl_(std::make_unique<impl>(sys, std::move(actor), std::move(opts))) {
   auto& m = *impl_;
+  if (!m.opts.tls_cert.empty() || !m.opts.tls_key.empty()) {
+#ifdef TANDEM_HAVE_TLS
+    m.tls.emplace(net::ssl::context::tls_server);
+    m.tls->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2
+                       | net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1
+                       | net::ssl::context::no_tlsv1_1);
+    beast::error_code tls_ec;
+    m.tls->use_certificate_chain_file(m.opts.tls_cert, tls_ec);
+    if (tls_ec)
+      throw std::runtime_error("control endpoint: control.tls_cert " + m.opts.tls_cert
+                               + ": not a PEM certificate chain (" + tls_ec.message() + ")");
+    m.tls->use_private_key_file(m.opts.tls_key, net::ssl::context::pem, tls_ec);
+    if (tls_ec)
+      throw std::runtime_error("control endpoint: control.tls_key " + m.opts.tls_key
+                               + ": not the PEM private key of control.tls_cert (" + tls_ec.message() + ")");
+#else
+    throw std::runtime_error("control endpoint: control.tls_cert/tls_key are set, but this build has no TLS "
+                             "(OpenSSL: libssl-dev was missing when it was configured)");
+#endif
+  }
   beast::error_code ec;
   const auto address = net::ip::make_address(m.opts.host, ec);
   if (ec)

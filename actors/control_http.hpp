@@ -1,5 +1,6 @@
 #pragma once
-/// The control endpoint's HTTP/1.1 server (Boost.Beast): one I/O thread of
+/// The control endpoint's HTTP/1.1 server (Boost.Beast; HTTPS with a
+/// certificate and key, OpenSSL through Boost.Asio): one I/O thread of
 /// its own, which reaches the run only through the control actor
 /// (messages/control.hpp).  Every request must carry the run's token
 /// (`Authorization: Bearer TOKEN`, compared in constant time); one without
@@ -22,6 +23,8 @@ struct control_server_options {
   std::string host = "127.0.0.1";
   uint16_t port = 0;            ///< 0: any free port (port() says which)
   std::string token;            ///< what `Authorization: Bearer` must carry
+  std::string tls_cert;         ///< PEM certificate chain; with tls_key: TLS on every connection
+  std::string tls_key;          ///< PEM private key
   size_t header_limit = 8 * 1024;
   size_t body_limit = 64 * 1024;
   int64_t read_timeout_ms = 10000;

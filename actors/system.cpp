@@ -100,7 +100,11 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
     so.host = plan.control->host;
     so.port = plan.control->port;
     so.token = random_token();
-    so.answer_timeout_ms = plan.control->answer_timeout_ms;
+    so.tls_cert = plan.control->tls_cert;
+    so.tls_key = plan.control->tls_key;
+    // Past the actor's own wait for the coordinator, so its 503 (which
+    // says why) arrives before the server gives up.
+    so.answer_timeout_ms = plan.control->answer_timeout_ms + 1000;
     run.control_token = so.token;
     try {
       run.control_http = std::make_shared<control_server>(sys, run.control, so);

@@ -70,6 +70,7 @@ struct metrics_options {
 struct control_options {
   std::string host = "127.0.0.1";  ///< control.listen's host (loopback)
   uint16_t port = 0;               ///< 0: any free port (control.json says which)
+  std::string tls_cert, tls_key;   ///< PEM files (both set: HTTPS)
   std::string run_name;
   std::string config_toml;         ///< the effective config, for GET /v1/config
   /// Every actor of the run, for GET /v1/tree ("cpu" or "cuda:N").

@@ -87,6 +87,8 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     control_options co;
     co.host = a->host == "localhost" ? "127.0.0.1" : a->host;
     co.port = a->port;
+    co.tls_cert = c.control.tls_cert.string();
+    co.tls_key = c.control.tls_key.string();
     co.run_name = c.run.name;
     const auto device = [](int32_t d) { return d < 0 ? std::string("cpu") : "cuda:" + std::to_string(d); };
     co.actors.push_back({"coordinator", 0, "cpu"});
@@ -276,7 +278,8 @@ std::string to_json(const launch_plan& p) {
     auto actors = nlohmann::json::array();
     for (const auto& a : p.control->actors)
       actors.push_back(a.role + " " + std::to_string(a.index) + " " + a.device);
-    j["control"] = {{"host", p.control->host}, {"port", p.control->port}, {"actors", actors}};
+    j["control"] = {{"host", p.control->host}, {"port", p.control->port}, {"tls_cert", p.control->tls_cert},
+                    {"tls_key", p.control->tls_key}, {"actors", actors}};
   }
   return j.dump(2);
 }

@@ -633,19 +633,24 @@ const field_def fields[] = {
        v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:0\") or \"\"");
      const std::string text = node->get();
      if (!text.empty()) {
-       const auto a = parse_listen(text);
-       if (!a)
-         v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:0\") or \"\"");
-       if (!a->loopback())
-         v.fail("a loopback address (127.0.0.1, localhost or [::1]): off loopback the endpoint needs TLS, "
-                "which this build does not serve yet; reach it through an SSH tunnel "
-                "(ssh -L PORT:127.0.0.1:PORT host)");
+       if (!parse_listen(text))
+         v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:0\"; HOST an IPv4 address, localhost or [::1]) or \"\"");
      }
      c.control.listen = text;
    },
    [](const rc& c) { return w_str(c.control.listen); },
-   "the control endpoint's address, \"HOST:PORT\" on loopback (port 0: any free port; the address and\n"
-   "a token are written to RUN_DIR/control.json); `tandem shell RUN_DIR` connects to it; \"\" = none"},
+   "the control endpoint's address, \"HOST:PORT\" (port 0: any free port; the address and a token are\n"
+   "written to RUN_DIR/control.json); off loopback only with control.tls_cert and control.tls_key;\n"
+   "`tandem shell RUN_DIR` connects to it; \"\" = none"},
+  {"control", "tls_cert", kind::path, false,
+   [](rc& c, const vr& v) { c.control.tls_cert = v.path(true); },
+   [](const rc& c) { return w_path(c.control.tls_cert); },
+   "PEM certificate chain of the endpoint (with control.tls_key: HTTPS on every connection; its\n"
+   "subject alternative names must hold the address clients use); \"\" = plain HTTP (loopback only)"},
+  {"control", "tls_key", kind::path, false,
+   [](rc& c, const vr& v) { c.control.tls_key = v.path(true); },
+   [](const rc& c) { return w_path(c.control.tls_key); },
+   "PEM private key of control.tls_cert"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -967,6 +972,16 @@ run_config read_config(toml::table& root, const fs::path& source,
     c.data.path = c.run.output_dir / "data";
   }
   if (c.data.tokenizer.empty()) c.data.tokenizer = c.model.target;
+  if (c.control.tls_cert.empty() != c.control.tls_key.empty()) {
+    const char* k = c.control.tls_cert.empty() ? "control.tls_key" : "control.tls_cert";
+    throw config_error((where.count(k) ? where[k] : file) + ": '" + k
+                       + "' needs its partner (control.tls_cert and control.tls_key go together)");
+  }
+  if (!c.control.listen.empty() && c.control.tls_cert.empty() && !parse_listen(c.control.listen)->loopback())
+    throw config_error((where.count("control.listen") ? where["control.listen"] : file) + ": 'control.listen' ("
+                       + c.control.listen + ") is not a loopback address: off loopback the endpoint serves only "
+                       "TLS; set control.tls_cert and control.tls_key (PEM files), or listen on 127.0.0.1 and reach "
+                       "it through an SSH tunnel (ssh -L PORT:127.0.0.1:PORT host)");
   if (c.data.seq_len < c.drafter.block_size) {
     auto at = where.count("data.seq_len") ? where["data.seq_len"] : where["drafter.block_size"];
     throw config_error(at + ": 'data.seq_len' must be at least drafter.block_size (" +

@@ -170,7 +170,9 @@ struct run_config {
   /// [control]: the control endpoint (actors/control.cpp): the inspection
   /// shell's, the dashboard's and Prometheus' way in.
   struct control_section {
-    std::string listen = "127.0.0.1:0";  ///< listen: "HOST:PORT" (loopback; port 0: any free one); "" = none
+    std::string listen = "127.0.0.1:0";  ///< listen: "HOST:PORT" (port 0: any free one); "" = none
+    std::filesystem::path tls_cert;      ///< tls_cert: PEM chain (with tls_key: HTTPS; needed off loopback)
+    std::filesystem::path tls_key;       ///< tls_key: its PEM private key
   } control;
 
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.

@@ -18,7 +18,10 @@ The tiny run of run_test.toml on the CPU (long enough to be watched), then:
   event and folder; stop: exit 0, a final checkpoint, control.json gone;
   every action a "control" event in metrics.jsonl naming its source;
 - the loss of every step equals an undisturbed run's (same steps, bit for bit);
-- `control.listen` off loopback is refused at start (exit 2, naming the field).
+- `control.listen` off loopback is refused at start without TLS (exit 2, naming the
+  field); with a certificate (a CA made by the openssl CLI) it serves HTTPS on all
+  addresses: verified clients (Python's ssl, `tandem shell --ca`) get answers, plain HTTP
+  and a shell without the CA do not.
 
 ~40 s on 2 cores.
 """
@@ -74,7 +77,7 @@ def start(name, *extra):
     return p, out
 
 
-# Refused at start: off loopback.
+# Refused at start: off loopback without TLS.
 r = subprocess.run([tandem, "run", os.path.join(work, "run.toml"), "--set", "control.listen=0.0.0.0:0",
                     "--set", f"run.output_dir={work}/refused"], capture_output=True, text=True)
 check(r.returncode == 2 and "control.listen" in r.stderr and "loopback" in r.stderr,
@@ -200,6 +203,8 @@ check(st["step"] == step_a and st["paused"], f"paused: step {step_a} -> {st['ste
 check(http("GET", "/v1/tree")[1]["actors"][0]["state"] == "paused", "the coordinator's row says paused")
 code, ans = http("POST", "/v1/checkpoint", body=b"{}")
 check(code == 200 and "checkpoint" in ans["result"], f"checkpoint: {ans}")
+# Paused at an epoch's end, the step is in a checkpoint already: nothing to do, no event.
+checkpoint_acted = "already" not in ans["result"]
 time.sleep(1.0)
 cks = lines(metrics, "checkpoint")
 check(any(c["step"] == step_a for c in cks) and os.path.isdir(os.path.join(run_dir, "checkpoints",
@@ -222,7 +227,7 @@ check(end and end[-1]["reason"] == "stopped" and end[-1]["durable_step"] == last
 check(not os.path.exists(control_file), "control.json is removed at the end")
 actions = [(c["action"], "tandem-shell" in c["source"] or "Python-urllib" in c["source"])
            for c in lines(metrics, "control")]
-check(actions == [("pause", True), ("checkpoint", True), ("resume", True), ("stop", True)],
+check(actions == [("pause", True)] + [("checkpoint", True)] * checkpoint_acted + [("resume", True), ("stop", True)],
       f"every action is a control event naming its source: {actions}")
 after = subprocess.run([tandem, "shell", run_dir, "-c", "status"], capture_output=True, text=True, timeout=30)
 check(after.returncode == 2 and "control.json" in after.stderr, "the shell after the run: no control.json")
@@ -236,6 +241,56 @@ check(len(ref_loss) == last and ref_loss == run_loss,
       f"the loss of each of the {last} steps equals the undisturbed run's "
       f"({sum(ref_loss.get(k) != v for k, v in run_loss.items())} differ)")
 check(not os.path.exists(os.path.join(ref_dir, "control.json")), "control.listen = \"\": no endpoint")
+
+# TLS: a CA and a certificate for 127.0.0.1 made with the openssl CLI; the
+# endpoint on all addresses (allowed only with TLS); clients verify it.
+pki = os.path.join(work, "pki")
+os.makedirs(pki)
+ext = os.path.join(pki, "ext.cnf")
+open(ext, "w").write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+for cmd in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+             "-subj", "/CN=tandem test CA"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
+             "/CN=localhost"],
+            ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+             "server.pem", "-days", "1", "-extfile", ext]):
+    subprocess.run(["openssl", *cmd], cwd=pki, check=True, capture_output=True)
+r = subprocess.run([tandem, "run", os.path.join(work, "run.toml"), "--set", "control.listen=0.0.0.0:0",
+                    "--set", f"control.tls_cert={pki}/server.pem", "--set", f"run.output_dir={work}/refused"],
+                   capture_output=True, text=True)
+check(r.returncode == 2 and "control.tls_key" in r.stderr, f"a certificate without its key is refused: {r.stderr[-200:]}")
+tls, tls_dir = start("tls", "--set", "control.listen=0.0.0.0:0", "--set", f"control.tls_cert={pki}/server.pem",
+                     "--set", f"control.tls_key={pki}/server.key")
+tls_file = os.path.join(tls_dir, "control.json")
+deadline = time.time() + 60
+while time.time() < deadline and not os.path.exists(tls_file) and tls.poll() is None:
+    time.sleep(0.2)
+if os.path.exists(tls_file):
+    import ssl
+    t = json.load(open(tls_file))
+    check(t["tls"] and t["url"].startswith("https://127.0.0.1:") and t["listen"] == "0.0.0.0", f"control.json: {t}")
+    ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
+    req = urllib.request.Request(t["url"] + "/v1/status", headers={"Authorization": "Bearer " + t["token"]})
+    with urllib.request.urlopen(req, context=ctx, timeout=15) as res:
+        body = json.loads(res.read())
+        check(res.status == 200 and "coordinator" in body, f"HTTPS with the CA: 200 ({res.status})")
+    plain_code = 0
+    try:
+        plain_code = urllib.request.urlopen(t["url"].replace("https", "http") + "/v1/status", timeout=5).status
+    except Exception:
+        pass
+    check(plain_code == 0, "plain HTTP to the TLS endpoint gets no answer")
+    sh = subprocess.run([tandem, "shell", tls_dir, "--ca", os.path.join(pki, "ca.pem"), "-c", "status"],
+                        capture_output=True, text=True, timeout=30)
+    check(sh.returncode == 0 and "step" in sh.stdout, f"tandem shell --ca: {sh.stdout} {sh.stderr}")
+    sh = subprocess.run([tandem, "shell", tls_dir, "-c", "status"], capture_output=True, text=True, timeout=30)
+    check(sh.returncode == 1 and "--ca" in sh.stderr, f"tandem shell without the CA refuses the endpoint: {sh.stderr}")
+    sh = subprocess.run([tandem, "shell", tls_dir, "--ca", os.path.join(pki, "ca.pem"), "-c", "stop"],
+                        capture_output=True, text=True, timeout=30)
+    check(sh.returncode == 0, "stop over TLS")
+else:
+    check(False, "the TLS run wrote no control.json: " + open(tls_dir + ".log").read()[-1000:])
+check(tls.wait(timeout=120) == 0, "the TLS run ends 0")
 
 print(f"{passed} passed, {len(failures)} failed")
 if not failures and not os.environ.get("KEEP_WORK"):

@@ -100,6 +100,8 @@ const std::map<std::string, use>& uses() {
     {"metrics.progress", {"metrics.progress=false"}},
     {"metrics.every_s", {"metrics.every_s=2"}},
     {"control.listen", {"control.listen=127.0.0.1:7000"}},
+    {"control.tls_cert", {"control.tls_cert=/pki/b.pem", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},
+    {"control.tls_key", {"control.tls_key=/pki/b.key", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},
     {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
     {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
     {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},

@@ -317,6 +317,26 @@ TEST_F(run_config_test, overrides_are_typed_like_the_field) {
   EXPECT_EQ(c.checkpoint.keep, 4);
 }
 
+TEST_F(run_config_test, control_listen_is_checked_and_off_loopback_needs_tls) {
+  auto p = write("c.toml", minimal);
+  EXPECT_EQ(load_run_config(p, {}).control.listen, "127.0.0.1:0");
+  EXPECT_EQ(load_run_config(p, {"control.listen=[::1]:7000"}).control.listen, "[::1]:7000");
+  EXPECT_EQ(load_run_config(p, {"control.listen="}).control.listen, "");
+  for (const char* bad : {"control.listen=127.0.0.1", "control.listen=127.0.0.1:70000", "control.listen=host:80",
+                          "control.listen=1.2.3:80", "control.listen=:80", "control.listen=127.0.0.1:x"}) {
+    const auto e = error_of([&] { load_run_config(p, {bad}); });
+    EXPECT_NE(e.find("'control.listen' must be \"HOST:PORT\""), std::string::npos) << bad << ": " << e;
+  }
+  const auto off = error_of([&] { load_run_config(p, {"control.listen=0.0.0.0:7000"}); });
+  EXPECT_NE(off.find("'control.listen' (0.0.0.0:7000) is not a loopback address"), std::string::npos) << off;
+  EXPECT_NE(off.find("control.tls_cert"), std::string::npos) << off;
+  const auto half = error_of([&] { load_run_config(p, {"control.tls_cert=/pki/a.pem"}); });
+  EXPECT_NE(half.find("'control.tls_cert' needs its partner"), std::string::npos) << half;
+  const auto c = load_run_config(p, {"control.listen=0.0.0.0:7000", "control.tls_cert=/pki/a.pem",
+                                     "control.tls_key=/pki/a.key"});
+  EXPECT_EQ(c.control.tls_key, "/pki/a.key");
+}
+
 TEST_F(run_config_test, override_errors) {
   auto p = write("o.toml", minimal);
   EXPECT_EQ(error_of([&] { load_run_config(p, {"train.learning_rate=1e-3"}); }),

@@ -74,10 +74,14 @@ struct worker_context {
 
 /// RUN_DIR/control.json: where the control endpoint listens and its token,
 /// readable by this user only (mode 0600, set before anything is written).
-void write_control_file(const std::filesystem::path& path, const std::string& host, uint16_t port,
-                        const std::string& token, const std::string& run_name) {
-  const nlohmann::json j{{"url", "http://" + host + ":" + std::to_string(port)},
+void write_control_file(const std::filesystem::path& path, const std::string& listen_host, uint16_t port,
+                        const std::string& token, const std::string& run_name, bool tls) {
+  // Where a client on this host connects (a wildcard address is not one).
+  const std::string host = listen_host == "0.0.0.0" ? "127.0.0.1" : listen_host;
+  const nlohmann::json j{{"url", std::string(tls ? "https://" : "http://") + host + ":" + std::to_string(port)},
                          {"host", host},
+                         {"listen", listen_host},
+                         {"tls", tls},
                          {"port", port},
                          {"token", token},
                          {"pid", static_cast<int64_t>(::getpid())},
@@ -276,11 +280,12 @@ int run_training(const run_options& ro, const worker_context& wc) {
   if (run.control_http) {
     try {
       write_control_file(control_file, plan.control->host, run.control_http->port(), run.control_token,
-                         cfg.run.name);
+                         cfg.run.name, !plan.control->tls_cert.empty());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem run: warning: %s: tandem shell cannot find the endpoint\n", e.what());
     }
-    std::fprintf(stderr, "tandem run: control endpoint http://%s:%u (tandem shell %s)\n", plan.control->host.c_str(),
+    std::fprintf(stderr, "tandem run: control endpoint %s://%s:%u (tandem shell %s)\n",
+                 plan.control->tls_cert.empty() ? "http" : "https", plan.control->host.c_str(),
                  static_cast<unsigned>(run.control_http->port()), cfg.run.output_dir.c_str());
   }
   if (!wc.restarted.is_null())

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,10 +23,18 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#ifdef TANDEM_HAVE_TLS
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
+#endif
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "launch/run_config.hpp"
+
+#ifdef TANDEM_HAVE_LIBEDIT
+#include <editline/readline.h>
+#endif
 
 namespace tandem::cli {
 
@@ -41,6 +51,8 @@ struct endpoint {
   std::string port;
   std::string token;
   std::string where;  ///< for messages: the run folder or HOST:PORT
+  bool tls = false;   ///< HTTPS (control.json's "tls", or --ca with HOST:PORT)
+  std::string ca;     ///< --ca: the CA file that verifies the endpoint ("": the system's)
 };
 
 struct answer {
@@ -49,12 +61,24 @@ struct answer {
   std::string error;
 };
 
+/// One exchange over `stream` (plain or TLS, connected): write, read.
+template <class Stream>
+void exchange(Stream& stream, http::request<http::string_body>& req, beast::flat_buffer& buffer,
+              http::response<http::string_body>& res, beast::error_code& failure) {
+  http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+    if (ec) {
+      failure = ec;
+      return;
+    }
+    http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { failure = ec; });
+  });
+}
+
 /// One request; a fresh connection each time (the shell is not a hot path).
 answer call(const endpoint& ep, http::verb method, const std::string& target, const std::string& body = "",
             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
   answer a;
   net::io_context io;
-  beast::tcp_stream stream(io);
   tcp::resolver resolver(io);
   http::request<http::string_body> req{method, target, 11};
   req.set(http::field::host, ep.host);
@@ -68,30 +92,79 @@ answer call(const endpoint& ep, http::verb method, const std::string& target, co
   beast::flat_buffer buffer;
   http::response<http::string_body> res;
   beast::error_code failure;
-  stream.expires_after(timeout);
+#ifdef TANDEM_HAVE_TLS
+  std::optional<net::ssl::context> ctx;
+  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_stream;
+#endif
+  std::optional<beast::tcp_stream> plain;
+  if (ep.tls) {
+#ifdef TANDEM_HAVE_TLS
+    ctx.emplace(net::ssl::context::tls_client);
+    beast::error_code ec;
+    if (ep.ca.empty())
+      ctx->set_default_verify_paths(ec);
+    else
+      ctx->load_verify_file(ep.ca, ec);
+    if (ec) {
+      a.error = "--ca " + ep.ca + ": cannot read it as PEM certificates (" + ec.message() + ")";
+      return a;
+    }
+    ctx->set_verify_mode(net::ssl::verify_peer);
+    tls_stream.emplace(io, *ctx);
+    tls_stream->set_verify_callback(net::ssl::host_name_verification(ep.host));
+    beast::error_code ip_ec;
+    net::ip::make_address(ep.host, ip_ec);
+    if (ip_ec)  // a name, not an address: send it (SNI)
+      ::SSL_set_tlsext_host_name(tls_stream->native_handle(), ep.host.c_str());
+    beast::get_lowest_layer(*tls_stream).expires_after(timeout);
+#else
+    a.error = "the endpoint speaks TLS, but this tandem was built without it (OpenSSL)";
+    return a;
+#endif
+  } else {
+    plain.emplace(io);
+    plain->expires_after(timeout);
+  }
   resolver.async_resolve(ep.host, ep.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
     if (ec) {
       failure = ec;
       return;
     }
-    stream.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
-      if (ec) {
-        failure = ec;
-        return;
-      }
-      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+#ifdef TANDEM_HAVE_TLS
+    if (tls_stream) {
+      beast::get_lowest_layer(*tls_stream).async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
         if (ec) {
           failure = ec;
           return;
         }
-        http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { failure = ec; });
+        tls_stream->async_handshake(net::ssl::stream_base::client, [&](beast::error_code ec) {
+          if (ec) {
+            failure = ec;
+            return;
+          }
+          exchange(*tls_stream, req, buffer, res, failure);
+        });
       });
+      return;
+    }
+#endif
+    plain->async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
+      if (ec) {
+        failure = ec;
+        return;
+      }
+      exchange(*plain, req, buffer, res, failure);
     });
   });
   io.run();
   if (failure) {
-    a.error = "the run's control endpoint (" + ep.where + ", " + ep.host + ":" + ep.port + ") does not answer: "
-              + failure.message() + (failure == net::error::connection_refused ? " (has the run ended?)" : "");
+    std::string hint;
+    if (failure == net::error::connection_refused)
+      hint = " (has the run ended?)";
+    else if (ep.tls && failure.message().find("certificate") != std::string::npos)
+      hint = " (--ca FILE: the CA certificate that signed the endpoint's; its names must include " + ep.host + ")";
+    a.error = "the run's control endpoint (" + ep.where + ", " + std::string(ep.tls ? "https://" : "http://") + ep.host
+              + ":" + ep.port + ") does not answer: " + failure.message() + hint;
     return a;
   }
   a.status = static_cast<int>(res.result_int());
@@ -104,8 +177,9 @@ answer call(const endpoint& ep, http::verb method, const std::string& target, co
 }
 
 /// The endpoint from a run folder's control.json or HOST:PORT plus a token.
-endpoint find_endpoint(const std::string& target, const std::string& token_file) {
+endpoint find_endpoint(const std::string& target, const std::string& token_file, const std::string& ca) {
   endpoint ep;
+  ep.ca = ca;
   std::string token;
   if (!token_file.empty()) {
     std::ifstream f(token_file);
@@ -119,6 +193,7 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file)
     ep.host = a->host;
     ep.port = std::to_string(a->port);
     ep.where = target;
+    ep.tls = !ca.empty();
     if (token.empty())
       throw std::runtime_error("HOST:PORT needs the run's token: --token-file FILE or TANDEM_TOKEN (it is in "
                                "RUN_DIR/control.json)");
@@ -138,6 +213,7 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file)
   ep.port = std::to_string(j["port"].get<int>());
   ep.token = token.empty() ? j["token"].get<std::string>() : token;
   ep.where = target;
+  ep.tls = j.value("tls", false);
   return ep;
 }
 
@@ -420,12 +496,99 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   return 2;
 }
 
+/// The words tab completion offers: the commands first, then (after a
+/// command) the actors' roles and indices and the commands' arguments.
+const std::vector<std::string> command_words{"status", "tree", "show", "top", "ledger", "steps", "events",
+                                             "config", "pause", "resume", "checkpoint", "stop", "help",
+                                             "quit"};
+
+#ifdef TANDEM_HAVE_LIBEDIT
+// libedit's completion hooks are C callbacks without a user pointer: the
+// candidates live here, set by the one interactive loop of the process.
+std::vector<std::string> completion_args;
+const std::vector<std::string>* completion_candidates = &command_words;
+
+char* next_completion(const char* text, int state) {
+  static size_t next = 0;
+  if (state == 0)
+    next = 0;
+  const std::string prefix = text;
+  while (next < completion_candidates->size()) {
+    const auto& w = (*completion_candidates)[next++];
+    if (w.compare(0, prefix.size(), prefix) == 0)
+      return ::strdup(w.c_str());
+  }
+  return nullptr;
+}
+
+char** complete(const char* text, int start, int) {
+  rl_attempted_completion_over = 1;  // no file names
+  completion_candidates = start == 0 ? &command_words : &completion_args;
+  return rl_completion_matches(text, next_completion);
+}
+
+/// Where the history is kept between uses: $TANDEM_SHELL_HISTORY, else
+/// ~/.tandem_shell_history ("" when there is no home).
+std::string history_file() {
+  if (const char* f = std::getenv("TANDEM_SHELL_HISTORY"))
+    return f;
+  const char* home = std::getenv("HOME");
+  return home != nullptr && *home != '\0' ? std::string(home) + "/.tandem_shell_history" : std::string();
+}
+#endif
+
+/// One line from the terminal (line editing, history and completion with
+/// libedit; plain std::getline without it or when stdin is not a terminal).
+std::optional<std::string> read_line(const char* prompt) {
+#ifdef TANDEM_HAVE_LIBEDIT
+  if (::isatty(STDIN_FILENO) != 0) {
+    char* raw = ::readline(prompt);
+    if (raw == nullptr)
+      return std::nullopt;
+    std::string line = raw;
+    ::free(raw);
+    if (line.find_first_not_of(" \t") != std::string::npos) {
+      ::add_history(line.c_str());
+      if (const auto f = history_file(); !f.empty())
+        ::write_history(f.c_str());
+    }
+    return line;
+  }
+#endif
+  std::printf("%s", prompt);
+  std::fflush(stdout);
+  std::string line;
+  if (!std::getline(std::cin, line))
+    return std::nullopt;
+  return line;
+}
+
+/// The interactive shell's set-up: history and completion of actor names.
+void start_line_editing(const json& tree) {
+#ifdef TANDEM_HAVE_LIBEDIT
+  ::rl_attempted_completion_function = complete;
+  ::stifle_history(1000);
+  if (const auto f = history_file(); !f.empty())
+    ::read_history(f.c_str());
+  std::set<std::string> args{"-f", "drafter", "target", "prefetch", "coordinator", "eval"};
+  if (tree.contains("actors"))
+    for (const auto& a : tree["actors"]) {
+      args.insert(a.value("role", ""));
+      args.insert(std::to_string(a.value("index", 0)));
+    }
+  completion_args.assign(args.begin(), args.end());
+#else
+  (void)tree;
+#endif
+}
+
 } // namespace
 
 void add_shell(CLI::App& app, int& exit_code) {
   struct options {
     std::string target;
     std::string token_file;
+    std::string ca;
     std::vector<std::string> commands;
     bool json = false;
   };
@@ -437,13 +600,15 @@ void add_shell(CLI::App& app, int& exit_code) {
     ->required();
   cmd->add_option("--token-file", o->token_file,
                   "A file holding the token (else TANDEM_TOKEN, else the run folder's control.json)");
+  cmd->add_option("--ca", o->ca, "Verify the endpoint's TLS certificate with this CA file (PEM); with "
+                                 "HOST:PORT it also means the endpoint speaks TLS");
   cmd->add_option("-c,--command", o->commands, "Run this command and exit (repeatable; exit status 1 if one "
                                                "fails); without it the shell reads commands from the terminal");
   cmd->add_flag("--json", o->json, "Print the endpoint's JSON answers, one per line");
   cmd->callback([o, &exit_code] {
     endpoint ep;
     try {
-      ep = find_endpoint(o->target, o->token_file);
+      ep = find_endpoint(o->target, o->token_file, o->ca);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem shell: %s\n", e.what());
       exit_code = 2;
@@ -465,12 +630,12 @@ void add_shell(CLI::App& app, int& exit_code) {
     }
     std::printf("connected to run %s at %s:%s (help lists the commands)\n", hello.body.value("run", "").c_str(),
                 ep.host.c_str(), ep.port.c_str());
-    std::string line;
+    start_line_editing(call(ep, http::verb::get, "/v1/tree").body);
     for (;;) {
-      std::printf("tandem> ");
-      std::fflush(stdout);
-      if (!std::getline(std::cin, line))
+      const auto read = read_line("tandem> ");
+      if (!read)
         break;
+      const auto& line = *read;
       const auto w = words(line);
       if (!w.empty() && (w[0] == "quit" || w[0] == "exit"))
         break;
