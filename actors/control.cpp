@@ -77,7 +77,9 @@ struct control_state {
 using self_ptr = control_actor::stateful_pointer<control_state>;
 
 control_reply reply(int32_t status, const json& body) {
-  return {status, body.dump()};
+  // Text from the request (a path, a method) need not be UTF-8: replaced,
+  // never a throw that would end this actor.
+  return {status, body.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
 control_reply error_reply(int32_t status, const std::string& what) {

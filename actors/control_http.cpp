@@ -20,6 +20,7 @@
 #include <boost/beast/ssl.hpp>
 #endif
 #include <caf/scoped_actor.hpp>
+#include <nlohmann/json.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
@@ -87,14 +88,7 @@ http::response<http::string_body> json_response(unsigned version, int status, st
 }
 
 std::string error_body(const std::string& what) {
-  std::string escaped;
-  for (char c : what) {
-    if (c == '"' || c == '\\')
-      escaped.push_back('\\');
-    if (static_cast<unsigned char>(c) >= 0x20)
-      escaped.push_back(c);
-  }
-  return "{\"error\":\"" + escaped + "\"}";
+  return nlohmann::json{{"error", what}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 /// One connection: requests read and answered in turn (keep-alive).

@@ -90,12 +90,11 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     co.tls_cert = c.control.tls_cert.string();
     co.tls_key = c.control.tls_key.string();
     co.run_name = c.run.name;
-    const auto device = [](int32_t d) { return d < 0 ? std::string("cpu") : "cuda:" + std::to_string(d); };
     co.actors.push_back({"coordinator", 0, "cpu"});
     co.actors.push_back({"supervisor", 0, "cpu"});
     for (const auto* role : {&p.placement.prefetch, &p.placement.targets, &p.placement.drafters, &p.placement.eval})
       for (const auto& slot : *role)
-        co.actors.push_back({slot.role, slot.index, device(slot.device)});
+        co.actors.push_back({slot.role, slot.index, device_string(slot.device)});
     co.actors.push_back({"checkpointer", 0, "cpu"});
     co.actors.push_back({"metrics", 0, "cpu"});
     co.actors.push_back({"control", 0, "cpu"});

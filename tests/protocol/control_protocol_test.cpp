@@ -129,6 +129,8 @@ CAF_TEST(bad requests get 4xx and reach nobody) {
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/2").first, 404);
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/target/0").first, 404);
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/").first, 400);
+  CAF_CHECK_EQUAL(call("GET", "/v1/\xff\xfe").first, 404);  // not UTF-8: answered, the actor lives on
+  CAF_CHECK_EQUAL(call("GET", "/v1").first, 200);
   CAF_CHECK(log->order.empty());
 }
 

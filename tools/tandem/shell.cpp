@@ -364,7 +364,7 @@ int top(const endpoint& ep, bool once) {
       std::string rate = "-", loss = "-", acc = "-", tau = "-", wait = "-", ms = "-";
       if (a["role"] == "drafter") {
         // From this drafter's reports among the last 200.
-        double first_t = -1, busy = 0, idle = 0, n = 0;
+        double busy = 0, idle = 0, n = 0;
         json last;
         for (const auto& r : steps.body["steps"])
           if (r["drafter"] == a["index"]) {
@@ -373,7 +373,6 @@ int top(const endpoint& ep, bool once) {
             n += 1;
             last = r;
           }
-        (void)first_t;
         if (n > 0) {
           rate = fixed(1000.0 * n / std::max(1e-9, busy + idle), 2);
           loss = num(last, "loss", 4);
