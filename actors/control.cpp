@@ -8,9 +8,16 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <memory>
+#include <type_traits>
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include "actors/default_handler.hpp"
 #include "actors/metrics_lines.hpp"
@@ -59,6 +66,127 @@ struct drafter_view {
   step_histogram step_ms;
 };
 
+/// GET /metrics: the same figures as the JSON API, as Prometheus counters,
+/// gauges and histograms (prometheus-cpp's registry and text serializer).
+/// Per-drafter series carry the label drafter="N"; the run's name is the
+/// label run="NAME" on every series.
+class prom_metrics {
+ public:
+  explicit prom_metrics(const std::string& run)
+    : labels_{{"run", run}},
+      steps_(family<prometheus::Counter>("tandem_steps_total", "Step reports received, per drafter")),
+      tokens_(family<prometheus::Counter>("tandem_tokens_total", "Real (non-padding) tokens trained, per drafter")),
+      scored_(family<prometheus::Counter>("tandem_scored_tokens_total", "Tokens scored by the loss, per drafter")),
+      nonfinite_(family<prometheus::Counter>("tandem_nonfinite_steps_total", "Steps whose loss or gradient was not finite")),
+      failures_(family<prometheus::Counter>("tandem_drafter_failures_total", "Drafter failures, per drafter")),
+      restarts_(family<prometheus::Counter>("tandem_drafter_restarts_total", "Drafter restarts, per drafter")),
+      events_(family<prometheus::Counter>("tandem_events_total", "Run events by kind (the event field of metrics.jsonl)")),
+      loss_(family<prometheus::Gauge>("tandem_loss", "Loss of the last step, per drafter")),
+      accuracy_(family<prometheus::Gauge>("tandem_accuracy", "Per-token accuracy of the last step, per drafter")),
+      sim_accept_(family<prometheus::Gauge>("tandem_sim_accept",
+                                            "Simulated acceptance length of the last step (not real tau)")),
+      grad_norm_(family<prometheus::Gauge>("tandem_grad_norm", "Gradient norm of the last step, per drafter")),
+      lr_(family<prometheus::Gauge>("tandem_learning_rate", "Learning rate of the last step, per drafter")),
+      mfu_(family<prometheus::Gauge>("tandem_mfu", "Model FLOP utilisation of the last step against 989 TFLOP/s")),
+      last_step_(family<prometheus::Gauge>("tandem_drafter_step", "Last step reported, per drafter")),
+      tau_(family<prometheus::Gauge>("tandem_eval_tau", "Real acceptance length tau of the last evaluation")),
+      run_gauges_(family<prometheus::Gauge>("tandem_run", "The coordinator's figures at the scrape (label figure)")),
+      requests_(family<prometheus::Counter>("tandem_control_requests_total", "Requests to the control endpoint")),
+      unauthorized_(family<prometheus::Counter>("tandem_control_unauthorized_total",
+                                                "Requests refused for a missing or wrong token")),
+      step_s_(family<prometheus::Histogram>("tandem_step_seconds", "Compute time of a step, per drafter")),
+      wait_s_(family<prometheus::Histogram>("tandem_data_wait_seconds", "Time a drafter waited for its batch")) {}
+
+  void step(const step_report& r) {
+    const auto l = drafter(r.drafter);
+    steps_.Add(l).Increment();
+    tokens_.Add(l).Increment(static_cast<double>(r.real_tokens));
+    scored_.Add(l).Increment(static_cast<double>(r.scored_tokens));
+    if (!r.finite)
+      nonfinite_.Add(l).Increment();
+    loss_.Add(l).Set(r.loss);
+    accuracy_.Add(l).Set(r.accuracy);
+    sim_accept_.Add(l).Set(r.sim_accept);
+    grad_norm_.Add(l).Set(r.grad_norm);
+    lr_.Add(l).Set(r.lr);
+    mfu_.Add(l).Set(r.compute_ms > 0 ? r.tflop / (r.compute_ms / 1e3) / 989.0 : 0.0);
+    last_step_.Add(l).Set(static_cast<double>(r.step));
+    step_s_.Add(l, bounds()).Observe(r.compute_ms / 1e3);
+    wait_s_.Add(l, bounds()).Observe(r.wait_ms / 1e3);
+  }
+  void event(const run_event& e, const std::string& kind) {
+    events_.Add(with("event", kind)).Increment();
+    if (const auto* x = caf::get_if<drafter_failed_event>(&e))
+      failures_.Add(drafter(x->drafter)).Increment();
+    if (const auto* x = caf::get_if<drafter_restarted_event>(&e))
+      restarts_.Add(drafter(x->drafter)).Increment();
+    if (const auto* x = caf::get_if<eval_event>(&e); x && x->error.empty())
+      tau_.Add(labels_).Set(x->tau);
+  }
+  void request() { requests_.Add(labels_).Increment(); }
+  void unauthorized() { unauthorized_.Add(labels_).Increment(); }
+
+  /// The text exposition, with the coordinator's status as tandem_run{figure=...}.
+  std::string text(const json& status) {
+    for (const char* k : {"step", "epoch", "in_flight", "queued", "credits", "durable_step"})
+      if (status.contains(k) && status[k].is_number())
+        run_gauges_.Add(with("figure", k)).Set(status[k].get<double>());
+    run_gauges_.Add(with("figure", "paused")).Set(status.value("paused", false) ? 1 : 0);
+    if (status.contains("ledger") && status["ledger"].is_object())
+      for (const auto& [k, v] : status["ledger"].items())
+        if (v.is_number())
+          run_gauges_.Add(with("figure", "samples_" + k)).Set(v.get<double>());
+    return prometheus::TextSerializer().Serialize(registry_->Collect());
+  }
+
+ private:
+  template <class M>
+  prometheus::Family<M>& family(const std::string& name, const std::string& help) {
+    if constexpr (std::is_same_v<M, prometheus::Counter>)
+      return prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
+    else if constexpr (std::is_same_v<M, prometheus::Gauge>)
+      return prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+    else
+      return prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
+  }
+  prometheus::Labels with(const std::string& k, const std::string& v) const {
+    auto l = labels_;
+    l[k] = v;
+    return l;
+  }
+  prometheus::Labels drafter(int32_t d) const { return with("drafter", std::to_string(d)); }
+  /// Seconds, doubling from 1 ms to ~16 s (the JSON histogram's buckets).
+  static prometheus::Histogram::BucketBoundaries bounds() {
+    prometheus::Histogram::BucketBoundaries b;
+    for (double v = 1e-3; v < 20; v *= 2)
+      b.push_back(v);
+    return b;
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Labels labels_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Family<prometheus::Counter>& scored_;
+  prometheus::Family<prometheus::Counter>& nonfinite_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Counter>& events_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& accuracy_;
+  prometheus::Family<prometheus::Gauge>& sim_accept_;
+  prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& lr_;
+  prometheus::Family<prometheus::Gauge>& mfu_;
+  prometheus::Family<prometheus::Gauge>& last_step_;
+  prometheus::Family<prometheus::Gauge>& tau_;
+  prometheus::Family<prometheus::Gauge>& run_gauges_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& unauthorized_;
+  prometheus::Family<prometheus::Histogram>& step_s_;
+  prometheus::Family<prometheus::Histogram>& wait_s_;
+};
+
 struct control_state {
   static inline const char* name = "tandem.control";
   control_options opts;
@@ -70,6 +198,7 @@ struct control_state {
   std::map<int32_t, drafter_view> drafters;
   int64_t requests = 0;
   int64_t unauthorized = 0;
+  std::unique_ptr<prom_metrics> prom;  ///< made with the run's name at spawn
   std::string last_unauthorized;
   double uptime() const { return std::chrono::duration<double>(clock_type::now() - start).count(); }
 };
@@ -153,6 +282,7 @@ const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"GET /v1/steps?n=N", "the last N step reports (default 20)"},
   {"GET /v1/events?since=SEQ", "the events after sequence number SEQ (default 0: all kept)"},
   {"GET /v1/config", "the effective config (TOML)"},
+  {"GET /metrics", "the same figures as Prometheus text (counters, gauges, histograms)"},
   {"POST /v1/pause", "stop sending work to the drafters (the steps in progress finish)"},
   {"POST /v1/resume", "send work again"},
   {"POST /v1/checkpoint", "write a checkpoint now (after the step in progress)"},
@@ -227,12 +357,20 @@ caf::result<control_reply> on_action(self_ptr self, const std::string& action, c
 caf::result<control_reply> on_request(self_ptr self, const control_request& req) {
   auto& s = self->state;
   ++s.requests;
+  s.prom->request();
   const auto t = split_target(req.target);
   const bool get = req.method == "GET";
   const bool post = req.method == "POST";
   auto wrong_method = [&](const char* allowed) {
     return error_reply(405, req.method + " " + t.path + ": not allowed (" + allowed + ")");
   };
+  if (t.path == "/metrics") {
+    if (!get)
+      return wrong_method("GET");
+    return with_status(self, [](control_state& s, const json& status) {
+      return control_reply{200, s.prom->text(status), "text/plain; version=0.0.4; charset=utf-8"};
+    });
+  }
   if (t.path == "/v1") {
     if (!get)
       return wrong_method("GET");
@@ -342,6 +480,7 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
     install_default_handler(self, control_state::name);
     self->state.opts = std::move(o);
     self->state.coordinator = std::move(c);
+    self->state.prom = std::make_unique<prom_metrics>(self->state.opts.run_name);
     return {
       [self](const control_request& req) { return on_request(self, req); },
       [self](const step_report& r) {
@@ -354,6 +493,7 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
         v.reported = true;
         ++v.steps;
         v.step_ms.add(r.compute_ms);
+        s.prom->step(r);
       },
       [self](const run_event& e) {
         auto& s = self->state;
@@ -364,7 +504,9 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
           ++v.failures;
           v.last_failure = x->reason;
         }
-        add_event(s, event_line(e));
+        auto line = event_line(e);
+        s.prom->event(e, line.value("event", "unknown"));
+        add_event(s, std::move(line));
       },
       [self](event_atom, const std::string& text) {
         auto line = json::parse(text, nullptr, false);
@@ -372,6 +514,7 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
       },
       [self](unauthorized_atom, const std::string& who) {
         ++self->state.unauthorized;
+        self->state.prom->unauthorized();
         self->state.last_unauthorized = who;
       },
       [self](shutdown_atom) { self->quit(); },

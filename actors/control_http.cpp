@@ -76,10 +76,11 @@ struct control_server::impl {
 
 namespace {
 
-http::response<http::string_body> json_response(unsigned version, int status, std::string body) {
+http::response<http::string_body> json_response(unsigned version, int status, std::string body,
+                                                const std::string& content_type = "application/json") {
   http::response<http::string_body> res{static_cast<http::status>(status), version};
   res.set(http::field::server, "tandem");
-  res.set(http::field::content_type, "application/json");
+  res.set(http::field::content_type, content_type);
   res.set(http::field::cache_control, "no-store");
   res.body() = std::move(body);
   if (!res.body().empty() && res.body().back() != '\n')
@@ -228,15 +229,17 @@ http::response<http::string_body> control_server::impl::answer(const http::reque
   control_request cr{std::string(req.method_string()), std::string(req.target()), req.body(), source};
   int status = 503;
   std::string body = error_body("the control actor did not answer");
+  std::string content_type = "application/json";
   (*asker)
     ->request(actor, std::chrono::milliseconds(opts.answer_timeout_ms), std::move(cr))
     .receive(
       [&](control_reply& r) {
         status = r.status;
         body = std::move(r.body);
+        content_type = std::move(r.content_type);
       },
       [&](caf::error& err) { body = error_body("the control actor did not answer: " + sys.render(err)); });
-  return json_response(version, status, std::move(body));
+  return json_response(version, status, std::move(body), content_type);
 }
 
 control_server::control_server(caf::actor_system& sys, control_actor actor, control_server_options opts)

@@ -5,16 +5,19 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <set>
 
 #include <unistd.h>
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
 #include "actors/metrics_lines.hpp"
 #include "actors/spawn.hpp"
+#include "actors/tensorboard/writer.hpp"
 
 namespace tandem {
 
@@ -101,6 +104,7 @@ nlohmann::json event_line(const run_event& e) {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+constexpr double peak_tflops = 989.0;  ///< dense bf16 H100/H200: the MFU denominator (docs/bench.md)
 
 struct metrics_state {
   static inline const char* name = "tandem.metrics";
@@ -117,7 +121,26 @@ struct metrics_state {
   bool tty = false;
   std::string tau;             ///< the last real τ ([eval]) for the progress line: " tau 2.31 (step 400)"
   control_actor feed;          ///< the control endpoint's actor, sent every report and event (or none)
+  std::unique_ptr<tensorboard::writer> tb;  ///< metrics.tensorboard's event file (or none)
 };
+
+/// The scalars of a logged step in TensorBoard, under "drafterN/": the
+/// fields of its metrics.jsonl line (names alike).
+void tb_step(metrics_state& s, const step_report& r) {
+  if (!s.tb)
+    return;
+  const std::string d = "drafter" + std::to_string(r.drafter) + "/";
+  s.tb->scalars(r.step, {{d + "loss", r.loss},
+                         {d + "accuracy", r.accuracy},
+                         {d + "sim_accept", r.sim_accept},
+                         {d + "grad_norm", r.grad_norm},
+                         {d + "lr", r.lr},
+                         {d + "tokens", static_cast<double>(r.real_tokens)},
+                         {d + "compute_ms", r.compute_ms},
+                         {d + "wait_ms", r.wait_ms},
+                         {d + "mfu", r.compute_ms > 0 ? r.tflop / (r.compute_ms / 1e3) / peak_tflops : 0.0}});
+  s.tb->flush();
+}
 
 void write_line(metrics_state& s, nlohmann::json j) {
   if (!s.opts.run_name.empty())
@@ -152,6 +175,14 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
       std::filesystem::create_directories(s.opts.jsonl.parent_path());
       s.jsonl.open(s.opts.jsonl, std::ios::app);
     }
+    if (!s.opts.tensorboard.empty()) {
+      // TensorBoard is a view: a folder it cannot write costs the view, not the run.
+      try {
+        s.tb = std::make_unique<tensorboard::writer>(s.opts.tensorboard);
+      } catch (const std::exception& e) {
+        spdlog::warn("metrics: {} (metrics.tensorboard): no TensorBoard files for this run", e.what());
+      }
+    }
     return {
       [self](const step_report& r) {
         auto& s = self->state;
@@ -180,6 +211,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
                          {"tokens", r.real_tokens},  {"finite", r.finite},
                          {"compute_ms", r.compute_ms}, {"wait_ms", r.wait_ms},
                          {"tflop", r.tflop}});
+        if (s.opts.log_every > 0 && (r.step % s.opts.log_every == 0 || !r.finite))
+          tb_step(s, r);
         const double since = std::chrono::duration<double>(clock_type::now() - s.last_progress).count();
         if (s.opts.progress && since >= s.opts.every_s) {
           // The drafters run side by side: their summed time over their number
@@ -215,6 +248,12 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           char buf[64];
           std::snprintf(buf, sizeof buf, "  tau %.2f (step %lld)", ev->tau, static_cast<long long>(ev->step));
           self->state.tau = buf;
+          if (self->state.tb) {
+            self->state.tb->scalars(ev->step, {{"eval/tau", ev->tau},
+                                               {"eval/tau_prompt_mean", ev->tau_prompt_mean},
+                                               {"eval/tokens_per_s", ev->tokens_per_s}});
+            self->state.tb->flush();
+          }
         }
         if (self->state.feed)
           self->send(self->state.feed, e);

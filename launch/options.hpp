@@ -59,6 +59,7 @@ struct supervisor_settings {
 struct metrics_options {
   std::string run_name;         ///< written into every JSON line ("run") and the progress line
   std::filesystem::path jsonl;  ///< "" = no file
+  std::filesystem::path tensorboard;  ///< event files' folder ("" = none; actors/tensorboard/)
   bool progress = true;         ///< a progress line on stderr
   double every_s = 1.0;
   int64_t total_steps = 0;      ///< for the ETA (0 = unknown)

@@ -76,6 +76,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
 
   p.metrics.run_name = c.run.name;
   p.metrics.jsonl = c.metrics_file();
+  p.metrics.tensorboard = c.tensorboard_dir();
   p.metrics.progress = c.metrics.progress;
   p.metrics.every_s = c.metrics.every_s;
   p.metrics.total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, p.schedule_steps)
@@ -233,6 +234,7 @@ std::string to_json(const launch_plan& p) {
   j["supervisor"] = {{"restart_budget", p.supervisor.restart_budget},
                      {"backoff_s", p.supervisor.backoff_s}, {"window_s", p.supervisor.window_s}};
   j["metrics"] = {{"run_name", p.metrics.run_name}, {"jsonl", p.metrics.jsonl.string()},
+                  {"tensorboard", p.metrics.tensorboard.string()},
                   {"progress", p.metrics.progress}, {"every_s", p.metrics.every_s},
                   {"total_steps", p.metrics.total_steps}, {"log_every", p.metrics.log_every}};
   j["checkpointer"] = {{"dir", p.checkpointer.dir.string()}, {"keep", p.checkpointer.keep}};

@@ -664,6 +664,11 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.metrics.every_s = v.positive_number(); },
    [](const rc& c) { return w_num(c.metrics.every_s); },
    "seconds between progress-line updates"},
+  {"metrics", "tensorboard", kind::path, false,
+   [](rc& c, const vr& v) { c.metrics.tensorboard = v.relative_path(true); },
+   [](const rc& c) { return w_path(c.metrics.tensorboard); },
+   "folder of TensorBoard event files (the logged steps' scalars and the evaluations'),\n"
+   "relative to run.output_dir; \"\" = none"},
   // [run]
   {"run", "output_dir", kind::path, false,
    [](rc& c, const vr& v) { c.run.output_dir = v.path(false); },

@@ -184,6 +184,8 @@ struct run_config {
                                                     ///< run.output_dir; "" = none
     bool progress = true;  ///< progress: a progress line on the terminal
     double every_s = 1.0;  ///< every_s: seconds between progress updates
+    std::filesystem::path tensorboard = "tb";  ///< tensorboard: event files' folder, relative
+                                               ///< to run.output_dir; "" = none
   } metrics;
 
   /// [run]
@@ -199,6 +201,9 @@ struct run_config {
   /// run.output_dir / checkpoint.dir.
   std::filesystem::path checkpoint_dir() const { return run.output_dir / checkpoint.dir; }
   /// run.output_dir / metrics.jsonl, or empty when metrics.jsonl is "".
+  std::filesystem::path tensorboard_dir() const {
+    return metrics.tensorboard.empty() ? std::filesystem::path{} : run.output_dir / metrics.tensorboard;
+  }
   std::filesystem::path metrics_file() const {
     return metrics.jsonl.empty() ? std::filesystem::path{} : run.output_dir / metrics.jsonl;
   }

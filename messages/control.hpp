@@ -50,15 +50,17 @@ typename Inspector::result_type inspect(Inspector& f, control_request& x) {
   return f(caf::meta::type_name("tandem.control_request"), x.method, x.target, x.body, x.source);
 }
 
-/// The answer: an HTTP status and a JSON body (errors: {"error": "..."}).
+/// The answer: an HTTP status and a body, JSON unless `content_type` says
+/// otherwise (GET /metrics: Prometheus text); errors: {"error": "..."}.
 struct control_reply {
   int32_t status = 200;
   std::string body;
+  std::string content_type = "application/json";
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_reply& x) {
-  return f(caf::meta::type_name("tandem.control_reply"), x.status, x.body);
+  return f(caf::meta::type_name("tandem.control_reply"), x.status, x.body, x.content_type);
 }
 
 using control_actor = caf::typed_actor<

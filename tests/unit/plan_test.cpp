@@ -99,6 +99,7 @@ const std::map<std::string, use>& uses() {
     {"metrics.jsonl", {"metrics.jsonl=m.jsonl"}},
     {"metrics.progress", {"metrics.progress=false"}},
     {"metrics.every_s", {"metrics.every_s=2"}},
+    {"metrics.tensorboard", {"metrics.tensorboard=board"}},
     {"control.listen", {"control.listen=127.0.0.1:7000"}},
     {"control.tls_cert", {"control.tls_cert=/pki/b.pem", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},
     {"control.tls_key", {"control.tls_key=/pki/b.key", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},

@@ -8,8 +8,12 @@ ROOT=$PWD
 DEVBIN=${TANDEM_DEVBIN:-.devbin}
 # Always unpacked afresh: a warm host keeps the last call's build/ (ignored
 # paths survive), which may come from another pack.
-rm -rf build/bin build/fixtures build/lib
+rm -rf build/bin build/fixtures build/lib build/lib-extra
 mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
+# The packed OpenSSL/libedit only where the host has none of its own.
+for l in build/lib-extra/*; do
+  if [[ -e $l ]] && ! ldconfig -p | grep -q "$(basename "$l") "; then cp "$l" build/lib/; fi
+done
 # Binaries rebuilt after the pack (e.g. only bin/tandem), carried in
 # .devbin-patch/, replace the packed ones.
 if [ -d .devbin-patch ]; then cp .devbin-patch/* build/bin/; fi

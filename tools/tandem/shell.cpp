@@ -358,7 +358,7 @@ int top(const endpoint& ep, bool once) {
     out += "tandem top - " + status.body.value("run", "") + "  step " + num(c, "step") + "  epoch " + num(c, "epoch")
            + (c.value("paused", false) ? "  PAUSED" : "") + (c.value("stopping", false) ? "  stopping" : "")
            + "   (q leaves)\n\n";
-    out += pad("ACTOR", 14) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
+    out += pad("ACTOR", 16) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
            + pad("SIM-TAU", 9) + pad("WAIT%", 7) + "STEP-MS\n";
     for (const auto& a : tree.body["actors"]) {
       std::string rate = "-", loss = "-", acc = "-", tau = "-", wait = "-", ms = "-";
@@ -382,7 +382,7 @@ int top(const endpoint& ep, bool once) {
           ms = fixed(busy / n, 1);
         }
       }
-      out += pad(a.value("name", ""), 14) + pad(a.value("device", ""), 8) + pad(a.value("state", ""), 13)
+      out += pad(a.value("name", ""), 16) + pad(a.value("device", ""), 8) + pad(a.value("state", ""), 13)
              + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + ms + "\n";
     }
     std::fputs(out.c_str(), stdout);
