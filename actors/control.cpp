@@ -8,6 +8,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <type_traits>
 
@@ -287,6 +288,9 @@ const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"POST /v1/resume", "send work again"},
   {"POST /v1/checkpoint", "write a checkpoint now (after the step in progress)"},
   {"POST /v1/stop", "as SIGTERM: finish the step, write a checkpoint, end"},
+  {"POST /v1/fault", "{\"drafter\": N, \"kind\": K, \"at_step\": S}: inject fault K into drafter N (at step S; default its next)"},
+  {"POST /v1/lr_scale", "{\"value\": X, \"at_step\": S}: the learning rate times X from step S on (default the next not yet sent)"},
+  {"POST /v1/log_every", "{\"value\": N}: a metrics.jsonl step line every N steps"},
 };
 
 /// The actor tree from the plan's entries and the coordinator's status.
@@ -337,15 +341,76 @@ caf::result<control_reply> with_status(self_ptr self, Make make) {
   return rp;
 }
 
+/// The kinds of fault POST /v1/fault arms (launch/run_config.hpp's).
+const std::vector<std::string> fault_kinds = {"throw",         "nan",          "cuda_error",
+                                              "cuda_sticky",   "hang",         "abort",
+                                              "slow_snapshot", "throw_in_snapshot"};
+
+/// A field of an action's body: absent → `fallback`; nullopt (with `why`
+/// set) when present but not what it must be.
+std::optional<int64_t> body_int(const json& body, const char* key, int64_t fallback, int64_t min,
+                                std::string& why) {
+  if (!body.contains(key))
+    return fallback;
+  const auto& v = body[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < min) {
+    why = std::string("\"") + key + "\" must be an integer >= " + std::to_string(min);
+    return std::nullopt;
+  }
+  return v.get<int64_t>();
+}
+
 caf::result<control_reply> on_action(self_ptr self, const std::string& action, const control_request& req) {
+  json body = json::object();
   if (!req.body.empty()) {
-    auto body = json::parse(req.body, nullptr, false);
+    body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object())
       return error_reply(400, "the body of POST /v1/" + action + " must be a JSON object (or empty)");
   }
+  control_command cmd{action, req.source};
+  std::string why;
+  const auto usage = [&](const std::string& what) { return error_reply(400, "POST /v1/" + action + ": " + what); };
+  if (action == "fault") {
+    // {"drafter": N, "kind": K, "at_step": S (optional: its next step)}
+    if (!body.contains("drafter") || !body.contains("kind"))
+      return usage("the body needs \"drafter\" and \"kind\", e.g. {\"drafter\": 0, \"kind\": \"throw\", \"at_step\": 120}");
+    const auto d = body_int(body, "drafter", 0, 0, why);
+    const auto at = body_int(body, "at_step", 0, 0, why);
+    if (!d || !at)
+      return usage(why);
+    if (!body["kind"].is_string()
+        || std::find(fault_kinds.begin(), fault_kinds.end(), body["kind"].get<std::string>()) == fault_kinds.end()) {
+      std::string kinds;
+      for (const auto& k : fault_kinds)
+        kinds += (kinds.empty() ? "" : ", ") + k;
+      return usage("\"kind\" must be one of " + kinds);
+    }
+    const auto& actors = self->state.opts.actors;
+    if (std::none_of(actors.begin(), actors.end(),
+                     [&](const auto& a) { return a.role == "drafter" && a.index == *d; }))
+      return error_reply(404, "no drafter " + std::to_string(*d) + " (GET /v1/tree lists them)");
+    cmd.drafter = static_cast<int32_t>(*d);
+    cmd.kind = body["kind"].get<std::string>();
+    cmd.at_step = *at;
+  } else if (action == "lr_scale" || action == "log_every") {
+    // {"value": X, "at_step": S (lr_scale only, optional: the first step not yet sent)}
+    if (!body.contains("value") || !body["value"].is_number())
+      return usage("the body needs a number \"value\", e.g. {\"value\": 0.5}");
+    cmd.value = body["value"].get<double>();
+    if (action == "lr_scale") {
+      const auto at = body_int(body, "at_step", 0, 1, why);
+      if (!at)
+        return usage(why);
+      cmd.at_step = *at;
+      if (!(cmd.value > 0) || !std::isfinite(cmd.value) || cmd.value > 1e6)
+        return usage("\"value\" must be a positive multiplier of the scheduled learning rate");
+    } else if (!body["value"].is_number_integer() || cmd.value < 1) {
+      return usage("\"value\" must be a positive integer (steps between metrics lines)");
+    }
+  }
   auto rp = self->make_response_promise<control_reply>();
   self->request(self->state.coordinator, std::chrono::milliseconds(self->state.opts.answer_timeout_ms),
-                control_command{action, req.source})
+                std::move(cmd))
     .then([rp](const std::string& result) mutable { rp.deliver(reply(200, {{"result", result}})); },
           [self, rp](const caf::error& err) mutable {
             // A refused action (the run is stopping) is a conflict, not our fault.
@@ -467,7 +532,7 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
       return reply(200, out);
     });
   }
-  for (const char* action : {"pause", "resume", "checkpoint", "stop"})
+  for (const char* action : {"pause", "resume", "checkpoint", "stop", "fault", "lr_scale", "log_every"})
     if (t.path == std::string("/v1/") + action)
       return post ? on_action(self, action, req) : wrong_method("POST");
   return error_reply(404, "no endpoint " + t.path + " (GET /v1 lists them)");

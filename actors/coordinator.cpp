@@ -7,6 +7,9 @@
 // This file: the behaviour, one short handler a message of
 // messages/coordinator.hpp, and spawn.  The state and the map of the other
 // files are in actors/coordinator_state.hpp.
+#include <cmath>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -79,6 +82,8 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
         done.push_back(i);
     s.step = s.opts.resume_step;
     s.durable_step = s.opts.resume_step;
+    for (const auto& [from, scale] : s.opts.resume_lr_scale)
+      s.lr_changes[from] = scale;
   }
   const bool stop_first = s.phase == run_phase::stop_before_run;
   s.phase = run_phase::running;
@@ -139,6 +144,10 @@ std::string status_json(coordinator_state& s) {
   }
   j["durable_step"] = s.durable_step;
   j["checkpoint"] = s.summary.checkpoint;
+  j["lr_scale"] = s.lr_scale_at(s.step + 1);
+  j["lr_changes"] = nlohmann::json::array();
+  for (const auto& [from, scale] : s.lr_changes)
+    j["lr_changes"].push_back({{"from_step", from}, {"scale", scale}});
   j["credits"] = s.opts.credits;
   // Per drafter: what the coordinator knows of it (the control endpoint's tree).
   auto drafters = nlohmann::json::array();
@@ -187,8 +196,40 @@ caf::result<std::string> on_control(self_ptr self, const control_command& c) {
       s.checkpoint_due = true;
       result = "a checkpoint follows the step in progress (now at step " + step + ")";
     }
+  } else if (c.action == "fault") {
+    if (c.drafter < 0 || static_cast<size_t>(c.drafter) >= s.drafters.size())
+      return make_error(errc::bad_input, "no drafter " + std::to_string(c.drafter) + " (the run has "
+                                           + std::to_string(s.drafters.size()) + ")");
+    if (s.slot(c.drafter).down)
+      return make_error(errc::bad_input, "drafter " + std::to_string(c.drafter) + " is restarting: try again");
+    if (c.at_step > 0 && c.at_step <= s.step)
+      return make_error(errc::bad_input, "step " + std::to_string(c.at_step) + " is done (the run is at step "
+                                           + std::to_string(s.step) + ")");
+    self->send(s.peers.drafters[static_cast<size_t>(c.drafter)], fault_atom::value, c.kind, c.at_step);
+    result = "fault '" + c.kind + "' armed on drafter " + std::to_string(c.drafter)
+             + (c.at_step > 0 ? " for step " + std::to_string(c.at_step) : " for its next step");
+  } else if (c.action == "lr_scale") {
+    if (!(c.value > 0) || !std::isfinite(c.value))
+      return make_error(errc::bad_input, "the learning-rate multiplier must be a positive number");
+    const auto first = s.next_undispatched_step();
+    const auto from = c.at_step > 0 ? c.at_step : first;
+    if (from < first)
+      return make_error(errc::bad_input, "step " + std::to_string(from) + " is done or under way: the first step "
+                                           "still to be sent is " + std::to_string(first));
+    // A change replaces the later ones: the schedule is what was asked last.
+    s.lr_changes.erase(s.lr_changes.lower_bound(from), s.lr_changes.end());
+    s.lr_changes[from] = c.value;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", c.value);
+    result = std::string("learning-rate multiplier ") + buf + " from step " + std::to_string(from);
+  } else if (c.action == "log_every") {
+    if (c.value < 1 || c.value != std::floor(c.value) || c.value > 1e9)
+      return make_error(errc::bad_input, "log_every must be a positive integer");
+    self->send(s.peers.metrics, log_every_atom::value, static_cast<int64_t>(c.value));
+    result = "a metrics line every " + std::to_string(static_cast<int64_t>(c.value)) + " steps";
   } else {
-    return make_error(errc::bad_input, "unknown action '" + c.action + "' (pause, resume, stop, checkpoint)");
+    return make_error(errc::bad_input, "unknown action '" + c.action
+                                         + "' (pause, resume, stop, checkpoint, fault, lr_scale, log_every)");
   }
   event(self, control_event{c.action, c.source, s.step, result});
   if (c.action == "stop")

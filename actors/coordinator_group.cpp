@@ -57,6 +57,8 @@ void dispatch_group(self_ptr self) {
   }
   s.group->dispatch(std::move(batches));
   s.idle.clear();
+  for (auto& w : items)  // every replica alike
+    w.lr_scale = s.lr_scale_at(s.step + 1);
   for (size_t d = 0; d < world; ++d) {
     s.busy.insert(static_cast<int32_t>(d));
     s.drafters[d].dispatched = now;

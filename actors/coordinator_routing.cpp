@@ -64,6 +64,7 @@ void dispatch(self_ptr self) {
     s.idle.pop_front();
     s.busy.insert(d);
     s.slot(d).dispatched = self->clock().now();
+    s.queue.front().lr_scale = s.lr_scale_at(s.step + 1);
     self->send(s.peers.drafters[static_cast<size_t>(d)], std::move(s.queue.front()));
     s.queue.pop_front();
   }
@@ -86,10 +87,15 @@ std::string ledger_json(self_ptr self) {
   auto& s = self->state;
   // The checkpoint holds the weights after s.step (the drafter is idle when
   // a checkpoint is asked for), so its ledger commits what they include.
-  return nlohmann::json{{"ledger", nlohmann::json::parse(s.ledger->save(s.step))},
-                        {"step", s.step},
-                        {"epoch", s.epoch}}
-    .dump();
+  nlohmann::json j{{"ledger", nlohmann::json::parse(s.ledger->save(s.step))}, {"step", s.step}, {"epoch", s.epoch}};
+  // The learning-rate multiplier's schedule travels with the weights: a
+  // resume trains the same steps with the same scale (bit-identical).
+  if (!s.lr_changes.empty()) {
+    j["lr_scale"] = nlohmann::json::array();
+    for (const auto& [from, scale] : s.lr_changes)
+      j["lr_scale"].push_back({from, scale});
+  }
+  return j.dump();
 }
 
 /// The checkpoint of `snap` is written in `dir`: it becomes the restore

@@ -124,6 +124,16 @@ struct coordinator_state {
   int64_t data_generation = 0;          ///< epoch starts and rollbacks so far (prefetch.hpp): older batches are stale
   int64_t step = 0;
   bool paused = false;                  ///< control endpoint: no work is dispatched (on_control)
+  /// The learning-rate multiplier from each step on (control endpoint;
+  /// saved with every checkpoint's ledger, restored on resume); 1 before the
+  /// first entry.
+  std::map<int64_t, double> lr_changes;
+  double lr_scale_at(int64_t step) const {
+    auto it = lr_changes.upper_bound(step);
+    return it == lr_changes.begin() ? 1.0 : std::prev(it)->second;
+  }
+  /// The first step not yet sent to a drafter (a step in progress is step + 1).
+  int64_t next_undispatched_step() const { return step + 1 + (busy.empty() ? 0 : 1); }
 
   // Checkpoints.
   int64_t durable_step = -1;

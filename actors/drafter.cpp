@@ -33,30 +33,52 @@ struct drafter_state {
   coordinator_actor coordinator;
   clock_type::time_point idle_since = clock_type::now();
   std::shared_ptr<fault_plan> faults;
+  /// Faults armed through the control endpoint (fault_atom): kind, the first
+  /// step (0: the next) or, for the snapshot kinds, the first snapshot at or
+  /// after it.  This incarnation's only: fired once, then dropped.
+  std::vector<std::pair<std::string, int64_t>> armed;
 };
 
-/// Applies an injected fault due at `next_step`, if any (once per run).
+bool is_snapshot_fault(const std::string& kind) {
+  return kind == "slow_snapshot" || kind == "throw_in_snapshot";
+}
+
+/// Fires a step fault of `kind` before step `next_step`.
+void fire_step_fault(drafter_state& s, const std::string& kind, int64_t next_step) {
+  spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, kind, next_step);
+  if (kind == "throw")
+    s.engine->inject(gpu::fault::throw_in_step);
+  else if (kind == "nan")
+    s.engine->inject(gpu::fault::nan_loss);
+  else if (kind == "cuda_error")
+    s.engine->inject(gpu::fault::cuda_error);
+  else if (kind == "cuda_sticky")
+    s.engine->inject(gpu::fault::cuda_sticky);
+  else if (kind == "hang")
+    std::this_thread::sleep_for(std::chrono::duration<double>(s.faults ? s.faults->hang_s : 0.0));
+  else if (kind == "abort")
+    std::abort();  // the worker process dies (tandem run's parent restarts it)
+}
+
+/// Applies an injected fault due at `next_step`, if any (a planned one once
+/// per run; an armed one once, at the first step at or after its own).
 void apply_faults(drafter_state& s, int64_t next_step) {
+  for (auto it = s.armed.begin(); it != s.armed.end();) {
+    if (!is_snapshot_fault(it->first) && it->second <= next_step) {
+      const auto kind = it->first;
+      it = s.armed.erase(it);
+      fire_step_fault(s, kind, next_step);
+    } else {
+      ++it;
+    }
+  }
   if (!s.faults)
     return;
   for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || f->kind == "slow_snapshot" || f->kind == "throw_in_snapshot"
-        || f->at_step != next_step || f->fired.exchange(true))
+    if (f->drafter != s.index || is_snapshot_fault(f->kind) || f->at_step != next_step || f->fired.exchange(true))
       continue;
-    spdlog::warn("drafter {}: injected fault '{}' at step {}", s.index, f->kind, next_step);
     s.faults->record_fired(*f);
-    if (f->kind == "throw")
-      s.engine->inject(gpu::fault::throw_in_step);
-    else if (f->kind == "nan")
-      s.engine->inject(gpu::fault::nan_loss);
-    else if (f->kind == "cuda_error")
-      s.engine->inject(gpu::fault::cuda_error);
-    else if (f->kind == "cuda_sticky")
-      s.engine->inject(gpu::fault::cuda_sticky);
-    else if (f->kind == "hang")
-      std::this_thread::sleep_for(std::chrono::duration<double>(s.faults->hang_s));
-    else if (f->kind == "abort")
-      std::abort();  // the worker process dies (tandem run's parent restarts it)
+    fire_step_fault(s, f->kind, next_step);
   }
 }
 
@@ -64,22 +86,34 @@ void apply_faults(drafter_state& s, int64_t next_step) {
 /// first one at or after its step); true when a "throw_in_snapshot" is due
 /// (the drafter dies instead of answering).
 bool apply_snapshot_faults(drafter_state& s) {
-  if (!s.faults)
-    return false;
+  std::vector<std::string> due;
+  for (auto it = s.armed.begin(); it != s.armed.end();) {
+    if (is_snapshot_fault(it->first) && s.engine->step() >= it->second) {
+      due.push_back(it->first);
+      it = s.armed.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (s.faults)
+    for (auto& f : s.faults->entries) {
+      if (f->drafter != s.index || !is_snapshot_fault(f->kind) || s.engine->step() < f->at_step
+          || f->fired.exchange(true))
+        continue;
+      s.faults->record_fired(*f);
+      due.push_back(f->kind);
+    }
   bool die = false;
-  for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || (f->kind != "slow_snapshot" && f->kind != "throw_in_snapshot")
-        || s.engine->step() < f->at_step || f->fired.exchange(true))
-      continue;
-    s.faults->record_fired(*f);
-    if (f->kind == "throw_in_snapshot") {
+  for (const auto& kind : due) {
+    if (kind == "throw_in_snapshot") {
       spdlog::warn("drafter {}: injected fault 'throw_in_snapshot' at step {}", s.index, s.engine->step());
       die = true;
       continue;
     }
+    const double slow_s = s.faults ? s.faults->slow_snapshot_s : 0.0;
     spdlog::warn("drafter {}: injected fault 'slow_snapshot' at step {}: the snapshot copies for {} s",
-                 s.index, s.engine->step(), s.faults->slow_snapshot_s);
-    s.engine->slow_next_snapshot(s.faults->slow_snapshot_s);
+                 s.index, s.engine->step(), slow_s);
+    s.engine->slow_next_snapshot(slow_s);
   }
   return die;
 }
@@ -157,7 +191,8 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
     return {[](const work_item&) {}, [](group_id_atom) { return std::vector<uint8_t>{}; },
             [](const group_spec&) { return int64_t{0}; },
             [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
-            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {}};
+            [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {},
+            [](fault_atom, const std::string&, int64_t) {}};
   }
   st.idle_since = clock_type::now();
   return {
@@ -169,7 +204,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       // (its supervisor) restarts it from the newest checkpoint.
       gpu::step_result r;
       try {
-        r = s.engine->train_step(w.batch.handle, w.features.handle, w.contribute);
+        r = s.engine->train_step(w.batch.handle, w.features.handle, w.contribute, w.lr_scale);
       } catch (const gpu::error& e) {
         if (s.engine->group_broken()) {
           // The step's collective did not complete: a peer failed, not this
@@ -285,6 +320,11 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
     [self](snapshot_poll_atom) { poll_snapshot(self); },
     [self](heartbeat_atom) -> int64_t { return self->state.engine->step(); },
     [self](shutdown_atom) { self->quit(); },
+    [self](fault_atom, const std::string& kind, int64_t at_step) {
+      spdlog::warn("drafter {}: fault '{}' armed through the control endpoint for {}", self->state.index, kind,
+                   at_step > 0 ? "step " + std::to_string(at_step) : std::string("the next step"));
+      self->state.armed.emplace_back(kind, at_step);
+    },
   };
 }
 

@@ -243,6 +243,10 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           s.drafters.clear();
         }
       },
+      [self](log_every_atom, int64_t n) {
+        if (n > 0)
+          self->state.opts.log_every = n;
+      },
       [self](const run_event& e) {
         if (const auto* ev = caf::get_if<eval_event>(&e); ev && ev->error.empty()) {
           char buf[64];

@@ -32,6 +32,9 @@ struct coordinator_settings {
   std::string resume_ledger;         ///< a saved ledger (resume), or ""
   int64_t resume_step = 0;           ///< the drafters' step when resuming
   std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
+  /// The learning-rate multiplier's changes (from step, scale) the resumed
+  /// checkpoint holds (set through the control endpoint).
+  std::vector<std::pair<int64_t, double>> resume_lr_scale;
   // Failure detection (config [runtime]); restarts are the supervisor's.
   double step_timeout_s = 120;       ///< a step longer than this is a hang
   double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer

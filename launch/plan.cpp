@@ -66,6 +66,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     co.resume_ledger = resume->ledger;
     co.resume_step = resume->step;
     co.resume_checkpoint = resume->checkpoint;
+    co.resume_lr_scale = resume->lr_scale;
     p.restore_from = resume->checkpoint;
   }
   p.checkpoint_on_signal = c.checkpoint.on_signal;

@@ -54,6 +54,7 @@ struct resume_point {
   std::string checkpoint;  ///< its folder
   int64_t step = 0;        ///< the drafters' update count in it
   std::string ledger;      ///< the ledger saved with it (JSON text)
+  std::vector<std::pair<int64_t, double>> lr_scale;  ///< its learning-rate multiplier's changes
 };
 
 /// checkpoint.host_dir when set (relative: to run.output_dir), else

@@ -134,16 +134,25 @@ typename Inspector::result_type inspect(Inspector& f, coordinator_peers& x) {
 /// An action through the control endpoint (messages/control.hpp):
 /// `action` "pause" (no more work to the drafters; the steps in progress
 /// end, heartbeats go on), "resume", "stop" (as a signal: finish the step,
-/// checkpoint, end) or "checkpoint" (at once when no step is in progress,
-/// else after the next one).  `source`: who asked, for the control event.
+/// checkpoint, end), "checkpoint" (at once when no step is in progress,
+/// else after the next one), "fault" (arm fault `kind` on drafter `drafter`
+/// for `at_step`, 0: its next step), "lr_scale" (the learning-rate
+/// multiplier `value` from step `at_step` on, 0: the first step not yet sent
+/// to a drafter; kept in checkpoints) or "log_every" (a metrics line every
+/// `value` steps).  `source`: who asked, for the control event.
 struct control_command {
   std::string action;
   std::string source;
+  int32_t drafter = -1;
+  std::string kind;
+  int64_t at_step = 0;
+  double value = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_command& x) {
-  return f(caf::meta::type_name("tandem.control_command"), x.action, x.source);
+  return f(caf::meta::type_name("tandem.control_command"), x.action, x.source, x.drafter, x.kind, x.at_step,
+           x.value);
 }
 
 using coordinator_actor = caf::typed_actor<

@@ -68,11 +68,15 @@ struct work_item {
   /// false: a data-parallel rank without a batch of its own this step (see
   /// messages/drafter.hpp): train on this copy with the loss scaled by 0.
   bool contribute = true;
+  /// The learning-rate multiplier of the step this item trains (the
+  /// coordinator's schedule, set at run time through the control endpoint and
+  /// kept in checkpoints): every replica of a group step gets the same.
+  double lr_scale = 1.0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, work_item& x) {
-  return f(caf::meta::type_name("tandem.work_item"), x.batch, x.features, x.contribute);
+  return f(caf::meta::type_name("tandem.work_item"), x.batch, x.features, x.contribute, x.lr_scale);
 }
 
 /// A drafter's report of one optimizer step.

@@ -106,6 +106,12 @@ using snapshot_poll_atom = caf::atom_constant<caf::atom("snappoll")>;
 
 using group_id_atom = caf::atom_constant<caf::atom("group_id")>;
 
+/// Arms an injected fault (the control endpoint, through the coordinator):
+/// `kind` as fault_spec's (launch/run_config.hpp), fired at the first step
+/// this incarnation takes at or after `at_step` (0: its next step); the
+/// snapshot kinds at its first snapshot from then on.
+using fault_atom = caf::atom_constant<caf::atom("fault")>;
+
 /// Join NCCL group `nccl_id` as `rank` of `world` (leaving any group this
 /// drafter is in first).  `generation` counts the groups formed in a run
 /// (logs, errors); `timeout_s` bounds the join and every later collective.
@@ -130,6 +136,7 @@ using drafter_actor = caf::typed_actor<
   caf::replies_to<snapshot_atom>::with<snapshot_desc>,
   caf::replies_to<heartbeat_atom>::with<int64_t>,
   caf::reacts_to<shutdown_atom>,
-  caf::reacts_to<snapshot_poll_atom>>;
+  caf::reacts_to<snapshot_poll_atom>,
+  caf::reacts_to<fault_atom, std::string, int64_t>>;
 
 } // namespace tandem

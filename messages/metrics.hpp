@@ -292,10 +292,14 @@ typename Inspector::result_type inspect(Inspector& f, end_event& x) {
            x.error);
 }
 
+/// The coordinator (a control action): a JSON line every N steps from now on.
+using log_every_atom = caf::atom_constant<caf::atom("logevery")>;
+
 using metrics_actor = caf::typed_actor<
   caf::reacts_to<step_report>,
   caf::reacts_to<run_event>,
   caf::reacts_to<event_atom, std::string>,
+  caf::reacts_to<log_every_atom, int64_t>,
   caf::reacts_to<shutdown_atom>>;
 
 } // namespace tandem

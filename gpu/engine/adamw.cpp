@@ -47,6 +47,7 @@ adamw::adamw(std::vector<at::Tensor> params, const adamw_options& opts)
     exp_avg_sq_.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
     steps_.push_back(at::zeros({}, p.options()));
   }
+  lr_scale_ = at::ones({}, params_.front().options().dtype(at::kDouble));
 }
 
 adamw::adamw(std::vector<at::Tensor> params, const adamw_options& opts, at::Tensor flat)
@@ -73,6 +74,7 @@ adamw::adamw(std::vector<at::Tensor> params, const adamw_options& opts, at::Tens
     exp_avg_sq_.push_back(flat_avg_sq_.narrow(0, off, p.numel()).view(p.sizes()));
   }
   steps_.push_back(at::zeros({}, flat_.options()));
+  lr_scale_ = at::ones({}, flat_.options().dtype(at::kDouble));
   partials_ = at::zeros({kernels::sumsq_max_blocks}, flat_.options());
 #endif
 }
@@ -80,17 +82,20 @@ adamw::adamw(std::vector<at::Tensor> params, const adamw_options& opts, at::Tens
 at::Tensor adamw::lr_for(const at::Tensor& step) const {
   // The host formula of scheduled_lr, in float64 on the device, then float32
   // (the fused kernel's tensor lr is float32).
+  // Times the run-time multiplier (a device tensor: read when the update
+  // runs, also in a replayed graph), in float64 before the rounding; at 1
+  // the product is exact, so the schedule is unchanged.
   const auto w = warmup_steps(opts_);
   if (opts_.total_steps <= 0)
-    return at::full({}, opts_.lr, step.options().dtype(at::kDouble)).to(at::kFloat);
+    return (at::full({}, opts_.lr, step.options().dtype(at::kDouble)) * lr_scale_).to(at::kFloat);
   auto t = step.to(at::kDouble);
   const double span = static_cast<double>(std::max<int64_t>(1, opts_.total_steps - w));
   auto progress = at::clamp((t - static_cast<double>(w)) / span, 0.0, 1.0);
   auto cosine = (at::cos(progress * pi) + 1.0) * (0.5 * opts_.lr);
   if (w == 0)
-    return cosine.to(at::kFloat);
+    return (cosine * lr_scale_).to(at::kFloat);
   auto warm = (t * opts_.lr) / static_cast<double>(w);
-  return at::where(t <= static_cast<double>(w), warm, cosine).to(at::kFloat);
+  return (at::where(t <= static_cast<double>(w), warm, cosine) * lr_scale_).to(at::kFloat);
 }
 
 void adamw::count_update(stats& out, const at::Tensor& loss) {

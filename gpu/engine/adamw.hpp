@@ -81,6 +81,18 @@ public:
   const at::Tensor& step_count() const { return steps_.front(); }
   const adamw_options& options() const { return opts_; }
 
+  /// The learning-rate multiplier of the next updates (the scheduled lr
+  /// times `scale`, in float64 before the rounding to float32): written
+  /// into a device tensor on the current stream, so a captured update reads
+  /// it when replayed.  1 at construction; not part of the saved state (the
+  /// runtime sends it with every step).
+  void set_lr_scale(double scale) {
+    if (scale != lr_scale_value_) {
+      lr_scale_.fill_(scale);
+      lr_scale_value_ = scale;
+    }
+  }
+
   /// Overwrites the state (moments per parameter, in order, and the update
   /// count); shapes must match.  Values are copied, never aliased.
   void load_state(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
@@ -99,6 +111,8 @@ private:
   std::vector<at::Tensor> steps_;       ///< [] float32 each, all equal (the fused kernel reads one per tensor)
   at::Tensor flat_, flat_avg_, flat_avg_sq_;  ///< flat mode: [N] fp32 masters, moments
   at::Tensor partials_;                 ///< flat mode: [blocks] fp32, the norm's partial sums
+  at::Tensor lr_scale_;                 ///< [] float64: the multiplier (set_lr_scale)
+  double lr_scale_value_ = 1.0;
 };
 
 } // namespace tandem::gpu

@@ -51,6 +51,11 @@ void require(bool ok, const std::string& what) {
     throw error(errc::bad_input, who + ": " + what);
 }
 
+void require_positive_scale(double lr_scale) {
+  require(lr_scale > 0 && std::isfinite(lr_scale),
+          "the learning-rate multiplier must be positive and finite, got " + std::to_string(lr_scale));
+}
+
 /// The fields of the drafter's shape that a checkpoint must agree with.
 json shape_json(const dflash_config& c) {
   return {{"vocab_size", c.layer.vocab_size},
@@ -669,7 +674,8 @@ struct drafter_engine::impl {
   }
 #endif
 
-  step_result train_step(transport::handle batch_h, transport::handle features_h, bool contribute) {
+  step_result train_step(transport::handle batch_h, transport::handle features_h, bool contribute,
+                         double lr_scale) {
     const auto t0 = std::chrono::steady_clock::now();
     detail::device_scope scope(device);
 #ifdef TANDEM_HAVE_CUDA
@@ -703,6 +709,7 @@ struct drafter_engine::impl {
     try {
       // Set every step (a failed step must not leave it at NaN or 0).
       poison.fill_(inject_nan ? std::numeric_limits<double>::quiet_NaN() : contribute ? 1.0 : 0.0);
+      optimizer->set_lr_scale(lr_scale);
       at::Tensor metrics;
 #ifdef TANDEM_HAVE_CUDA
       if (graphed() && !inject_throw)
@@ -1343,8 +1350,9 @@ int64_t drafter_engine::sync_step() {
 }
 
 step_result drafter_engine::train_step(transport::handle batch, transport::handle features,
-                                       bool contribute) {
-  return impl_->train_step(batch, features, contribute);
+                                       bool contribute, double lr_scale) {
+  require_positive_scale(lr_scale);
+  return impl_->train_step(batch, features, contribute, lr_scale);
 }
 
 bool drafter_engine::group_broken() const {

@@ -149,8 +149,10 @@ public:
   /// `contribute` false (a data-parallel rank without a batch of its own
   /// this step): the loss is scaled by 0, so the rank joins the group's
   /// all-reduce with a zero gradient; its metrics are reported as usual.
+  /// `lr_scale`: the learning-rate multiplier of this step (the scheduled
+  /// lr times it; > 0, finite; set at run time through the control endpoint).
   step_result train_step(transport::handle batch, transport::handle features,
-                         bool contribute = true);
+                         bool contribute = true, double lr_scale = 1.0);
 
   /// Joins a data-parallel group of drafters (DESIGN.md §3, §4) as `rank`
   /// of `world`: every rank calls it, each on its own thread and GPU, with

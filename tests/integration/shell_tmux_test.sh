@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `tandem shell` driven as a person would (issue 17): in a tmux pane of 160 x
 # 45, against the tiny run on the CPU: typed commands (tree, a completed
-# "tr<Tab>"), `top` refreshing and left with q, `stop` ending the run with a
+# "tr<Tab>"), `top` refreshing and left with q, a fault injected with
+# `fault drafter 0 throw` and the restart seen in `tree`, `watch loss` left
+# with q, `stop` ending the run with a
 # checkpoint (exit 0), the shell saying the run has ended and leaving, and
 # the history kept in the file it names.  The pane is read with
 # capture-pane.  ~30 s on 2 cores.
@@ -43,6 +45,17 @@ s2=$(pane | awk '/tandem top/ {for (i = 1; i <= NF; i++) if ($i == "step") print
 check test "${s2:-0}" -gt "${s1:-0}"   # it refreshes
 tmux send-keys -t "$session" q
 check wait_for "tandem>"
+# A fault through the shell: the drafter fails, the supervisor restarts it.
+tmux send-keys -t "$session" "fault drafter 0 throw" Enter
+check wait_for "armed on drafter 0 for its next step"
+for _ in $(seq 50); do grep -q '"event":"drafter_restarted"' "$work/run/metrics.jsonl" && break; sleep 0.2; done
+tmux send-keys -t "$session" "tree" Enter
+check wait_for "incarnation 1"
+tmux send-keys -t "$session" "watch loss" Enter
+check wait_for "watch loss"
+check wait_for "last "
+tmux send-keys -t "$session" q
+check wait_for "tandem>"
 tmux send-keys -t "$session" "stop" Enter
 check wait_for "stopping after step"
 rc=0; wait "$run_pid" || rc=$?
@@ -50,7 +63,7 @@ check test "$rc" = 0
 tmux send-keys -t "$session" "status" Enter
 check wait_for "the run has ended"
 check wait_for "SHELL-EXIT 0"
-check test "$(grep -c "^tree" "$TANDEM_SHELL_HISTORY")" = 2   # completion appends a space (libedit writes \040)
+check test "$(grep -c "^tree" "$TANDEM_SHELL_HISTORY")" = 3   # typed twice, completed once (libedit writes its space as \040)
 check grep -qx "stop" "$TANDEM_SHELL_HISTORY"
 end=$("$python" -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"end\"" in l][-1]["reason"])' \
   "$work/run/metrics.jsonl")

@@ -1577,4 +1577,66 @@ CAF_TEST(stop through the control endpoint ends the run stopped with a checkpoin
   check_handles_released();
 }
 
+CAF_TEST(the learning-rate multiplier goes out with the work from its step and into the checkpoints) {
+  // Paused at step 0: lr_scale 0.5 from step 3, then 0.25 from step 5; a
+  // step already under way (or done) is refused.  Every work item carries
+  // the multiplier of the step it trains; the checkpoints' ledger holds the
+  // schedule (a resume restores it); a fault goes to the drafter named.
+  setup s;
+  start(s);
+  ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  sched.run();
+  control_command half{"lr_scale", "tester"};
+  half.value = 0.5;
+  half.at_step = 3;
+  auto a = ask<std::string>(sys, coordinator, half);
+  control_command quarter{"lr_scale", "tester"};
+  quarter.value = 0.25;
+  quarter.at_step = 5;
+  auto b = ask<std::string>(sys, coordinator, quarter);
+  control_command past{"lr_scale", "tester"};
+  past.value = 2;
+  past.at_step = 0;  // default: the first step not yet sent (1, nothing is under way)
+  control_command zero{"lr_scale", "tester"};
+  zero.value = 0;
+  auto z = ask<std::string>(sys, coordinator, zero);
+  control_command fault{"fault", "tester"};
+  fault.drafter = 0;
+  fault.kind = "throw";
+  fault.at_step = 4;
+  auto f = ask<std::string>(sys, coordinator, fault);
+  control_command nobody{"fault", "tester"};
+  nobody.drafter = 3;
+  nobody.kind = "throw";
+  auto n = ask<std::string>(sys, coordinator, nobody);
+  sched.run();
+  CAF_REQUIRE(a->value.has_value());
+  CAF_CHECK_EQUAL(*a->value, "learning-rate multiplier 0.5 from step 3");
+  CAF_CHECK_EQUAL(*b->value, "learning-rate multiplier 0.25 from step 5");
+  CAF_REQUIRE(z->error.has_value());
+  CAF_CHECK(is(*z->error, errc::bad_input));
+  CAF_REQUIRE(f->value.has_value());
+  CAF_CHECK(contains(*f->value, "armed on drafter 0 for step 4"));
+  CAF_REQUIRE(n->error.has_value());
+  CAF_REQUIRE_EQUAL(w->faults_armed.size(), 1u);
+  CAF_CHECK_EQUAL(w->faults_armed[0].kind, "throw");
+  CAF_CHECK_EQUAL(w->faults_armed[0].at_step, 4);
+  auto st = status();
+  CAF_CHECK_EQUAL(st["lr_changes"].size(), 2u);
+  CAF_CHECK_EQUAL(st["lr_scale"], 1.0);
+  ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_REQUIRE_EQUAL(w->steps.size(), 6u);
+  for (const auto& x : w->steps)
+    CAF_CHECK_EQUAL(x.work.lr_scale, x.step < 3 ? 1.0 : x.step < 5 ? 0.5 : 0.25);
+  CAF_REQUIRE(!w->extras.empty());
+  CAF_CHECK_EQUAL(w->extras.back()["lr_scale"], nlohmann::json::parse("[[3, 0.5], [5, 0.25]]"));
+  // Once the steps are done, a change at an earlier step is refused.
+  auto late = ask<std::string>(sys, coordinator, past);
+  sched.run();
+  CAF_CHECK(late->error.has_value());  // the run has ended: not possible now
+  check_handles_released();
+}
+
 CAF_TEST_FIXTURE_SCOPE_END()

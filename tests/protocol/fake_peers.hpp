@@ -100,6 +100,13 @@ struct peer_world {
     int32_t drafter = 0;
   };
   std::vector<step_rec> steps;        ///< every finite step any incarnation took
+  struct armed_fault {
+    int32_t drafter = 0;
+    std::string kind;
+    int64_t at_step = 0;
+  };
+  std::vector<armed_fault> faults_armed;  ///< fault_atom messages the drafters received
+  int64_t log_every = 0;                  ///< the last log_every_atom the metrics actor received
   int64_t work_received = 0;
   std::vector<std::pair<int32_t, std::string>> respawns;  ///< (index, checkpoint)
   std::vector<int64_t> final_weights; ///< the newest incarnation's, kept up to date
@@ -428,6 +435,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     },
     [self](shutdown_atom) { self->quit(); },
     [](snapshot_poll_atom) {},
+    [=](fault_atom, const std::string& kind, int64_t at_step) { w->faults_armed.push_back({index, kind, at_step}); },
   };
 }
 
@@ -533,6 +541,7 @@ inline metrics_actor::behavior_type fake_metrics(metrics_actor::pointer self, wo
     [w](const step_report& r) { w->reports.push_back(r); },
     [w](const run_event& e) { w->events.push_back(event_line(e)); },
     [w](event_atom, const std::string& json) { w->events.push_back(nlohmann::json::parse(json)); },
+    [w](log_every_atom, int64_t n) { w->log_every = n; },
     [self](shutdown_atom) { self->quit(); },
   };
 }

@@ -36,6 +36,7 @@ drafter_actor::behavior_type idle_drafter(drafter_actor::pointer self) {
     [](heartbeat_atom) { return int64_t{0}; },
     [self](shutdown_atom) { self->quit(); },
     [](snapshot_poll_atom) {},
+    [](fault_atom, const std::string&, int64_t) {},
   };
 }
 

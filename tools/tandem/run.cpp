@@ -209,7 +209,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
     if (!found.dir.empty()) {
       auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
-      resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump()};
+      resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump(), {}};
+      if (extra.contains("lr_scale"))  // set through the control endpoint (absent: never set)
+        for (const auto& change : extra["lr_scale"])
+          resume->lr_scale.emplace_back(change.at(0).get<int64_t>(), change.at(1).get<double>());
       const bool host = found.dir.parent_path() == host_dir;
       const auto disk = gpu::list_checkpoints(ckpt_dir);
       resumed = {{"event", "resumed"}, {"step", resume->step}, {"from", found.dir.string()},

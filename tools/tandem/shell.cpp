@@ -4,12 +4,15 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -312,6 +315,15 @@ const char* help_text =
   "  pause | resume       stop / restart sending work to the drafters\n"
   "  checkpoint           write a checkpoint now\n"
   "  stop                 as SIGTERM: finish the step, checkpoint, end the run\n"
+  "  watch METRIC         a live sparkline of a step field (loss, accuracy, sim_accept, grad_norm,\n"
+  "                       lr, compute_ms, wait_ms, tokens) over the last 60 reports (q leaves)\n"
+  "  fault drafter N KIND [at STEP]\n"
+  "                       inject a fault (throw, nan, cuda_error, cuda_sticky, hang, abort,\n"
+  "                       slow_snapshot, throw_in_snapshot) at STEP, default its next step\n"
+  "  set lr-scale X [at STEP]\n"
+  "                       the learning rate times X from STEP on (default: the next step sent;\n"
+  "                       kept in checkpoints)\n"
+  "  set log-every N      a metrics.jsonl step line every N steps\n"
   "  help, quit\n";
 
 std::vector<std::string> words(const std::string& line) {
@@ -398,6 +410,100 @@ int top(const endpoint& ep, bool once) {
   return rc;
 }
 
+/// `watch METRIC`: a sparkline of one step field over the last 60 reports
+/// (per drafter), refreshed every second until `q`.
+int watch(const endpoint& ep, const std::string& field, bool once) {
+  static const std::vector<std::string> fields{"loss",       "accuracy", "sim_accept", "grad_norm",
+                                               "lr",         "compute_ms", "wait_ms",  "tokens"};
+  if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
+    std::string all;
+    for (const auto& f : fields)
+      all += (all.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "watch METRIC: one of %s\n", all.c_str());
+    return 2;
+  }
+  termios saved{};
+  const bool tty = ::isatty(STDIN_FILENO) != 0 && !once;
+  if (tty) {
+    ::tcgetattr(STDIN_FILENO, &saved);
+    termios raw = saved;
+    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+  }
+  static const char* bars[] = {"\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588"};
+  int rc = 0;
+  for (;;) {
+    auto steps = call(ep, http::verb::get, "/v1/steps?n=1000");
+    if (!steps.error.empty()) {
+      std::printf("%s\n", steps.error.c_str());
+      rc = 1;
+      break;
+    }
+    std::map<int64_t, std::vector<std::pair<int64_t, double>>> by_drafter;
+    for (const auto& r : steps.body["steps"])
+      if (r.contains(field) && r[field].is_number())
+        by_drafter[r.value("drafter", int64_t{0})].emplace_back(r.value("step", int64_t{0}), r[field].get<double>());
+    std::string out = tty ? "\x1b[H\x1b[2J" : "";
+    out += "watch " + field + " (the last 60 step reports" + (tty ? "; q leaves)" : ")") + "\n";
+    if (by_drafter.empty())
+      out += "  no step reports yet\n";
+    for (auto& [d, xs] : by_drafter) {
+      if (xs.size() > 60)
+        xs.erase(xs.begin(), xs.end() - 60);
+      double lo = xs.front().second, hi = lo;
+      for (const auto& x : xs) {
+        lo = std::min(lo, x.second);
+        hi = std::max(hi, x.second);
+      }
+      std::string line;
+      for (const auto& x : xs) {
+        const int k = hi > lo ? static_cast<int>(std::lround((x.second - lo) / (hi - lo) * 7)) : 0;
+        line += std::isfinite(x.second) ? bars[std::clamp(k, 0, 7)] : "!";
+      }
+      char tail[160];
+      std::snprintf(tail, sizeof tail, "  steps %lld-%lld  min %.6g  max %.6g  last %.6g",
+                    static_cast<long long>(xs.front().first), static_cast<long long>(xs.back().first), lo, hi,
+                    xs.back().second);
+      out += "drafter " + std::to_string(d) + "  " + line + "\n" + tail + "\n";
+    }
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+    if (once)
+      break;
+    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
+    if (k == 'q' || k == 'Q')
+      break;
+  }
+  if (tty)
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+  return rc;
+}
+
+/// An action with a JSON body; prints its result.
+int act(const endpoint& ep, const std::string& path, const json& body, bool as_json) {
+  auto a = call(ep, http::verb::post, path, body.dump());
+  if (!a.error.empty()) {
+    std::fprintf(stderr, "%s: %s\n", path.substr(4).c_str(), a.error.c_str());
+    return 1;
+  }
+  if (as_json)
+    std::printf("%s\n", a.body.dump().c_str());
+  else
+    std::printf("%s\n", a.body.value("result", "").c_str());
+  return 0;
+}
+
+/// "at STEP" at w[i], w[i+1] (optional); false when malformed.
+bool at_step(const std::vector<std::string>& w, size_t i, json& body) {
+  if (w.size() == i)
+    return true;
+  if (w.size() != i + 2 || w[i] != "at" || w[i + 1].empty()
+      || w[i + 1].find_first_not_of("0123456789") != std::string::npos || w[i + 1].size() > 15)
+    return false;
+  body["at_step"] = std::stoll(w[i + 1]);
+  return true;
+}
+
 /// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse).
 int run_command(const endpoint& ep, const std::string& line, bool as_json, bool interactive) {
   const auto w = words(line);
@@ -478,6 +584,42 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   }
   if (cmd == "top")
     return top(ep, !interactive);
+  if (cmd == "watch") {
+    if (w.size() != 2) {
+      std::fprintf(stderr, "watch METRIC (e.g. watch loss)\n");
+      return 2;
+    }
+    return watch(ep, w[1], !interactive);
+  }
+  if (cmd == "fault") {
+    // fault drafter N KIND [at STEP]
+    json body;
+    if (w.size() < 4 || w[1] != "drafter" || w[2].empty() || w[2].find_first_not_of("0123456789") != std::string::npos
+        || w[2].size() > 6 || !at_step(w, 4, body)) {
+      std::fprintf(stderr, "fault drafter N KIND [at STEP] (e.g. fault drafter 0 throw at 120)\n");
+      return 2;
+    }
+    body["drafter"] = std::stoi(w[2]);
+    body["kind"] = w[3];
+    return act(ep, "/v1/fault", body, as_json);
+  }
+  if (cmd == "set") {
+    // set lr-scale X [at STEP] | set log-every N
+    json body;
+    char* end = nullptr;
+    const double v = w.size() >= 3 ? std::strtod(w[2].c_str(), &end) : 0;
+    const bool number = w.size() >= 3 && end && *end == '\0' && !w[2].empty();
+    if (w.size() >= 3 && w[1] == "lr-scale" && number && at_step(w, 3, body)) {
+      body["value"] = v;
+      return act(ep, "/v1/lr_scale", body, as_json);
+    }
+    if (w.size() == 3 && w[1] == "log-every" && number && v == std::floor(v)) {
+      body["value"] = static_cast<int64_t>(v);
+      return act(ep, "/v1/log_every", body, as_json);
+    }
+    std::fprintf(stderr, "set lr-scale X [at STEP] | set log-every N\n");
+    return 2;
+  }
   for (const char* action : {"pause", "resume", "checkpoint", "stop"})
     if (cmd == action) {
       auto a = call(ep, http::verb::post, std::string("/v1/") + action, "{}");
@@ -497,9 +639,9 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
 
 /// The words tab completion offers: the commands first, then (after a
 /// command) the actors' roles and indices and the commands' arguments.
-const std::vector<std::string> command_words{"status", "tree", "show", "top", "ledger", "steps", "events",
-                                             "config", "pause", "resume", "checkpoint", "stop", "help",
-                                             "quit"};
+const std::vector<std::string> command_words{"status", "tree",  "show",  "top",        "ledger", "steps",
+                                             "events", "config", "pause", "resume",     "checkpoint",
+                                             "stop",   "watch", "fault", "set",         "help",   "quit"};
 
 #ifdef TANDEM_HAVE_LIBEDIT
 // libedit's completion hooks are C callbacks without a user pointer: the
@@ -569,7 +711,11 @@ void start_line_editing(const json& tree) {
   ::stifle_history(1000);
   if (const auto f = history_file(); !f.empty())
     ::read_history(f.c_str());
-  std::set<std::string> args{"-f", "drafter", "target", "prefetch", "coordinator", "eval"};
+  std::set<std::string> args{"-f",         "drafter",       "target",     "prefetch",    "coordinator",
+                             "eval",       "lr-scale",      "log-every",  "at",          "loss",
+                             "accuracy",   "sim_accept",    "grad_norm",  "lr",          "compute_ms",
+                             "wait_ms",    "tokens",        "throw",      "nan",         "cuda_error",
+                             "cuda_sticky", "hang",         "abort",      "slow_snapshot", "throw_in_snapshot"};
   if (tree.contains("actors"))
     for (const auto& a : tree["actors"]) {
       args.insert(a.value("role", ""));
@@ -593,7 +739,7 @@ void add_shell(CLI::App& app, int& exit_code) {
   };
   auto o = std::make_shared<options>();
   auto* cmd = app.add_subcommand("shell", "Inspect and steer a running `tandem run` through its control endpoint "
-                                          "(tree, status, top, steps, events, pause, resume, checkpoint, stop)");
+                                          "(tree, status, top, watch, steps, events, pause, resume, checkpoint, stop, fault, set)");
   cmd->add_option("target", o->target,
                   "The run's folder (its control.json says where and holds the token), or HOST:PORT")
     ->required();
