@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "gpu/engine/adamw.hpp"
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/engine/graph.hpp"
@@ -89,6 +90,33 @@ TEST(graph, replay_follows_the_eager_trajectory_for_50_steps) {
   }
   std::printf("graph vs eager over 50 steps: max relative loss difference %.3g\n", worst);
   EXPECT_EQ(captures_in_process() - captures_before, 1) << "one capture, then replays";
+}
+
+TEST(graph, the_learning_rate_multiplier_reaches_the_replayed_update) {
+  // The multiplier lives in a device tensor the captured update reads: set
+  // between replays (1, then 0.5, then 2), the graph's lr and losses follow
+  // the eager engine's, and the lr is float32(scheduled · scale).
+  if (!have_gpu())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  gpu_inputs in(3);
+  const auto o = options(true);
+  drafter_engine eager(options(false)), graphed(o);
+  const auto captures_before = captures_in_process();
+  for (int step = 0; step < 24; ++step) {
+    const auto i = static_cast<size_t>(step % 3);
+    const double scale = step < 8 ? 1.0 : step < 16 ? 0.5 : 2.0;
+    auto a = eager.train_step(in.batches[i], in.features[i], true, scale);
+    auto b = graphed.train_step(in.batches[i], in.features[i], true, scale);
+    ASSERT_TRUE(a.finite && b.finite) << "step " << step;
+    EXPECT_EQ(a.lr, b.lr) << "step " << step + 1;
+    adamw_options ao;
+    ao.lr = o.lr;
+    ao.warmup_ratio = o.warmup_ratio;
+    ao.total_steps = o.total_steps;
+    EXPECT_NEAR(b.lr, static_cast<float>(scheduled_lr(ao, step + 1) * scale), 1e-12) << "step " << step + 1;
+    EXPECT_LE(std::abs(a.loss - b.loss) / std::abs(a.loss), 2e-3) << "step " << step + 1;
+  }
+  EXPECT_EQ(captures_in_process() - captures_before, 1) << "one capture: the multiplier needs no new one";
 }
 
 TEST(graph, a_restored_engine_captures_again_and_continues) {

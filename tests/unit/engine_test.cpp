@@ -440,6 +440,37 @@ TEST(engine, restore_continues_bit_identically) {
   EXPECT_FALSE(fs::exists(tmp.dir / "step-10.old"));
 }
 
+// The learning-rate multiplier (the control endpoint's lr_scale): at 1 the
+// trajectory is bit-identical to a step without one; otherwise the update
+// uses float32(scheduled_lr · scale), the same as an optimizer whose peak lr
+// was scaled (a constant schedule), and it holds until changed.
+TEST(engine, learning_rate_multiplier_scales_the_scheduled_lr) {
+  inputs in;
+  auto o = drafter_options(20);
+  drafter_engine plain(o), scaled(o);
+  for (int i = 0; i < 5; ++i) {
+    auto a = plain.train_step(in.batch, in.features);
+    auto b = scaled.train_step(in.batch, in.features, true, 1.0);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.lr, b.lr);
+  }
+  for (int i = 5; i < 10; ++i) {
+    const double scale = i < 8 ? 0.5 : 3.0;
+    auto a = plain.train_step(in.batch, in.features);
+    auto b = scaled.train_step(in.batch, in.features, true, scale);
+    adamw_options ao;  // the schedule's fields
+    ao.lr = o.lr;
+    ao.warmup_ratio = o.warmup_ratio;
+    ao.total_steps = o.total_steps;
+    EXPECT_EQ(b.lr, static_cast<double>(static_cast<float>(scheduled_lr(ao, i + 1) * scale))) << "step " << i + 1;
+    EXPECT_NE(a.lr, b.lr);
+    if (i > 5)
+      EXPECT_NE(a.loss, b.loss) << "step " << i + 1 << ": the scaled update changed nothing";
+  }
+  EXPECT_THROW(scaled.train_step(in.batch, in.features, true, 0.0), error);
+  EXPECT_THROW(scaled.train_step(in.batch, in.features, true, std::nan("")), error);
+}
+
 // The restore point in device memory (checkpoint.memory_every): it outlives
 // the engine that wrote it, a new engine restores it bit-exactly, a wrong
 // step or a copy cut short is refused (device_failure: the caller falls
