@@ -194,6 +194,7 @@ struct control_state {
   coordinator_actor coordinator;
   clock_type::time_point start = clock_type::now();
   std::deque<step_report> steps;                   ///< the last opts.steps_kept
+  int64_t reports = 0;                             ///< step reports received (the last one's sequence number)
   std::deque<std::pair<int64_t, json>> events;     ///< (sequence number, line), the last opts.events_kept
   int64_t next_event = 1;
   std::map<int32_t, drafter_view> drafters;
@@ -284,6 +285,8 @@ const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"GET /v1/events?since=SEQ", "the events after sequence number SEQ (default 0: all kept)"},
   {"GET /v1/config", "the effective config (TOML)"},
   {"GET /metrics", "the same figures as Prometheus text (counters, gauges, histograms)"},
+  {"GET /v1/dashboard?steps_after=N&events_after=M", "the dashboard's frame: status, tree, the newer reports and events"},
+  {"GET /", "the web dashboard (GET /?token=TOKEN once: a cookie, then the page)"},
   {"POST /v1/pause", "stop sending work to the drafters (the steps in progress finish)"},
   {"POST /v1/resume", "send work again"},
   {"POST /v1/checkpoint", "write a checkpoint now (after the step in progress)"},
@@ -497,6 +500,30 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
         out.push_back(line);
     return reply(200, {{"events", out}, {"next", s.next_event - 1}});
   }
+  if (t.path == "/v1/dashboard") {
+    // The dashboard's WebSocket frame: what is new since the client's last.
+    if (!get)
+      return wrong_method("GET");
+    const auto steps_after = query_int(t, "steps_after", 0);
+    const auto events_after = query_int(t, "events_after", 0);
+    if (!steps_after || !events_after)
+      return error_reply(400, "steps_after and events_after must be non-negative integers");
+    return with_status(self, [sa = *steps_after, ea = *events_after](control_state& s, const json& status) {
+      json steps = json::array();
+      const auto first_seq = s.reports - static_cast<int64_t>(s.steps.size()) + 1;
+      for (size_t i = 0; i < s.steps.size(); ++i)
+        if (first_seq + static_cast<int64_t>(i) > sa)
+          steps.push_back(report_json(s.steps[i]));
+      json events = json::array();
+      for (const auto& [seq, line] : s.events)
+        if (seq > ea)
+          events.push_back(line);
+      return reply(200, {{"run", s.opts.run_name},        {"uptime_s", s.uptime()},
+                         {"coordinator", status},         {"tree", tree_json(s, status)["actors"]},
+                         {"steps", steps},                {"steps_seq", s.reports},
+                         {"events", events},              {"next_event", s.next_event - 1}});
+    });
+  }
   if (t.path == "/v1/config") {
     if (!get)
       return wrong_method("GET");
@@ -551,6 +578,7 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
       [self](const step_report& r) {
         auto& s = self->state;
         s.steps.push_back(r);
+        ++s.reports;
         while (s.steps.size() > s.opts.steps_kept)
           s.steps.pop_front();
         auto& v = s.drafters[r.drafter];

@@ -1,7 +1,9 @@
 #include "actors/control_http.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -15,9 +17,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/asio/steady_timer.hpp>
 #ifdef TANDEM_HAVE_TLS
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/ssl.hpp>
+#include <boost/beast/websocket/ssl.hpp>
 #endif
 #include <caf/scoped_actor.hpp>
 #include <nlohmann/json.hpp>
@@ -29,6 +34,7 @@ namespace tandem {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 using tcp = net::ip::tcp;
 
 std::string random_token() {
@@ -69,9 +75,28 @@ struct control_server::impl {
   impl(caf::actor_system& s, control_actor a, control_server_options o)
     : sys(s), actor(std::move(a)), opts(std::move(o)) {}
 
+  bool secure = false;  ///< TLS: the dashboard's cookie is Secure
+  /// The CSRF tokens of the last pages served (I/O thread only).
+  std::deque<std::string> csrf_tokens;
+
   void accept();
   /// The answer to one complete request (on the I/O thread).
   http::response<http::string_body> answer(const http::request<http::string_body>& req, const std::string& peer);
+
+  /// The control actor's answer to `cr` (waits on the I/O thread).
+  struct asked {
+    int status;
+    std::string body;
+    std::string content_type;
+  };
+  asked ask(control_request cr);
+
+  enum class auth { none, bearer, cookie };
+  /// The bearer header, else the dashboard's cookie.
+  auth authenticate(const http::request<http::string_body>& req) const;
+  /// No Origin header, or this endpoint's own (scheme://Host).
+  bool same_origin(const http::request<http::string_body>& req) const;
+  std::string source_of(const http::request<http::string_body>& req, const std::string& peer) const;
 };
 
 namespace {
@@ -91,6 +116,70 @@ http::response<http::string_body> json_response(unsigned version, int status, st
 std::string error_body(const std::string& what) {
   return nlohmann::json{{"error", what}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+/// The dashboard's WebSocket (/v1/ws): each client message
+/// {"steps_after": N, "events_after": M} is answered with one text frame,
+/// GET /v1/dashboard's answer, at most one a second.
+template <class Stream>
+class ws_session : public std::enable_shared_from_this<ws_session<Stream>> {
+ public:
+  ws_session(Stream&& stream, control_server::impl& server, std::string source)
+    : ws_(std::move(stream)), timer_(ws_.get_executor()), server_(server), source_(std::move(source)) {}
+
+  void run(http::request<http::string_body> req) {
+    beast::get_lowest_layer(ws_).expires_never();  // the WebSocket's own timeouts from here on
+    ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+    ws_.read_message_max(4096);
+    ws_.async_accept(req, [self = this->shared_from_this()](beast::error_code ec) {
+      if (!ec)
+        self->read();
+    });
+  }
+
+ private:
+  void read() {
+    buffer_.clear();
+    ws_.async_read(buffer_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      if (ec || self->server_.stopped.load())
+        return;  // closed by the client (or the run ended): the session ends
+      auto ask = nlohmann::json::parse(beast::buffers_to_string(self->buffer_.data()), nullptr, false);
+      int64_t steps = 0, events = 0;
+      if (ask.is_object()) {
+        steps = std::max<int64_t>(0, ask.value("steps_after", int64_t{0}));
+        events = std::max<int64_t>(0, ask.value("events_after", int64_t{0}));
+      }
+      self->target_ = "/v1/dashboard?steps_after=" + std::to_string(steps) + "&events_after=" + std::to_string(events);
+      const auto since = std::chrono::steady_clock::now() - self->last_;
+      self->timer_.expires_after(self->first_ ? std::chrono::steady_clock::duration::zero()
+                                              : std::max<std::chrono::steady_clock::duration>(
+                                                  std::chrono::steady_clock::duration::zero(), std::chrono::seconds(1) - since));
+      self->first_ = false;
+      self->timer_.async_wait([self](beast::error_code ec) {
+        if (!ec)
+          self->push();
+      });
+    });
+  }
+
+  void push() {
+    last_ = std::chrono::steady_clock::now();
+    auto a = server_.ask({"GET", target_, "", source_});
+    frame_ = a.status == 200 ? std::move(a.body) : nlohmann::json{{"error", a.body}}.dump();
+    ws_.text(true);
+    ws_.async_write(net::buffer(frame_), [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      if (!ec)
+        self->read();
+    });
+  }
+
+  websocket::stream<Stream> ws_;
+  net::steady_timer timer_;
+  beast::flat_buffer buffer_;
+  control_server::impl& server_;
+  std::string source_, target_, frame_;
+  std::chrono::steady_clock::time_point last_{};
+  bool first_ = true;
+};
 
 /// One connection: requests read and answered in turn (keep-alive).
 /// `Stream`: beast::tcp_stream, or an ssl_stream over one (TLS).
@@ -150,6 +239,26 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return;
     }
     const auto& req = parser_->get();
+    if (websocket::is_upgrade(req)) {
+      const auto target = std::string(req.target());
+      const bool known = target.substr(0, target.find('?')) == "/v1/ws";
+      const bool origin = server_.same_origin(req);
+      const bool authorized = server_.authenticate(req) != control_server::impl::auth::none;
+      if (known && origin && authorized) {
+        std::make_shared<ws_session<Stream>>(std::move(stream_), server_, server_.source_of(req, peer_) + " (websocket)")
+          ->run(parser_->release());
+        return;  // this session ends; the WebSocket's owns the connection
+      }
+      if (known && origin)
+        caf::anon_send(server_.actor, unauthorized_atom::value, server_.source_of(req, peer_));
+      write(!known    ? json_response(req.version(), 404, error_body("no WebSocket at " + target + " (/v1/ws)"))
+            : !origin ? json_response(req.version(), 403, error_body("cross-origin WebSocket refused (Origin "
+                                                                     + std::string(req[http::field::origin]) + ")"))
+                      : json_response(req.version(), 401, error_body("the WebSocket /v1/ws needs the run's token "
+                                                                     "(bearer, or the dashboard's cookie)")),
+            false);
+      return;
+    }
     auto res = server_.answer(req, peer_);
     const bool keep = req.keep_alive() && !server_.stopped.load();
     write(std::move(res), keep);
@@ -207,39 +316,177 @@ void control_server::impl::accept() {
   });
 }
 
+control_server::impl::asked control_server::impl::ask(control_request cr) {
+  asked out{503, error_body("the control actor did not answer"), "application/json"};
+  (*asker)
+    ->request(actor, std::chrono::milliseconds(opts.answer_timeout_ms), std::move(cr))
+    .receive(
+      [&](control_reply& r) {
+        out.status = r.status;
+        out.body = std::move(r.body);
+        out.content_type = std::move(r.content_type);
+      },
+      [&](caf::error& err) { out.body = error_body("the control actor did not answer: " + sys.render(err)); });
+  return out;
+}
+
+namespace {
+
+/// The value of cookie `name` in the request's Cookie header ("" if none).
+std::string cookie(const http::request<http::string_body>& req, const std::string& name) {
+  const auto header = std::string(req[http::field::cookie]);
+  size_t i = 0;
+  while (i < header.size()) {
+    while (i < header.size() && (header[i] == ' ' || header[i] == ';'))
+      ++i;
+    const auto end = header.find(';', i);
+    const auto pair = header.substr(i, end == std::string::npos ? std::string::npos : end - i);
+    const auto eq = pair.find('=');
+    if (eq != std::string::npos && pair.substr(0, eq) == name)
+      return pair.substr(eq + 1);
+    if (end == std::string::npos)
+      break;
+    i = end + 1;
+  }
+  return {};
+}
+
+/// The query parameter `key` of a target ("" if none).
+std::string query_param(const std::string& target, const std::string& key) {
+  const auto q = target.find('?');
+  if (q == std::string::npos)
+    return {};
+  const auto rest = target.substr(q + 1);
+  size_t i = 0;
+  while (i <= rest.size()) {
+    auto j = rest.find('&', i);
+    if (j == std::string::npos)
+      j = rest.size();
+    const auto kv = rest.substr(i, j - i);
+    if (kv.rfind(key + "=", 0) == 0)
+      return kv.substr(key.size() + 1);
+    i = j + 1;
+  }
+  return {};
+}
+
+void replace_all(std::string& s, const std::string& what, const std::string& with) {
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
+    s.replace(at, what.size(), with);
+}
+
+http::response<http::string_body> html_response(unsigned version, int status, std::string body) {
+  http::response<http::string_body> res{static_cast<http::status>(status), version};
+  res.set(http::field::server, "tandem");
+  res.set(http::field::content_type, "text/html; charset=utf-8");
+  res.set(http::field::cache_control, "no-store");
+  res.set("X-Content-Type-Options", "nosniff");
+  res.set("Referrer-Policy", "no-referrer");
+  res.set("X-Frame-Options", "DENY");
+  res.body() = std::move(body);
+  return res;
+}
+
+} // namespace
+
+control_server::impl::auth control_server::impl::authenticate(const http::request<http::string_body>& req) const {
+  const auto header = std::string(req[http::field::authorization]);
+  static const std::string bearer = "Bearer ";
+  if (header.size() > bearer.size() && header.compare(0, bearer.size(), bearer) == 0
+      && same_token(header.substr(bearer.size()), opts.token))
+    return auth::bearer;
+  const auto c = cookie(req, "tandem_token");
+  if (!c.empty() && same_token(c, opts.token))
+    return auth::cookie;
+  return auth::none;
+}
+
+bool control_server::impl::same_origin(const http::request<http::string_body>& req) const {
+  const auto origin = std::string(req[http::field::origin]);
+  if (origin.empty())
+    return true;  // not a browser's cross-site request
+  const auto host = std::string(req[http::field::host]);
+#ifdef TANDEM_HAVE_TLS
+  const std::string scheme = tls ? "https://" : "http://";
+#else
+  const std::string scheme = "http://";
+#endif
+  return !host.empty() && origin == scheme + host;
+}
+
+std::string control_server::impl::source_of(const http::request<http::string_body>& req,
+                                            const std::string& peer) const {
+  const auto agent = std::string(req[http::field::user_agent]);
+  return peer + (agent.empty() ? "" : " " + agent.substr(0, 64));
+}
+
 http::response<http::string_body> control_server::impl::answer(const http::request<http::string_body>& req,
                                                                  const std::string& peer) {
   const auto version = req.version();
-  const auto agent = std::string(req[http::field::user_agent]);
-  const auto source = peer + (agent.empty() ? "" : " " + agent.substr(0, 64));
-  const auto auth = std::string(req[http::field::authorization]);
-  static const std::string bearer = "Bearer ";
-  const bool authorized = auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0
-                          && same_token(auth.substr(bearer.size()), opts.token);
-  if (!authorized) {
+  const auto source = source_of(req, peer);
+  const auto target = std::string(req.target());
+  const auto path = target.substr(0, target.find('?'));
+  if (!same_origin(req))
+    return json_response(version, 403, error_body("cross-origin request refused (Origin "
+                                                  + std::string(req[http::field::origin]) + ")"));
+  // The dashboard's door: the token once in the URL, then a cookie.
+  if (req.method() == http::verb::get && (path == "/" || path == "/index.html")) {
+    const auto given = query_param(target, "token");
+    if (!given.empty()) {
+      if (!same_token(given, opts.token)) {
+        caf::anon_send(actor, unauthorized_atom::value, source);
+        return html_response(version, 401, "<!DOCTYPE html><title>tandem</title><p>Wrong token.</p>\n");
+      }
+      auto res = html_response(version, 303, "");
+      res.set(http::field::location, "/");
+      res.set(http::field::set_cookie, "tandem_token=" + opts.token + "; HttpOnly; SameSite=Strict; Path=/"
+                                         + std::string(secure ? "; Secure" : ""));
+      return res;
+    }
+    if (authenticate(req) == auth::none) {
+      caf::anon_send(actor, unauthorized_atom::value, source);
+      return html_response(version, 401, "<!DOCTYPE html><title>tandem</title><p>This run's dashboard needs its "
+                                         "token: open the address <code>tandem shell RUN_DIR -c dashboard</code> "
+                                         "prints (it holds <code>?token=</code> once).</p>\n");
+    }
+    const auto nonce = random_token().substr(0, 32);
+    const auto csrf = random_token();
+    csrf_tokens.push_back(csrf);
+    while (csrf_tokens.size() > 256)
+      csrf_tokens.pop_front();
+    std::string page = dashboard_page();
+    replace_all(page, "@NONCE@", nonce);
+    replace_all(page, "@CSRF@", csrf);
+    auto res = html_response(version, 200, std::move(page));
+    res.set("Content-Security-Policy", "default-src 'none'; script-src 'nonce-" + nonce + "'; style-src 'nonce-"
+                                         + nonce + "'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                                         "form-action 'none'; frame-ancestors 'none'");
+    return res;
+  }
+  const auto how = authenticate(req);
+  if (how == auth::none) {
     caf::anon_send(actor, unauthorized_atom::value, source);
-    auto res = json_response(version, 401, error_body(auth.empty() ? "this endpoint needs the run's token "
-                                                                     "(Authorization: Bearer TOKEN; RUN_DIR/control.json)"
-                                                                   : "wrong token"));
+    const auto header = std::string(req[http::field::authorization]);
+    auto res = json_response(version, 401, error_body(header.empty() ? "this endpoint needs the run's token "
+                                                                       "(Authorization: Bearer TOKEN; RUN_DIR/control.json)"
+                                                                     : "wrong token"));
     res.set(http::field::www_authenticate, "Bearer");
     return res;
   }
   if (req.method() != http::verb::get && req.method() != http::verb::post)
     return json_response(version, 405, error_body(std::string(req.method_string()) + ": only GET and POST"));
-  control_request cr{std::string(req.method_string()), std::string(req.target()), req.body(), source};
-  int status = 503;
-  std::string body = error_body("the control actor did not answer");
-  std::string content_type = "application/json";
-  (*asker)
-    ->request(actor, std::chrono::milliseconds(opts.answer_timeout_ms), std::move(cr))
-    .receive(
-      [&](control_reply& r) {
-        status = r.status;
-        body = std::move(r.body);
-        content_type = std::move(r.content_type);
-      },
-      [&](caf::error& err) { body = error_body("the control actor did not answer: " + sys.render(err)); });
-  return json_response(version, status, std::move(body), content_type);
+  if (how == auth::cookie && req.method() != http::verb::get) {
+    // The cookie goes with any request the browser makes: an action also
+    // needs what only the dashboard's own page knows.
+    const auto csrf = std::string(req["X-Tandem-CSRF"]);
+    const bool known = !csrf.empty() && std::any_of(csrf_tokens.begin(), csrf_tokens.end(),
+                                                    [&](const std::string& t) { return same_token(t, csrf); });
+    if (!known)
+      return json_response(version, 403, error_body("an action with the dashboard's cookie needs its page's "
+                                                    "CSRF token (X-Tandem-CSRF), or use the bearer token"));
+  }
+  auto a = ask({std::string(req.method_string()), target, req.body(), source});
+  return json_response(version, a.status, std::move(a.body), a.content_type);
 }
 
 control_server::control_server(caf::actor_system& sys, control_actor actor, control_server_options opts)
@@ -248,6 +495,7 @@ control_server::control_server(caf::actor_system& sys, control_actor actor, cont
   if (!m.opts.tls_cert.empty() || !m.opts.tls_key.empty()) {
 #ifdef TANDEM_HAVE_TLS
     m.tls.emplace(net::ssl::context::tls_server);
+    m.secure = true;
     m.tls->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2
                        | net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1
                        | net::ssl::context::no_tlsv1_1);

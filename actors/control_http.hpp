@@ -8,6 +8,16 @@
 /// over the limit 431, bodies over it 413; a client silent for
 /// `read_timeout_ms` is disconnected.  The I/O thread waits for the
 /// actor's answer at most `answer_timeout_ms` (then 503).
+///
+/// The web dashboard (docs/control.md): GET /?token=TOKEN answers 303 to /
+/// with the token in an HttpOnly, SameSite=Strict cookie (the URL drops
+/// it); GET / with the cookie serves the page (dashboard_page(), a fresh
+/// CSRF token and script nonce each time); GET requests and the WebSocket
+/// /v1/ws may authenticate with the cookie, a POST with the cookie also
+/// needs the page's CSRF token (X-Tandem-CSRF); a request with an Origin
+/// header must come from this endpoint's own origin (403 otherwise).  The
+/// WebSocket answers each client message {"steps_after", "events_after"}
+/// with one frame, at most one a second: GET /v1/dashboard's answer.
 
 #include <cstdint>
 #include <memory>
@@ -50,6 +60,9 @@ class control_server {
  private:
   std::unique_ptr<impl> impl_;
 };
+
+/// The dashboard's page, with @NONCE@ and @CSRF@ to fill in (dashboard_page.cpp).
+const char* dashboard_page();
 
 /// A fresh random token: 32 bytes from the OS, as 64 hex digits.
 std::string random_token();

@@ -324,6 +324,7 @@ const char* help_text =
   "                       the learning rate times X from STEP on (default: the next step sent;\n"
   "                       kept in checkpoints)\n"
   "  set log-every N      a metrics.jsonl step line every N steps\n"
+  "  dashboard            the web dashboard's address, with the token to open it once\n"
   "  help, quit\n";
 
 std::vector<std::string> words(const std::string& line) {
@@ -584,6 +585,13 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   }
   if (cmd == "top")
     return top(ep, !interactive);
+  if (cmd == "dashboard") {
+    // The address to open once: the endpoint answers with a cookie and
+    // drops the token from the URL.
+    const auto host = ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host;
+    std::printf("%s://%s:%s/?token=%s\n", ep.tls ? "https" : "http", host.c_str(), ep.port.c_str(), ep.token.c_str());
+    return 0;
+  }
   if (cmd == "watch") {
     if (w.size() != 2) {
       std::fprintf(stderr, "watch METRIC (e.g. watch loss)\n");
@@ -641,7 +649,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
 /// command) the actors' roles and indices and the commands' arguments.
 const std::vector<std::string> command_words{"status", "tree",  "show",  "top",        "ledger", "steps",
                                              "events", "config", "pause", "resume",     "checkpoint",
-                                             "stop",   "watch", "fault", "set",         "help",   "quit"};
+                                             "stop",   "watch", "fault", "set",         "dashboard", "help", "quit"};
 
 #ifdef TANDEM_HAVE_LIBEDIT
 // libedit's completion hooks are C callbacks without a user pointer: the

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The web dashboard against a real `tandem run` (issue 17), in headless Chromium.
+
+    dashboard_test.py TANDEM PYTHON FIXTURES
+
+The tiny run of run_test.toml on the CPU (log_every 1), paused after 15 steps, then:
+
+- the door: GET / without the token or with a wrong one -> 401 (counted); GET /?token=T
+  -> 303 to "/" (the token gone from the URL) with the token in an HttpOnly, SameSite=Strict
+  cookie; GET / with the cookie -> the page, self-contained (no script, style or link
+  fetched from anywhere: it must work air-gapped), under a Content-Security-Policy with a
+  per-response nonce;
+- the cookie reads (GET /v1/status) but does not act alone: a POST with it and without the
+  page's CSRF token -> 403, with the token -> 200; a request from another Origin -> 403;
+- the WebSocket /v1/ws: another Origin -> 403, no token -> 401, the bearer token -> 101;
+- `chromium --headless --dump-dom` of `tandem shell RUN -c dashboard`'s address: every
+  chart has as many points as metrics.jsonl has step lines (tau: one per evaluation, none
+  here; its simulated line one per step), the tree has a row per actor of GET /v1/tree,
+  the event log a line per event of GET /v1/events.
+
+SKIPPED (exit 77) without chromium (tools/deps/debian-packages.txt has it). ~20 s.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+tandem, python, fixtures = sys.argv[1:4]
+chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+if not chromium:
+    print("SKIPPED: no chromium (tools/deps/debian-packages.txt)")
+    sys.exit(77)
+here = os.path.dirname(os.path.abspath(__file__))
+work = tempfile.mkdtemp(prefix="tandem-dashboard-")
+failures = []
+passed = 0
+
+
+def check(ok, what):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failures.append(what)
+        print("FAILED:", what, flush=True)
+
+
+def lines(path, kind=None):
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            j = json.loads(line)
+            if kind is None or j.get("event") == kind:
+                out.append(j)
+    return out
+
+
+subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
+config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
+open(os.path.join(work, "run.toml"), "w").write(config)
+run_dir = os.path.join(work, "run")
+log = open(run_dir + ".log", "w")
+proc = subprocess.Popen([tandem, "run", os.path.join(work, "run.toml"), "--set", f"run.output_dir={run_dir}",
+                         "--set", "data.epochs=100", "--set", "train.max_steps=5000",
+                         "--set", "checkpoint.every_steps=0", "--set", "checkpoint.host_every=0"],
+                        stdout=log, stderr=subprocess.STDOUT, cwd=work)
+metrics = os.path.join(run_dir, "metrics.jsonl")
+control_file = os.path.join(run_dir, "control.json")
+deadline = time.time() + 90
+while time.time() < deadline and not (os.path.exists(control_file) and len(lines(metrics, "step")) >= 15):
+    if proc.poll() is not None:
+        break
+    time.sleep(0.1)
+if not os.path.exists(control_file) or proc.poll() is not None:
+    print(open(run_dir + ".log").read()[-2000:])
+    sys.exit("FAILED: the run did not start")
+ctl = json.load(open(control_file))
+host, port, token = ctl["host"], int(ctl["port"]), ctl["token"]
+origin = f"http://{host}:{port}"
+
+
+def request(method, path, headers=None, body=None):
+    c = http.client.HTTPConnection(host, port, timeout=15)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict((k.lower(), v) for k, v in r.getheaders()), data.decode(errors="replace")
+
+
+bearer = {"Authorization": "Bearer " + token}
+status, _, _ = request("POST", "/v1/pause", bearer)
+check(status == 200, f"pause {status}")
+last, still = -1, 0
+while still < 8:
+    n = len(lines(metrics, "step"))
+    still = still + 1 if n == last else 0
+    last = n
+    time.sleep(0.2)
+
+# The door.
+before = json.loads(request("GET", "/v1/status", bearer)[2])["unauthorized"]
+status, _, _ = request("GET", "/")
+check(status == 401, f"GET / without the token: {status}")
+status, _, _ = request("GET", "/?token=" + "0" * 64)
+check(status == 401, f"GET / with a wrong token: {status}")
+after = json.loads(request("GET", "/v1/status", bearer)[2])["unauthorized"]
+check(after == before + 2, f"both refusals counted ({before} -> {after})")
+status, headers, _ = request("GET", "/?token=" + token)
+cookie = headers.get("set-cookie", "")
+check(status == 303 and headers.get("location") == "/", f"GET /?token=: {status} to {headers.get('location')}")
+check("HttpOnly" in cookie and "SameSite=Strict" in cookie and cookie.startswith("tandem_token=" + token),
+      f"the cookie: {cookie!r}")
+jar = {"Cookie": "tandem_token=" + token}
+status, headers, page = request("GET", "/", jar)
+check(status == 200 and headers.get("content-type", "").startswith("text/html"), f"GET / with the cookie: {status}")
+csp = headers.get("content-security-policy", "")
+check("script-src 'nonce-" in csp and "default-src 'none'" in csp, f"a CSP with a nonce: {csp!r}")
+check(not re.search(r"<(script|img|iframe)[^>]*\bsrc=|<link\b|@import|https?://", page),
+      "the page fetches nothing from anywhere (self-contained)")
+m = re.search(r'const CSRF = "([0-9a-f]{64})"', page)
+check(m is not None, "the page carries a CSRF token")
+csrf = m.group(1) if m else ""
+status, _, _ = request("GET", "/v1/status", jar)
+check(status == 200, f"the cookie reads: {status}")
+status, _, _ = request("POST", "/v1/checkpoint", jar, "{}")
+check(status == 403, f"a POST with the cookie alone: {status}")
+status, _, _ = request("POST", "/v1/checkpoint", dict(jar, **{"X-Tandem-CSRF": "f" * 64}), "{}")
+check(status == 403, f"a POST with the cookie and a made-up CSRF token: {status}")
+status, _, body = request("POST", "/v1/checkpoint", dict(jar, **{"X-Tandem-CSRF": csrf, "Origin": origin}), "{}")
+check(status == 200, f"a POST with the cookie and the page's CSRF token: {status} {body}")
+status, _, _ = request("GET", "/v1/status", dict(bearer, Origin="http://evil.example"))
+check(status == 403, f"another Origin: {status}")
+
+
+def ws_status(headers):
+    s = socket.create_connection((host, port), timeout=10)
+    req = (f"GET /v1/ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+    for k, v in headers.items():
+        req += f"{k}: {v}\r\n"
+    s.sendall((req + "\r\n").encode())
+    first = s.recv(4096).split(b"\r\n", 1)[0].decode()
+    s.close()
+    return int(first.split()[1]) if first.startswith("HTTP/1.1") else 0
+
+
+check(ws_status(dict(jar, Origin="http://evil.example")) == 403, "a WebSocket from another Origin -> 403")
+check(ws_status({"Origin": origin}) == 401, "a WebSocket without the token -> 401")
+check(ws_status(dict(bearer, Origin=origin)) == 101, "a WebSocket with the token -> 101")
+
+# The page in Chromium.
+url = subprocess.run([tandem, "shell", run_dir, "-c", "dashboard"], capture_output=True, text=True).stdout.strip()
+check(url == f"{origin}/?token={token}", f"shell dashboard: {url!r}")
+profile = os.path.join(work, "chromium-profile")
+dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                      f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", url],
+                     capture_output=True, text=True, timeout=120).stdout
+steps = lines(metrics, "step")
+for chart in ("loss", "accuracy", "tokens_per_s", "data_wait", "mfu"):
+    m = re.search(rf'id="chart-{chart}" data-points="(\d+)"', dom)
+    check(m is not None and int(m.group(1)) == len(steps),
+          f"chart {chart}: {m.group(1) if m else None} points for {len(steps)} step lines")
+tag = re.search(r'<svg id="chart-tau"[^>]*>', dom)
+tau = re.search(r'data-points="(\d+)"', tag.group(0)) if tag else None
+sim = re.search(r'data-sim-points="(\d+)"', tag.group(0)) if tag else None
+check(tau is not None and sim is not None and int(tau.group(1)) == len(lines(metrics, "eval"))
+      and int(sim.group(1)) == len(steps), f"chart tau: {tag.group(0) if tag else None}")
+tree = json.loads(request("GET", "/v1/tree", bearer)[2])["actors"]
+rows = re.findall(r'<tr data-actor="([^"]+)"', dom)
+check(rows == [a["name"] for a in tree], f"tree rows {rows} vs {[a['name'] for a in tree]}")
+events = json.loads(request("GET", "/v1/events", bearer)[2])["events"]
+shown = re.findall(r'<div data-event="([a-z_]+)"', dom)
+check(len(shown) >= 1 and shown == [e["event"] for e in events][:len(shown)] and len(events) - len(shown) <= 1,
+      f"event lines {shown} vs {[e['event'] for e in events]}")
+check("PAUSED" in dom, "the page says the run is paused")
+
+status, _, _ = request("POST", "/v1/stop", bearer, "{}")
+try:
+    code = proc.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    code = None
+check(code == 0, f"the run ended with {code}")
+print(f"dashboard: {passed} checks passed, {len(failures)} failed")
+if failures:
+    print(dom[:3000])
+    print(open(run_dir + ".log").read()[-1500:])
+    sys.exit(1)
+shutil.rmtree(work, ignore_errors=True)
