@@ -91,6 +91,10 @@ class prom_metrics {
       mfu_(family<prometheus::Gauge>("tandem_mfu", "Model FLOP utilisation of the last step against 989 TFLOP/s")),
       last_step_(family<prometheus::Gauge>("tandem_drafter_step", "Last step reported, per drafter")),
       tau_(family<prometheus::Gauge>("tandem_eval_tau", "Real acceptance length tau of the last evaluation")),
+      memory_(family<prometheus::Gauge>("tandem_gpu_memory_bytes",
+                                        "The drafter's GPU (shared by the actors on it): caching-allocator bytes "
+                                        "by kind (allocated, reserved, peak)")),
+      pool_(family<prometheus::Gauge>("tandem_graph_pool_bytes", "Private memory pool of the drafter's captured step")),
       run_gauges_(family<prometheus::Gauge>("tandem_run", "The coordinator's figures at the scrape (label figure)")),
       requests_(family<prometheus::Counter>("tandem_control_requests_total", "Requests to the control endpoint")),
       unauthorized_(family<prometheus::Counter>("tandem_control_unauthorized_total",
@@ -112,6 +116,12 @@ class prom_metrics {
     lr_.Add(l).Set(r.lr);
     mfu_.Add(l).Set(r.compute_ms > 0 ? r.tflop / (r.compute_ms / 1e3) / 989.0 : 0.0);
     last_step_.Add(l).Set(static_cast<double>(r.step));
+    if (r.mem_reserved > 0) {
+      memory_.Add(with("kind", "allocated", "drafter", std::to_string(r.drafter))).Set(static_cast<double>(r.mem_allocated));
+      memory_.Add(with("kind", "reserved", "drafter", std::to_string(r.drafter))).Set(static_cast<double>(r.mem_reserved));
+      memory_.Add(with("kind", "peak", "drafter", std::to_string(r.drafter))).Set(static_cast<double>(r.mem_peak));
+      pool_.Add(l).Set(static_cast<double>(r.graph_pool_bytes));
+    }
     step_s_.Add(l, bounds()).Observe(r.compute_ms / 1e3);
     wait_s_.Add(l, bounds()).Observe(r.wait_ms / 1e3);
   }
@@ -156,6 +166,12 @@ class prom_metrics {
     return l;
   }
   prometheus::Labels drafter(int32_t d) const { return with("drafter", std::to_string(d)); }
+  prometheus::Labels with(const std::string& k1, const std::string& v1, const std::string& k2,
+                          const std::string& v2) const {
+    auto l = with(k1, v1);
+    l[k2] = v2;
+    return l;
+  }
   /// Seconds, doubling from 1 ms to ~16 s (the JSON histogram's buckets).
   static prometheus::Histogram::BucketBoundaries bounds() {
     prometheus::Histogram::BucketBoundaries b;
@@ -181,6 +197,8 @@ class prom_metrics {
   prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& last_step_;
   prometheus::Family<prometheus::Gauge>& tau_;
+  prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Gauge>& pool_;
   prometheus::Family<prometheus::Gauge>& run_gauges_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& unauthorized_;
@@ -296,6 +314,31 @@ const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"POST /v1/log_every", "{\"value\": N}: a metrics.jsonl step line every N steps"},
 };
 
+/// Memory per GPU: the newest report of a drafter on it (every actor on one
+/// device shares its caching allocator, so one reading covers the device).
+json devices_json(const control_state& s) {
+  std::map<std::string, const drafter_view*> newest;
+  for (const auto& a : s.opts.actors) {
+    if (a.role != "drafter" || a.device.rfind("cuda", 0) != 0)
+      continue;
+    auto it = s.drafters.find(a.index);
+    if (it == s.drafters.end() || !it->second.reported)
+      continue;
+    auto& slot = newest[a.device];
+    if (!slot || it->second.last.step > slot->last.step)
+      slot = &it->second;
+  }
+  json out = json::array();
+  for (const auto& [device, v] : newest)
+    out.push_back({{"device", device},
+                   {"allocated_bytes", v->last.mem_allocated},
+                   {"reserved_bytes", v->last.mem_reserved},
+                   {"peak_bytes", v->last.mem_peak},
+                   {"reported_by", "drafter " + std::to_string(v->last.drafter)},
+                   {"at_step", v->last.step}});
+  return out;
+}
+
 /// The actor tree from the plan's entries and the coordinator's status.
 json tree_json(control_state& s, const json& status) {
   json actors = json::array();
@@ -311,8 +354,11 @@ json tree_json(control_state& s, const json& status) {
       e["state"] = it != coord_drafters.end() ? it->second.value("state", "unknown") : "unknown";
       e["incarnation"] = v.incarnation;
       e["steps_handled"] = v.steps;
-      if (v.reported)
+      if (v.reported) {
         e["last_step"] = v.last.step;
+        e["gpu_memory_allocated"] = v.last.mem_allocated;
+        e["graphs"] = v.last.graphs;
+      }
       e["failures"] = v.failures;
     } else if (a.role == "coordinator") {
       e["state"] = status.value("paused", false) ? "paused" : status.value("stopping", false) ? "stopping" : "running";
@@ -325,7 +371,8 @@ json tree_json(control_state& s, const json& status) {
     }
     actors.push_back(std::move(e));
   }
-  return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)}};
+  return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)},
+          {"devices", devices_json(s)}};
 }
 
 /// Asks the coordinator for its status and answers with `make(status)`.
@@ -555,6 +602,14 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
           out["last_report"] = report_json(v.last);
         out["step_ms_histogram"] = v.step_ms.to_json();
         out["last_failure"] = v.last_failure;
+        if (v.reported) {
+          out["memory"] = {{"allocated_bytes", v.last.mem_allocated},
+                           {"reserved_bytes", v.last.mem_reserved},
+                           {"peak_bytes", v.last.mem_peak}};
+          out["captured_graphs"] = json::array();
+          if (v.last.graphs > 0)
+            out["captured_graphs"].push_back({{"graph", "step"}, {"pool_bytes", v.last.graph_pool_bytes}});
+        }
       }
       return reply(200, out);
     });

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -255,6 +256,11 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
       rep.tflop = r.tflop;
       rep.wait_ms = wait;
       rep.contributed = w.contribute;
+      const auto mem = s.engine->device_memory();
+      rep.mem_allocated = mem.allocated;
+      rep.mem_reserved = mem.reserved;
+      rep.mem_peak = mem.peak;
+      std::tie(rep.graphs, rep.graph_pool_bytes) = s.engine->graph_pools();
       if (r.finite) {
         try {
           rep.restore_point = s.engine->keep_restore_point();

@@ -105,13 +105,21 @@ struct step_report {
   /// step (checkpoint.memory_every; −1: none): a failure from here on is
   /// restored from it, not from the newest checkpoint.
   int64_t restore_point = -1;
+  /// The drafter's device after the step (CUDA; 0 on the CPU): bytes its
+  /// caching allocator has allocated, reserved and at most allocated — the
+  /// whole device's, since the actors on one GPU share the allocator — and
+  /// the captured graphs and the bytes of their private memory pools.
+  int64_t mem_allocated = 0, mem_reserved = 0, mem_peak = 0;
+  int32_t graphs = 0;
+  int64_t graph_pool_bytes = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
            x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
-           x.wait_ms, x.contributed, x.group_failed, x.tflop, x.sim_accept, x.restore_point);
+           x.wait_ms, x.contributed, x.group_failed, x.tflop, x.sim_accept, x.restore_point,
+           x.mem_allocated, x.mem_reserved, x.mem_peak, x.graphs, x.graph_pool_bytes);
 }
 
 /// A drafter's state copied off its device, ready for the checkpointer.

@@ -32,6 +32,7 @@
 #include "gpu/device/shape_text.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
@@ -1339,6 +1340,28 @@ void drafter_engine::drop_restore_points() {
 
 const drafter_info& drafter_engine::info() const {
   return impl_->info;
+}
+
+drafter_engine::memory_figures drafter_engine::device_memory() const {
+  memory_figures m;
+#ifdef TANDEM_HAVE_CUDA
+  if (impl_->device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(impl_->device.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    m.allocated = stats.allocated_bytes[all].current;
+    m.reserved = stats.reserved_bytes[all].current;
+    m.peak = stats.allocated_bytes[all].peak;
+  }
+#endif
+  return m;
+}
+
+std::pair<int32_t, int64_t> drafter_engine::graph_pools() const {
+#ifdef TANDEM_HAVE_CUDA
+  if (impl_->sg.graph && impl_->sg.graph->captured())
+    return {1, impl_->sg.graph->pool_bytes()};
+#endif
+  return {0, 0};
 }
 
 int64_t drafter_engine::step() const {

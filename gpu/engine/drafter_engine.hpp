@@ -132,6 +132,17 @@ public:
 
   /// Updates applied so far.
   int64_t step() const;
+
+  /// The device's memory as its caching allocator counts it (bytes; all 0
+  /// on the CPU): allocated now, reserved now, the most ever allocated.
+  /// Every engine on the device shares these.  Cheap (no device sync).
+  struct memory_figures {
+    int64_t allocated = 0, reserved = 0, peak = 0;
+  };
+  memory_figures device_memory() const;
+  /// The captured graphs of this engine (0 or 1: the whole step) and the
+  /// bytes of their private memory pools.
+  std::pair<int32_t, int64_t> graph_pools() const;
   /// Updates the weights hold, read from the device after its work has
   /// drained: after a step that threw because its group's collective failed
   /// (a peer died), the update was either skipped (the collective was cut

@@ -7,6 +7,7 @@
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace tandem::gpu {
@@ -91,6 +92,13 @@ void captured_step::capture(const std::function<void()>& body,
     throw error(errc::device_failure, "graph capture on " + device_.str() + " failed: "
                                         + e.what_without_backtrace());
   }
+  // The pool's size: once per capture, a walk over the allocator's segments.
+  const auto pool = graph->pool();
+  int64_t bytes = 0;
+  for (const auto& seg : c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false).segments)
+    if (seg.device == device_.index() && seg.owner_private_pool_id == pool)
+      bytes += static_cast<int64_t>(seg.total_size);
+  pool_bytes_ = bytes;
   graph_ = std::move(graph);
   ++capture_count;
 }

@@ -52,6 +52,9 @@ public:
   c10::cuda::CUDAStream stream() const { return stream_; }
 
   bool captured() const { return graph_ != nullptr; }
+  /// Bytes of the graph's private memory pool, counted right after its
+  /// capture (the caching allocator's segments it owns); 0 before.
+  int64_t pool_bytes() const { return graph_ ? pool_bytes_ : 0; }
 
   /// Records `body` into the graph, holding the process capture lock.  The
   /// body runs on stream() (made current here); nothing executes until
@@ -72,6 +75,7 @@ private:
   at::Device device_;
   c10::cuda::CUDAStream stream_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  ///< null until capture(); its private memory pool
+  int64_t pool_bytes_ = 0;
 };
 
 #endif

@@ -13,7 +13,7 @@ endpoint every --poll-ms ms as a dashboard would (GET /v1/status, /v1/tree and
 at its start and at its end (read from /v1/status); its step time is the mean interval of
 the step reports' `time_s` over the phase and, beside it, the median of compute_ms + wait_ms.
 In the middle of the first polled phase it saves `tandem shell RUN_DIR -c top` (and tree,
-ledger, show drafter 0) into --out. At the end `tandem shell RUN_DIR -c stop` ends the run
+ledger, show drafter 0, graphs) into --out. At the end `tandem shell RUN_DIR -c stop` ends the run
 (checkpoint, exit 0), and one JSON line reports the phases, the means with and without the
 client, and their difference as a percentage of the step.
 """
@@ -115,7 +115,8 @@ def main():
                 if not saved and time.time() - start > a.phase_s / 2:
                     saved = True
                     for name, args in (("top", ["-c", "top"]), ("tree", ["-c", "tree"]),
-                                       ("ledger", ["-c", "ledger"]), ("show", ["-c", "show drafter 0"])):
+                                       ("ledger", ["-c", "ledger"]), ("show", ["-c", "show drafter 0"]),
+                                       ("graphs", ["-c", "graphs"])):
                         rc, text = shell(*args)
                         with open(os.path.join(a.out, f"shell_{name}.txt"), "w") as f:
                             f.write(text)

@@ -241,6 +241,22 @@ std::string num(const json& j, const char* key, int digits = -1) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
+std::string gib(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? fixed(j[key].get<double>() / (1u << 30), 2) : "-";
+}
+
+/// The per-GPU memory lines of a tree answer.
+void print_devices(const json& t) {
+  if (!t.contains("devices") || t["devices"].empty())
+    return;
+  std::printf("\n%s %s %s %s %s\n", pad("GPU", 8).c_str(), pad("ALLOC-GiB", 10).c_str(), pad("RESERVED", 10).c_str(),
+              pad("PEAK", 10).c_str(), "FROM");
+  for (const auto& d : t["devices"])
+    std::printf("%s %s %s %s %s at step %s\n", pad(d.value("device", ""), 8).c_str(),
+                pad(gib(d, "allocated_bytes"), 10).c_str(), pad(gib(d, "reserved_bytes"), 10).c_str(),
+                pad(gib(d, "peak_bytes"), 10).c_str(), d.value("reported_by", "").c_str(), num(d, "at_step").c_str());
+}
+
 void print_tree(const json& t) {
   std::printf("%s  (up %s s)\n", t.value("run", "").c_str(), fixed(t.value("uptime_s", 0.0), 0).c_str());
   std::printf("%s %s %s %s\n", pad("ACTOR", 14).c_str(), pad("DEVICE", 8).c_str(), pad("STATE", 13).c_str(), "DETAIL");
@@ -256,6 +272,7 @@ void print_tree(const json& t) {
     std::printf("%s %s %s %s\n", pad(a.value("name", ""), 14).c_str(), pad(a.value("device", ""), 8).c_str(),
                 pad(a.value("state", ""), 13).c_str(), detail.c_str());
   }
+  print_devices(t);
 }
 
 void print_status(const json& s) {
@@ -325,6 +342,7 @@ const char* help_text =
   "                       kept in checkpoints)\n"
   "  set log-every N      a metrics.jsonl step line every N steps\n"
   "  dashboard            the web dashboard's address, with the token to open it once\n"
+  "  graphs               each drafter's captured graphs and their memory pools; GPU memory\n"
   "  help, quit\n";
 
 std::vector<std::string> words(const std::string& line) {
@@ -372,7 +390,7 @@ int top(const endpoint& ep, bool once) {
            + (c.value("paused", false) ? "  PAUSED" : "") + (c.value("stopping", false) ? "  stopping" : "")
            + "   (q leaves)\n\n";
     out += pad("ACTOR", 16) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
-           + pad("SIM-TAU", 9) + pad("WAIT%", 7) + "STEP-MS\n";
+           + pad("SIM-TAU", 9) + pad("WAIT%", 7) + pad("STEP-MS", 9) + "GPU-GiB\n";
     for (const auto& a : tree.body["actors"]) {
       std::string rate = "-", loss = "-", acc = "-", tau = "-", wait = "-", ms = "-";
       if (a["role"] == "drafter") {
@@ -395,8 +413,13 @@ int top(const endpoint& ep, bool once) {
           ms = fixed(busy / n, 1);
         }
       }
+      // The device's allocator (shared by the actors on it): allocated / reserved.
+      std::string mem = "-";
+      for (const auto& d : tree.body.value("devices", json::array()))
+        if (d.value("device", "") == a.value("device", ""))
+          mem = gib(d, "allocated_bytes") + "/" + gib(d, "reserved_bytes");
       out += pad(a.value("name", ""), 16) + pad(a.value("device", ""), 8) + pad(a.value("state", ""), 13)
-             + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + ms + "\n";
+             + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + pad(ms, 9) + mem + "\n";
     }
     std::fputs(out.c_str(), stdout);
     std::fflush(stdout);
@@ -585,6 +608,41 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   }
   if (cmd == "top")
     return top(ep, !interactive);
+  if (cmd == "graphs") {
+    // Every drafter's captured graphs and their pools, then the devices.
+    auto tree = call(ep, http::verb::get, "/v1/tree");
+    if (!tree.error.empty()) {
+      std::fprintf(stderr, "%s\n", tree.error.c_str());
+      return 1;
+    }
+    json all = json::array();
+    for (const auto& a : tree.body["actors"]) {
+      if (a.value("role", "") != "drafter")
+        continue;
+      auto d = call(ep, http::verb::get, "/v1/actors/drafter/" + num(a, "index"));
+      if (!d.error.empty()) {
+        std::fprintf(stderr, "%s\n", d.error.c_str());
+        return 1;
+      }
+      all.push_back({{"drafter", a["index"]}, {"device", a["device"]},
+                     {"captured_graphs", d.body.value("captured_graphs", json::array())},
+                     {"memory", d.body.value("memory", json::object())}});
+    }
+    if (as_json) {
+      std::printf("%s\n", json{{"drafters", all}, {"devices", tree.body.value("devices", json::array())}}.dump().c_str());
+      return 0;
+    }
+    for (const auto& d : all) {
+      std::printf("drafter %s (%s): ", num(d, "drafter").c_str(), d.value("device", "").c_str());
+      if (d["captured_graphs"].empty())
+        std::printf("no captured graph (eager: the CPU, or not captured yet)\n");
+      for (const auto& g : d["captured_graphs"])
+        std::printf("graph '%s', private pool %s MiB\n", g.value("graph", "").c_str(),
+                    fixed(g.value("pool_bytes", 0.0) / (1 << 20), 1).c_str());
+    }
+    print_devices(tree.body);
+    return 0;
+  }
   if (cmd == "dashboard") {
     // The address to open once: the endpoint answers with a cookie and
     // drops the token from the URL.
@@ -649,7 +707,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
 /// command) the actors' roles and indices and the commands' arguments.
 const std::vector<std::string> command_words{"status", "tree",  "show",  "top",        "ledger", "steps",
                                              "events", "config", "pause", "resume",     "checkpoint",
-                                             "stop",   "watch", "fault", "set",         "dashboard", "help", "quit"};
+                                             "stop",   "watch", "fault", "set",         "dashboard", "graphs", "help", "quit"};
 
 #ifdef TANDEM_HAVE_LIBEDIT
 // libedit's completion hooks are C callbacks without a user pointer: the
