@@ -144,10 +144,14 @@ class ws_session : public std::enable_shared_from_this<ws_session<Stream>> {
         return;  // closed by the client (or the run ended): the session ends
       auto ask = nlohmann::json::parse(beast::buffers_to_string(self->buffer_.data()), nullptr, false);
       int64_t steps = 0, events = 0;
-      if (ask.is_object()) {
-        steps = std::max<int64_t>(0, ask.value("steps_after", int64_t{0}));
-        events = std::max<int64_t>(0, ask.value("events_after", int64_t{0}));
-      }
+      // Only integers are read: anything else counts as 0 (never a throw
+      // on the I/O thread).
+      auto field = [&](const char* key) {
+        return ask.is_object() && ask.contains(key) && ask[key].is_number_integer()
+                 ? std::max<int64_t>(0, ask[key].template get<int64_t>()) : int64_t{0};
+      };
+      steps = field("steps_after");
+      events = field("events_after");
       self->target_ = "/v1/dashboard?steps_after=" + std::to_string(steps) + "&events_after=" + std::to_string(events);
       const auto since = std::chrono::steady_clock::now() - self->last_;
       self->timer_.expires_after(self->first_ ? std::chrono::steady_clock::duration::zero()

@@ -19,7 +19,8 @@ Four runs of the tiny run_test.toml on the CPU (two epochs, log_every 1):
 - S: only `lr_scale 0.5 at 25` (HTTP), run through.
 - B: as S, stopped (POST /v1/stop) after step 30 and resumed with `tandem run --resume`:
   the multiplier travels in the checkpoint, so every step's loss and lr equal S's, bit
-  for bit.
+  for bit. An interactive `tandem shell --follow` attached to B says the run ended, waits,
+  and reconnects to the resumed run.
 
 ~40 s on 2 cores.
 """
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -137,7 +139,6 @@ for path, req, want, what in (
         ("/v1/lr_scale", {"value": -1}, 400, "a negative multiplier"),
         ("/v1/lr_scale", {}, 400, "no value"),
         ("/v1/lr_scale", {"value": "half"}, 400, "a value that is not a number"),
-        ("/v1/lr_scale", {"value": 2, "at_step": 1}, 409, "a step already taken"),
         ("/v1/log_every", {"value": 0}, 400, "log_every 0"),
         ("/v1/log_every", {"value": 2.5}, 400, "log_every 2.5")):
     status, body = http(ctl, "POST", path, req)
@@ -156,6 +157,8 @@ deadline = time.time() + 120
 while time.time() < deadline and max(by_step(a_metrics) or [0]) < 40 and a.poll() is None:
     time.sleep(0.05)
 http(ctl, "POST", "/v1/pause")  # the tiny run is quick: held while the shell looks
+status, body = http(ctl, "POST", "/v1/lr_scale", {"value": 2, "at_step": 1})
+check(status == 409 and "error" in body, f"A: a step already taken: {status} (want 409) {body}")
 rc, text = shell(a_dir, "set", "log-every", "3")
 check(rc == 0 and "every 3 steps" in text, f"A: set log-every: {rc} {text}")
 rc, text = shell(a_dir, "watch", "loss")
@@ -206,11 +209,42 @@ b_metrics = os.path.join(b_dir, "metrics.jsonl")
 deadline = time.time() + 120
 while time.time() < deadline and max(by_step(b_metrics) or [0]) < 30 and b.poll() is None:
     time.sleep(0.02)
+# An interactive shell with --follow outlives the stop and reconnects to the resumed run.
+follower = subprocess.Popen([tandem, "shell", b_dir, "--follow"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+said = []
+threading.Thread(target=lambda: [said.append(line) for line in follower.stdout], daemon=True).start()
+
+
+def follower_says(text, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(text in line for line in said):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+check(follower_says("connected to run"), f"B: the --follow shell connected: {said}")
 status, body = http(ctl, "POST", "/v1/stop")
 check(status == 200, f"B: stop {status} {body}")
 finish(b, "B (stopped)")
 stopped_at = max(by_step(b_metrics) or [0])
+follower.stdin.write("status\n")
+follower.stdin.flush()
+check(follower_says("waiting for the run to come back"), f"B: the shell waits: {said}")
 b2, _ = start("b", "--resume")
+ctl2 = wait_control(b2, b_dir)
+http(ctl2, "POST", "/v1/pause")  # held until the shell is back (pause and resume change no step)
+check(follower_says("reconnected to run"), f"B: the shell reconnected to the resumed run: {said}")
+http(ctl2, "POST", "/v1/resume")
+follower.stdin.write("quit\n")
+follower.stdin.flush()
+try:
+    check(follower.wait(timeout=30) == 0, "B: the --follow shell left on quit")
+except subprocess.TimeoutExpired:
+    follower.kill()
+    check(False, "B: the --follow shell did not leave on quit")
 finish(b2, "B (resumed)")
 B = by_step(b_metrics)
 check(any(x.get("event") == "resumed" for x in lines(b_metrics)) or "resuming" in open(b_dir + ".log").read(),

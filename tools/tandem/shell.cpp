@@ -802,6 +802,7 @@ void add_shell(CLI::App& app, int& exit_code) {
     std::string ca;
     std::vector<std::string> commands;
     bool json = false;
+    bool follow = false;
   };
   auto o = std::make_shared<options>();
   auto* cmd = app.add_subcommand("shell", "Inspect and steer a running `tandem run` through its control endpoint "
@@ -816,14 +817,41 @@ void add_shell(CLI::App& app, int& exit_code) {
   cmd->add_option("-c,--command", o->commands, "Run this command and exit (repeatable; exit status 1 if one "
                                                "fails); without it the shell reads commands from the terminal");
   cmd->add_flag("--json", o->json, "Print the endpoint's JSON answers, one per line");
-  cmd->callback([o, &exit_code] {
+  cmd->add_flag("--follow", o->follow,
+                "Interactive: when the run ends or its endpoint goes, wait for it to come back (a resumed run, a new "
+                "worker process: its new control.json) and reconnect, instead of leaving; Ctrl-C leaves");
+  // --follow: until the endpoint answers again (a run folder's control.json
+  // is read afresh: a resumed run or a new worker listens elsewhere).
+  auto wait_for_endpoint = [o](endpoint& ep) {
+    std::printf("waiting for the run to come back (--follow; Ctrl-C leaves)\n");
+    std::fflush(stdout);
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      try {
+        auto next = find_endpoint(o->target, o->token_file, o->ca);
+        auto hello = call(next, http::verb::get, "/v1/status", "", std::chrono::milliseconds(3000));
+        if (hello.error.empty()) {
+          ep = next;
+          std::printf("reconnected to run %s at %s:%s\n", hello.body.value("run", "").c_str(), ep.host.c_str(),
+                      ep.port.c_str());
+          return;
+        }
+      } catch (const std::exception&) {
+        // no control.json yet: keep waiting
+      }
+    }
+  };
+  cmd->callback([o, &exit_code, wait_for_endpoint] {
     endpoint ep;
     try {
       ep = find_endpoint(o->target, o->token_file, o->ca);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem shell: %s\n", e.what());
-      exit_code = 2;
-      return;
+      if (!o->follow) {
+        std::fprintf(stderr, "tandem shell: %s\n", e.what());
+        exit_code = 2;
+        return;
+      }
+      wait_for_endpoint(ep);
     }
     if (!o->commands.empty()) {
       exit_code = 0;
@@ -858,7 +886,9 @@ void add_shell(CLI::App& app, int& exit_code) {
         auto alive = call(ep, http::verb::get, "/v1", "", std::chrono::milliseconds(3000));
         if (alive.status == 0) {
           std::printf("the run has ended or its endpoint is gone (%s)\n", alive.error.c_str());
-          break;
+          if (!o->follow)
+            break;
+          wait_for_endpoint(ep);
         }
       }
     }
