@@ -23,6 +23,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/metrics_lines.hpp"
 #include "actors/spawn.hpp"
+#include "launch/run_config.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -391,11 +392,6 @@ caf::result<control_reply> with_status(self_ptr self, Make make) {
   return rp;
 }
 
-/// The kinds of fault POST /v1/fault arms (launch/run_config.hpp's).
-const std::vector<std::string> fault_kinds = {"throw",         "nan",          "cuda_error",
-                                              "cuda_sticky",   "hang",         "abort",
-                                              "slow_snapshot", "throw_in_snapshot"};
-
 /// A field of an action's body: absent → `fallback`; nullopt (with `why`
 /// set) when present but not what it must be.
 std::optional<int64_t> body_int(const json& body, const char* key, int64_t fallback, int64_t min,
@@ -429,9 +425,10 @@ caf::result<control_reply> on_action(self_ptr self, const std::string& action, c
     if (!d || !at)
       return usage(why);
     if (!body["kind"].is_string()
-        || std::find(fault_kinds.begin(), fault_kinds.end(), body["kind"].get<std::string>()) == fault_kinds.end()) {
+        || std::find(fault_kinds().begin(), fault_kinds().end(), body["kind"].get<std::string>())
+             == fault_kinds().end()) {
       std::string kinds;
-      for (const auto& k : fault_kinds)
+      for (const auto& k : fault_kinds())
         kinds += (kinds.empty() ? "" : ", ") + k;
       return usage("\"kind\" must be one of " + kinds);
     }

@@ -703,8 +703,6 @@ const section_def sections[] = {
 };
 
 const char* const fault_keys[] = {"drafter", "kind", "at_step"};
-const std::vector<std::string> fault_kinds{"throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot",
-                                           "cuda_error", "cuda_sticky", "abort"};
 constexpr std::string_view fault_usage =
   "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S";
 
@@ -915,7 +913,7 @@ fault_spec read_fault(const toml::table& t, size_t index, const std::string& fil
                          "' (a fault is " + std::string(fault_usage) + ")");
     value_reader v(*n, prefix + "." + key, file, "", {});
     if (std::string_view(key) == "drafter") f.drafter = v.non_negative();
-    else if (std::string_view(key) == "kind") f.kind = v.choice(fault_kinds);
+    else if (std::string_view(key) == "kind") f.kind = v.choice(fault_kinds());
     else f.at_step = v.non_negative();
   }
   return f;
@@ -998,6 +996,12 @@ run_config read_config(toml::table& root, const fs::path& source,
 
 } // namespace
 
+const std::vector<std::string>& fault_kinds() {
+  static const std::vector<std::string> kinds{"throw", "nan", "hang", "slow_snapshot", "throw_in_snapshot",
+                                              "cuda_error", "cuda_sticky", "abort"};
+  return kinds;
+}
+
 // ------------------------------------------------------------------ public --
 
 std::string fault_spec::to_string() const {
@@ -1066,9 +1070,9 @@ fault_spec parse_fault(const std::string& spec) {
   f.drafter = integer("drafter");
   f.at_step = integer("at_step");
   f.kind = values["kind"];
-  if (std::find(fault_kinds.begin(), fault_kinds.end(), f.kind) == fault_kinds.end()) {
+  if (std::find(fault_kinds().begin(), fault_kinds().end(), f.kind) == fault_kinds().end()) {
     std::string list;
-    for (const auto& k : fault_kinds)
+    for (const auto& k : fault_kinds())
       list += (list.empty() ? "" : ", ") + quote(k);
     throw config_error(where + ": 'kind' must be one of " + list + ", got " + quote(f.kind));
   }

@@ -234,6 +234,9 @@ run_config parse_run_config(std::string_view toml_text, const std::filesystem::p
 /// three, any order).  Throws config_error.
 fault_spec parse_fault(const std::string& spec);
 
+/// The kinds of fault_spec (--fault, [[faults.inject]], POST /v1/fault).
+const std::vector<std::string>& fault_kinds();
+
 /// The complete TOML of `c`: every field, with a comment each.  Written into
 /// a run's output folder as the effective config; load_run_config of it gives
 /// `c` back (paths are absolute, so it reloads from anywhere).

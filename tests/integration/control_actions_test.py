@@ -35,39 +35,19 @@ import time
 import urllib.error
 import urllib.request
 
+from control_lib import Checks, lines, tiny_run_folder
+
 tandem, python, fixtures = sys.argv[1:4]
 here = os.path.dirname(os.path.abspath(__file__))
-work = tempfile.mkdtemp(prefix="tandem-actions-")
-failures = []
-passed = 0
+work = tiny_run_folder(python, fixtures, "tandem-actions-")
+check = Checks()
 
-
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-
-
-def lines(path, kind=None):
-    out = []
-    if os.path.exists(path):
-        for line in open(path):
-            j = json.loads(line)
-            if kind is None or j.get("event") == kind:
-                out.append(j)
-    return out
 
 
 def by_step(path):
     return {x["step"]: x for x in lines(path, "step")}
 
 
-subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
-config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
-open(os.path.join(work, "run.toml"), "w").write(config)
 
 
 def start(name, *extra):
@@ -253,8 +233,8 @@ check(set(B) == set(S), f"B: the same steps as S ({len(B)} vs {len(S)}; stopped 
 diff = [s for s in S if s in B and (B[s]["loss"] != S[s]["loss"] or B[s]["lr"] != S[s]["lr"])]
 check(not diff, f"B (stopped at {stopped_at}, resumed) bit-equal to S: differing steps {diff[:5]}")
 
-print(f"control actions: {passed} checks passed, {len(failures)} failed")
-if failures:
+print(f"control actions: {check.passed} checks passed, {len(check.failures)} failed")
+if check.failures:
     for name in ("a", "b"):
         print(f"--- {name}.log"); print(open(os.path.join(work, name + ".log")).read()[-1500:])
     sys.exit(1)

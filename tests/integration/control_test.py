@@ -36,35 +36,15 @@ import time
 import urllib.request
 import urllib.error
 
+from control_lib import Checks, lines, tiny_run_folder
+
 tandem, python, fixtures = sys.argv[1:4]
 here = os.path.dirname(os.path.abspath(__file__))
-work = tempfile.mkdtemp(prefix="tandem-control-")
-failures = []
-passed = 0
+work = tiny_run_folder(python, fixtures, "tandem-control-")
+check = Checks()
 
 
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
 
-
-def lines(path, kind=None):
-    out = []
-    if os.path.exists(path):
-        for l in open(path):
-            j = json.loads(l)
-            if kind is None or j.get("event") == kind:
-                out.append(j)
-    return out
-
-
-subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
-config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
-open(os.path.join(work, "run.toml"), "w").write(config)
 common = ["--set", "data.epochs=100", "--set", "train.max_steps=2000", "--set", "checkpoint.every_steps=0",
           "--set", "checkpoint.host_every=0"]
 
@@ -292,7 +272,7 @@ else:
     check(False, "the TLS run wrote no control.json: " + open(tls_dir + ".log").read()[-1000:])
 check(tls.wait(timeout=120) == 0, "the TLS run ends 0")
 
-print(f"{passed} passed, {len(failures)} failed")
-if not failures and not os.environ.get("KEEP_WORK"):
+print(f"{check.passed} passed, {len(check.failures)} failed")
+if not check.failures and not os.environ.get("KEEP_WORK"):
     subprocess.run(["rm", "-rf", work])
-sys.exit(1 if failures else 0)
+sys.exit(1 if check.failures else 0)

@@ -31,39 +31,19 @@ import sys
 import tempfile
 import time
 
+from control_lib import Checks, lines, tiny_run_folder
+
 tandem, python, fixtures = sys.argv[1:4]
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
 if not chromium:
     print("SKIPPED: no chromium (tools/deps/debian-packages.txt)")
     sys.exit(77)
 here = os.path.dirname(os.path.abspath(__file__))
-work = tempfile.mkdtemp(prefix="tandem-dashboard-")
-failures = []
-passed = 0
+work = tiny_run_folder(python, fixtures, "tandem-dashboard-")
+check = Checks()
 
 
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
 
-
-def lines(path, kind=None):
-    out = []
-    if os.path.exists(path):
-        for line in open(path):
-            j = json.loads(line)
-            if kind is None or j.get("event") == kind:
-                out.append(j)
-    return out
-
-
-subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
-config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
-open(os.path.join(work, "run.toml"), "w").write(config)
 run_dir = os.path.join(work, "run")
 log = open(run_dir + ".log", "w")
 proc = subprocess.Popen([tandem, "run", os.path.join(work, "run.toml"), "--set", f"run.output_dir={run_dir}",
@@ -159,9 +139,16 @@ check(ws_status(dict(bearer, Origin=origin)) == 101, "a WebSocket with the token
 url = subprocess.run([tandem, "shell", run_dir, "-c", "dashboard"], capture_output=True, text=True).stdout.strip()
 check(url == f"{origin}/?token={token}", f"shell dashboard: {url!r}")
 profile = os.path.join(work, "chromium-profile")
-dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                      f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", url],
-                     capture_output=True, text=True, timeout=120).stdout
+# Virtual time runs ahead of a busy machine's real WebSocket: the page may be dumped before
+# its first frame came (no tree rows yet). Then it is loaded again, up to 5 times; what it
+# shows once fed is asserted below.
+for attempt in range(5):
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          f"--user-data-dir={profile}", f"--virtual-time-budget={5000 * (attempt + 1)}",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    if "<tr data-actor=" in dom:
+        break
+    print(f"dashboard: the page had no frame yet (attempt {attempt + 1}); loading it again", flush=True)
 steps = lines(metrics, "step")
 for chart in ("loss", "accuracy", "tokens_per_s", "data_wait", "mfu"):
     m = re.search(rf'id="chart-{chart}" data-points="(\d+)"', dom)
@@ -188,8 +175,8 @@ except subprocess.TimeoutExpired:
     proc.kill()
     code = None
 check(code == 0, f"the run ended with {code}")
-print(f"dashboard: {passed} checks passed, {len(failures)} failed")
-if failures:
+print(f"dashboard: {check.passed} checks passed, {len(check.failures)} failed")
+if check.failures:
     print(dom[:3000])
     print(open(run_dir + ".log").read()[-1500:])
     sys.exit(1)

@@ -34,35 +34,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from control_lib import Checks, lines, tiny_run_folder
+
 tandem, python, fixtures = sys.argv[1:4]
 here = os.path.dirname(os.path.abspath(__file__))
-work = tempfile.mkdtemp(prefix="tandem-observe-")
-failures = []
-passed = 0
-
-
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
+work = tiny_run_folder(python, fixtures, "tandem-observe-")
+check = Checks()
 
 
 def steps(path):
-    out = []
-    if os.path.exists(path):
-        for line in open(path):
-            j = json.loads(line)
-            if j.get("event") == "step":
-                out.append(j)
-    return out
+    return lines(path, "step")
 
 
-subprocess.run([python, os.path.join(here, "make_run_dataset.py"), os.path.join(work, "data")], check=True)
-config = open(os.path.join(here, "run_test.toml")).read().replace("@TARGET@", os.path.join(fixtures, "qwen3_tiny"))
-open(os.path.join(work, "run.toml"), "w").write(config)
 run_dir = os.path.join(work, "run")
 log = open(run_dir + ".log", "w")
 proc = subprocess.Popen([tandem, "run", os.path.join(work, "run.toml"), "--set", f"run.output_dir={run_dir}",
@@ -200,8 +183,8 @@ if files:
     n_bad = len(list(EventFileLoader(os.path.join(bad, os.path.basename(files[0]))).Load()))
     check(n_bad == len(events) - 1, f"a corrupted last record is dropped: {n_bad} of {len(events)}")
 
-print(f"observe: {passed} checks passed, {len(failures)} failed")
-if failures:
+print(f"observe: {check.passed} checks passed, {len(check.failures)} failed")
+if check.failures:
     print(open(run_dir + ".log").read()[-1500:])
     sys.exit(1)
 shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -364,8 +365,10 @@ char key_within(int ms) {
   return 0;
 }
 
-/// `top`: the tree and the last reports, refreshed every second until `q`.
-int top(const endpoint& ep, bool once) {
+/// A full-screen view: `frame(tty)` prints one screen (0, or the exit
+/// status that ends the view); once, or every second on a terminal (raw
+/// mode: a key leaves without Enter) until `q`.
+int refreshed(bool once, const std::function<int(bool tty)>& frame) {
   termios saved{};
   const bool tty = ::isatty(STDIN_FILENO) != 0 && !once;
   if (tty) {
@@ -376,13 +379,28 @@ int top(const endpoint& ep, bool once) {
   }
   int rc = 0;
   for (;;) {
+    rc = frame(tty);
+    std::fflush(stdout);
+    if (rc != 0 || once)
+      break;
+    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
+    if (k == 'q' || k == 'Q')
+      break;
+  }
+  if (tty)
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+  return rc;
+}
+
+/// `top`: the tree and the last reports, refreshed every second until `q`.
+int top(const endpoint& ep, bool once) {
+  return refreshed(once, [&](bool tty) {
     auto tree = call(ep, http::verb::get, "/v1/tree");
     auto status = call(ep, http::verb::get, "/v1/status");
     auto steps = call(ep, http::verb::get, "/v1/steps?n=200");
     if (!tree.error.empty() || !status.error.empty()) {
       std::printf("%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
-      rc = 1;
-      break;
+      return 1;
     }
     std::string out = tty ? "\x1b[H\x1b[2J" : "";
     const auto& c = status.body["coordinator"];
@@ -422,16 +440,8 @@ int top(const endpoint& ep, bool once) {
              + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + pad(ms, 9) + mem + "\n";
     }
     std::fputs(out.c_str(), stdout);
-    std::fflush(stdout);
-    if (once)
-      break;
-    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
-    if (k == 'q' || k == 'Q')
-      break;
-  }
-  if (tty)
-    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
-  return rc;
+    return 0;
+  });
 }
 
 /// `watch METRIC`: a sparkline of one step field over the last 60 reports
@@ -446,22 +456,12 @@ int watch(const endpoint& ep, const std::string& field, bool once) {
     std::fprintf(stderr, "watch METRIC: one of %s\n", all.c_str());
     return 2;
   }
-  termios saved{};
-  const bool tty = ::isatty(STDIN_FILENO) != 0 && !once;
-  if (tty) {
-    ::tcgetattr(STDIN_FILENO, &saved);
-    termios raw = saved;
-    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
-    ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
-  }
   static const char* bars[] = {"\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588"};
-  int rc = 0;
-  for (;;) {
+  return refreshed(once, [&](bool tty) {
     auto steps = call(ep, http::verb::get, "/v1/steps?n=1000");
     if (!steps.error.empty()) {
       std::printf("%s\n", steps.error.c_str());
-      rc = 1;
-      break;
+      return 1;
     }
     std::map<int64_t, std::vector<std::pair<int64_t, double>>> by_drafter;
     for (const auto& r : steps.body["steps"])
@@ -491,16 +491,8 @@ int watch(const endpoint& ep, const std::string& field, bool once) {
       out += "drafter " + std::to_string(d) + "  " + line + "\n" + tail + "\n";
     }
     std::fputs(out.c_str(), stdout);
-    std::fflush(stdout);
-    if (once)
-      break;
-    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
-    if (k == 'q' || k == 'Q')
-      break;
-  }
-  if (tty)
-    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
-  return rc;
+    return 0;
+  });
 }
 
 /// An action with a JSON body; prints its result.
