@@ -63,6 +63,9 @@ struct metrics_options {
   std::string run_name;         ///< written into every JSON line ("run") and the progress line
   std::filesystem::path jsonl;  ///< "" = no file
   std::filesystem::path tensorboard;  ///< event files' folder ("" = none; actors/tensorboard/)
+  /// Where the learning-rate multiplier's schedule is kept after each change
+  /// through the control endpoint ("" = not kept; run_config::lr_schedule_file).
+  std::filesystem::path lr_schedule;
   bool progress = true;         ///< a progress line on stderr
   double every_s = 1.0;
   int64_t total_steps = 0;      ///< for the ETA (0 = unknown)

@@ -78,6 +78,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
   p.metrics.run_name = c.run.name;
   p.metrics.jsonl = c.metrics_file();
   p.metrics.tensorboard = c.tensorboard_dir();
+  p.metrics.lr_schedule = c.lr_schedule_file();
   p.metrics.progress = c.metrics.progress;
   p.metrics.every_s = c.metrics.every_s;
   p.metrics.total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, p.schedule_steps)

@@ -200,13 +200,18 @@ struct run_config {
 
   /// run.output_dir / checkpoint.dir.
   std::filesystem::path checkpoint_dir() const { return run.output_dir / checkpoint.dir; }
-  /// run.output_dir / metrics.jsonl, or empty when metrics.jsonl is "".
+  /// run.output_dir / metrics.tensorboard, or empty when it is "".
   std::filesystem::path tensorboard_dir() const {
     return metrics.tensorboard.empty() ? std::filesystem::path{} : run.output_dir / metrics.tensorboard;
   }
+  /// run.output_dir / metrics.jsonl, or empty when metrics.jsonl is "".
   std::filesystem::path metrics_file() const {
     return metrics.jsonl.empty() ? std::filesystem::path{} : run.output_dir / metrics.jsonl;
   }
+  /// The learning-rate multiplier's schedule as last set through the
+  /// control endpoint (written by the metrics actor; read on a resume, so a
+  /// change made after the newest checkpoint survives a worker restart).
+  std::filesystem::path lr_schedule_file() const { return run.output_dir / "lr_schedule.json"; }
 };
 
 /// A control.listen address split: `host` (an IPv4 literal, "localhost" or

@@ -57,6 +57,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -202,11 +203,16 @@ struct eval_event {
 /// (messages/control.hpp): `action` pause, resume, stop or checkpoint at
 /// `step`, asked by `source` (the client's address and what it said it
 /// is, e.g. "127.0.0.1:51234 tandem-shell"); `result` what came of it.
+/// After an lr_scale action, `lr_from`/`lr_scale` are the whole schedule of
+/// the learning-rate multiplier (from step, multiplier), which the metrics
+/// actor also keeps in metrics_options::lr_schedule for a resumed worker.
 struct control_event {
   std::string action;
   std::string source;
   int64_t step = 0;
   std::string result;
+  std::vector<int64_t> lr_from;
+  std::vector<double> lr_scale;
 };
 
 /// One of the run's events.  Append only (see above).
@@ -277,7 +283,8 @@ typename Inspector::result_type inspect(Inspector& f, restore_point_event& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, control_event& x) {
-  return f(caf::meta::type_name("tandem.control_event"), x.action, x.source, x.step, x.result);
+  return f(caf::meta::type_name("tandem.control_event"), x.action, x.source, x.step, x.result, x.lr_from,
+           x.lr_scale);
 }
 
 template <class Inspector>
@@ -300,6 +307,7 @@ using metrics_actor = caf::typed_actor<
   caf::reacts_to<run_event>,
   caf::reacts_to<event_atom, std::string>,
   caf::reacts_to<log_every_atom, int64_t>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

@@ -21,8 +21,12 @@ Four runs of the tiny run_test.toml on the CPU (two epochs, log_every 1):
   the multiplier travels in the checkpoint, so every step's loss and lr equal S's, bit
   for bit. An interactive `tandem shell --follow` attached to B says the run ended, waits,
   and reconnects to the resumed run.
+- W: checkpoints every 20 steps; after the first, `lr_scale 0.5` from the next step and a
+  fault that aborts the worker process two steps later. The restarted worker resumes from
+  step 20's checkpoint, which lacks the change; RUN_DIR/lr_schedule.json keeps it: the
+  steps before the change equal U's bit for bit, the lr of every step from it is half U's.
 
-~40 s on 2 cores.
+~50 s on 2 cores.
 """
 import json
 import os
@@ -114,6 +118,7 @@ check(rc == 0 and "armed on drafter 0 for step 35" in text, f"A: fault: {rc} {te
 for path, req, want, what in (
         ("/v1/fault", {"drafter": 0, "kind": "explode"}, 400, "an unknown kind"),
         ("/v1/fault", {"drafter": 7, "kind": "throw"}, 404, "a drafter that does not exist"),
+        ("/v1/fault", {"drafter": 0, "kind": "cuda_sticky"}, 400, "a CUDA fault for a drafter on the CPU"),
         ("/v1/fault", {"kind": "throw"}, 400, "no drafter"),
         ("/v1/fault", {"drafter": -1, "kind": "throw"}, 400, "a negative drafter"),
         ("/v1/lr_scale", {"value": -1}, 400, "a negative multiplier"),
@@ -233,9 +238,39 @@ check(set(B) == set(S), f"B: the same steps as S ({len(B)} vs {len(S)}; stopped 
 diff = [s for s in S if s in B and (B[s]["loss"] != S[s]["loss"] or B[s]["lr"] != S[s]["lr"])]
 check(not diff, f"B (stopped at {stopped_at}, resumed) bit-equal to S: differing steps {diff[:5]}")
 
+# W: a change made after the newest checkpoint survives a worker restart
+# (the schedule is kept in lr_schedule.json; the checkpoint of step 20 lacks it).
+w, w_dir = start("w", "--set", "checkpoint.every_steps=20")
+ctl = wait_control(w, w_dir)
+w_metrics = os.path.join(w_dir, "metrics.jsonl")
+deadline = time.time() + 120
+while time.time() < deadline and not lines(w_metrics, "checkpoint") and w.poll() is None:
+    time.sleep(0.01)
+http(ctl, "POST", "/v1/pause")
+status, body = http(ctl, "POST", "/v1/lr_scale", {"value": 0.5})
+frm = int(body.get("result", "from step 0").rsplit(" ", 1)[-1]) if status == 200 else 0
+check(status == 200 and 21 < frm < 40, f"W: lr_scale after the checkpoint of step 20: {status} {body}")
+status, body = http(ctl, "POST", "/v1/fault", {"drafter": 0, "kind": "abort", "at_step": frm + 2})
+check(status == 200, f"W: fault abort {status} {body}")
+kept_file = os.path.join(w_dir, "lr_schedule.json")
+deadline = time.time() + 10
+while time.time() < deadline and not os.path.exists(kept_file):
+    time.sleep(0.02)
+kept = json.load(open(kept_file)) if os.path.exists(kept_file) else {}
+check(kept.get("lr_scale") == [[frm, 0.5]], f"W: the schedule kept beside metrics.jsonl: {kept}")
+http(ctl, "POST", "/v1/resume")
+finish(w, "W (a worker restart)")
+W = by_step(w_metrics)
+check(len(lines(w_metrics, "worker_restarted")) == 1, "W: the worker was restarted once")
+check(set(W) == set(U), f"W: the same steps as U ({len(W)} vs {len(U)})")
+check(all(W[s]["lr"] == U[s]["lr"] and W[s]["loss"] == U[s]["loss"] for s in W if s < frm),
+      f"W: before step {frm} bit-equal to U")
+late = [(s, W[s]["lr"], U[s]["lr"]) for s in sorted(W) if s >= frm]
+check(late and all(lw == lu * 0.5 for _, lw, lu in late), f"W: from step {frm} the lr is half U's: {late[:3]}")
+
 print(f"control actions: {check.passed} checks passed, {len(check.failures)} failed")
 if check.failures:
-    for name in ("a", "b"):
+    for name in ("a", "b", "w"):
         print(f"--- {name}.log"); print(open(os.path.join(work, name + ".log")).read()[-1500:])
     sys.exit(1)
 shutil.rmtree(work, ignore_errors=True)

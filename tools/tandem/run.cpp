@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -92,6 +93,31 @@ void write_control_file(const std::filesystem::path& path, const std::string& li
   if (fd < 0 || ::fchmod(fd, 0600) != 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())
       || ::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0)
     throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+}
+
+/// The learning-rate multiplier's schedule kept in `file` by the metrics
+/// actor ({"lr_scale": [[from, scale], ...]}); nullopt when there is none
+/// (or it does not parse: said, and the checkpoint's schedule is used).
+std::optional<std::vector<std::pair<int64_t, double>>> read_lr_schedule(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in)
+    return std::nullopt;
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  std::vector<std::pair<int64_t, double>> out;
+  const bool ok = j.is_object() && j.contains("lr_scale") && j["lr_scale"].is_array()
+                  && std::all_of(j["lr_scale"].begin(), j["lr_scale"].end(), [&](const nlohmann::json& c) {
+                       if (!c.is_array() || c.size() != 2 || !c[0].is_number_integer() || !c[1].is_number()
+                           || !(c[1].get<double>() > 0))
+                         return false;
+                       out.emplace_back(c[0].get<int64_t>(), c[1].get<double>());
+                       return true;
+                     });
+  if (!ok) {
+    std::fprintf(stderr, "tandem run: warning: %s: not {\"lr_scale\": [[step, multiplier], ...]}: ignored (the "
+                         "checkpoint's schedule is used)\n", file.c_str());
+    return std::nullopt;
+  }
+  return out;
 }
 
 double unix_now() {
@@ -213,6 +239,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
       if (extra.contains("lr_scale"))  // set through the control endpoint (absent: never set)
         for (const auto& change : extra["lr_scale"])
           resume->lr_scale.emplace_back(change.at(0).get<int64_t>(), change.at(1).get<double>());
+      // A change made after this checkpoint (the schedule as last set is
+      // kept beside metrics.jsonl): the newer schedule holds the older.
+      if (auto kept = read_lr_schedule(cfg.lr_schedule_file()); kept && *kept != resume->lr_scale) {
+        std::fprintf(stderr, "the learning-rate multiplier's schedule from %s (set through the control endpoint "
+                             "after this checkpoint)\n", cfg.lr_schedule_file().c_str());
+        resume->lr_scale = std::move(*kept);
+      }
       const bool host = found.dir.parent_path() == host_dir;
       const auto disk = gpu::list_checkpoints(ckpt_dir);
       resumed = {{"event", "resumed"}, {"step", resume->step}, {"from", found.dir.string()},
@@ -226,7 +259,19 @@ int run_training(const run_options& ro, const worker_context& wc) {
       std::fprintf(stderr, "tandem run: nothing to resume from yet: starting from step 0\n");
     }
   }
+  if (!ro.resume && !wc.resume_if_any) {
+    // A fresh start: a schedule kept by an earlier run in this folder is not this run's.
+    std::error_code ec;
+    std::filesystem::remove(cfg.lr_schedule_file(), ec);
+  }
   auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
+  if (!resume && wc.resume_if_any)
+    if (auto kept = read_lr_schedule(cfg.lr_schedule_file())) {
+      // A worker restarted before the first checkpoint: step 0 again, with
+      // the multiplier as it was set.
+      std::fprintf(stderr, "the learning-rate multiplier's schedule from %s\n", cfg.lr_schedule_file().c_str());
+      plan.coordinator.resume_lr_scale = std::move(*kept);
+    }
   plan.faults_fired_file = wc.fired_file;
   if (plan.eval) {
     // [eval]: the held-out conversations rendered with the chat template
