@@ -23,6 +23,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/metrics_lines.hpp"
 #include "actors/spawn.hpp"
+#include "actors/vitals.hpp"
 #include "launch/run_config.hpp"
 #include "messages/errors.hpp"
 
@@ -221,6 +222,16 @@ struct control_state {
   int64_t unauthorized = 0;
   std::unique_ptr<prom_metrics> prom;  ///< made with the run's name at spawn
   std::string last_unauthorized;
+  std::shared_ptr<vitals_meter> meter;  ///< this actor's own vitals
+  /// Per drafter, from its last answered vitals: which incarnation, whether
+  /// it captures its step as a graph and how many it has (a stepping drafter
+  /// with none yet is "capturing"; it does not answer while it captures).
+  struct capture_seen {
+    uint64_t actor_id = 0;
+    bool captures = false;
+    double captured = 0;
+  };
+  std::map<int32_t, capture_seen> capture;
   double uptime() const { return std::chrono::duration<double>(clock_type::now() - start).count(); }
 };
 
@@ -297,9 +308,9 @@ std::optional<int64_t> query_int(const target_parts& t, const std::string& key, 
 const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"GET /v1", "this list"},
   {"GET /v1/status", "the run: step, epoch, paused, ledger, credits, queues, the drafters' states"},
-  {"GET /v1/tree", "every actor: role, index, device, state, incarnation, steps handled"},
+  {"GET /v1/tree", "every actor: role, index, device, state, incarnation, thread, uptime, messages handled, last message, its role's figures"},
   {"GET /v1/actors/ROLE/INDEX", "one actor in detail (a drafter: last report, step-time histogram)"},
-  {"GET /v1/ledger", "epoch, samples pending / issued / trained / committed, durable checkpoint"},
+  {"GET /v1/ledger", "epoch, samples pending / issued / trained / committed, durable checkpoint, each prefetch's cursor"},
   {"GET /v1/steps?n=N", "the last N step reports (default 20)"},
   {"GET /v1/events?since=SEQ", "the events after sequence number SEQ (default 0: all kept)"},
   {"GET /v1/config", "the effective config (TOML)"},
@@ -340,8 +351,38 @@ json devices_json(const control_state& s) {
   return out;
 }
 
-/// The actor tree from the plan's entries and the coordinator's status.
-json tree_json(control_state& s, const json& status) {
+/// How long the coordinator waits for each actor's vitals: a GPU actor
+/// answers between its steps.
+int64_t vitals_wait_ms(const control_state& s) {
+  return std::clamp<int64_t>(s.opts.answer_timeout_ms / 4, 1, 1000);
+}
+
+/// One actor's vitals (messages/vitals.hpp) as fields of its tree entry.
+void add_vitals(json& e, const actor_vitals& v, int64_t waited_ms) {
+  e["actor_id"] = v.actor_id;
+  if (!v.answered) {
+    e["vitals"] = "no answer within " + std::to_string(waited_ms) + " ms (busy or stuck)";
+    return;
+  }
+  e["thread"] = v.thread;
+  e["thread_name"] = v.thread_name;
+  e["own_thread"] = v.own_thread;
+  e["uptime_s"] = v.uptime_s;
+  e["messages_handled"] = v.handled;
+  e["last_message"] = v.last_message;
+  e["last_message_age_s"] = v.last_message_age_s;
+  e["busiest_ms"] = v.busiest_ms;
+  json figures = json::object();
+  for (const auto& f : v.figures)
+    figures[f.name] = f.value;
+  e["figures"] = std::move(figures);
+}
+
+/// The actor tree from the plan's entries, the coordinator's status and
+/// the actors' vitals (an actor the plan does not list, the host
+/// checkpointer, is added after them).
+json tree_json(control_state& s, const json& status, const std::vector<actor_vitals>& vitals) {
+  std::vector<bool> placed(vitals.size(), false);
   json actors = json::array();
   std::map<int32_t, json> coord_drafters;
   if (status.contains("drafters"))
@@ -370,21 +411,71 @@ json tree_json(control_state& s, const json& status) {
     } else {
       e["state"] = status.value("stopping", false) ? "stopping" : "running";
     }
+    for (size_t i = 0; i < vitals.size(); ++i)
+      if (!placed[i] && vitals[i].role == a.role && vitals[i].index == a.index) {
+        const auto& v = vitals[i];
+        add_vitals(e, v, vitals_wait_ms(s));
+        placed[i] = true;
+        if (a.role == "drafter") {
+          auto& seen = s.capture[a.index];
+          if (v.answered) {
+            seen = {v.actor_id, false, 0};
+            for (const auto& f : v.figures) {
+              if (f.name == "capture_graphs")
+                seen.captures = f.value > 0;
+              if (f.name == "captured_graphs")
+                seen.captured = f.value;
+            }
+          }
+          if (e["state"] == "stepping" && seen.actor_id == v.actor_id && seen.captures && seen.captured == 0)
+            e["state"] = "capturing";
+        }
+        break;
+      }
     actors.push_back(std::move(e));
   }
+  for (size_t i = 0; i < vitals.size(); ++i)
+    if (!placed[i]) {
+      const auto& v = vitals[i];
+      json e{{"role", v.role}, {"index", v.index}, {"device", "cpu"},
+             {"name", v.role + " " + std::to_string(v.index)},
+             {"state", status.value("stopping", false) ? "stopping" : "running"}};
+      add_vitals(e, v, vitals_wait_ms(s));
+      actors.push_back(std::move(e));
+    }
   return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)},
           {"devices", devices_json(s)}};
 }
 
-/// Asks the coordinator for its status and answers with `make(status)`.
+/// Whether an answer needs every actor's vitals (a round trip to each).
+enum class gather { status, vitals };
+
+/// Asks the coordinator for its status (and, with gather::vitals, every
+/// actor's vitals, this one's last) and answers with `make(state, status,
+/// vitals)`.
 template <class Make>
-caf::result<control_reply> with_status(self_ptr self, Make make) {
+caf::result<control_reply> with_status(self_ptr self, Make make, gather what = gather::status) {
   auto rp = self->make_response_promise<control_reply>();
-  self->request(self->state.coordinator, std::chrono::milliseconds(self->state.opts.answer_timeout_ms), status_atom::value)
+  const auto wait = std::chrono::milliseconds(self->state.opts.answer_timeout_ms);
+  self->request(self->state.coordinator, wait, status_atom::value)
     .then(
-      [self, rp, make](const std::string& text) mutable {
-        auto status = json::parse(text, nullptr, false);
-        rp.deliver(make(self->state, status.is_discarded() ? json::object() : status));
+      [self, rp, make, what, wait](const std::string& text) mutable {
+        auto parsed = json::parse(text, nullptr, false);
+        auto status = parsed.is_discarded() ? json::object() : parsed;
+        if (what == gather::status) {
+          rp.deliver(make(self->state, status, std::vector<actor_vitals>{}));
+          return;
+        }
+        self->request(self->state.coordinator, wait, vitals_all_atom::value, vitals_wait_ms(self->state))
+          .then(
+            [self, rp, make, status](std::vector<actor_vitals>& all) mutable {
+              all.push_back(self->state.meter->report(self->id()));
+              rp.deliver(make(self->state, status, all));
+            },
+            [self, rp, make, status](const caf::error&) mutable {
+              // The run is ending: the tree without the others' vitals.
+              rp.deliver(make(self->state, status, {self->state.meter->report(self->id())}));
+            });
       },
       [self, rp](const caf::error& err) mutable {
         rp.deliver(error_reply(503, "the coordinator did not answer: " + self->system().render(err)));
@@ -433,11 +524,16 @@ caf::result<control_reply> on_action(self_ptr self, const std::string& action, c
       return usage("\"kind\" must be one of " + kinds);
     }
     const auto& actors = self->state.opts.actors;
-    if (std::none_of(actors.begin(), actors.end(),
-                     [&](const auto& a) { return a.role == "drafter" && a.index == *d; }))
+    const auto drafter = std::find_if(actors.begin(), actors.end(),
+                                      [&](const auto& a) { return a.role == "drafter" && a.index == *d; });
+    if (drafter == actors.end())
       return error_reply(404, "no drafter " + std::to_string(*d) + " (GET /v1/tree lists them)");
     cmd.drafter = static_cast<int32_t>(*d);
     cmd.kind = body["kind"].get<std::string>();
+    // As [[faults.inject]] (launch/plan.cpp): a CUDA fault needs a CUDA device.
+    if (cmd.kind.rfind("cuda_", 0) == 0 && drafter->device.rfind("cuda", 0) != 0)
+      return usage("kind " + cmd.kind + " needs a drafter on a CUDA device (drafter " + std::to_string(*d) + " is on "
+                   + drafter->device + ")");
     cmd.at_step = *at;
   } else if (action == "lr_scale" || action == "log_every") {
     // {"value": X, "at_step": S (lr_scale only, optional: the first step not yet sent)}
@@ -479,7 +575,7 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
   if (t.path == "/metrics") {
     if (!get)
       return wrong_method("GET");
-    return with_status(self, [](control_state& s, const json& status) {
+    return with_status(self, [](control_state& s, const json& status, const std::vector<actor_vitals>&) {
       return control_reply{200, s.prom->text(status), "text/plain; version=0.0.4; charset=utf-8"};
     });
   }
@@ -494,7 +590,7 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
   if (t.path == "/v1/status") {
     if (!get)
       return wrong_method("GET");
-    return with_status(self, [](control_state& s, const json& status) {
+    return with_status(self, [](control_state& s, const json& status, const std::vector<actor_vitals>&) {
       return reply(200, {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"requests", s.requests},
                          {"unauthorized", s.unauthorized}, {"coordinator", status}});
     });
@@ -502,12 +598,17 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
   if (t.path == "/v1/tree") {
     if (!get)
       return wrong_method("GET");
-    return with_status(self, [](control_state& s, const json& status) { return reply(200, tree_json(s, status)); });
+    return with_status(
+      self,
+      [](control_state& s, const json& status, const std::vector<actor_vitals>& vitals) {
+        return reply(200, tree_json(s, status, vitals));
+      },
+      gather::vitals);
   }
   if (t.path == "/v1/ledger") {
     if (!get)
       return wrong_method("GET");
-    return with_status(self, [](control_state&, const json& status) {
+    return with_status(self, [](control_state&, const json& status, const std::vector<actor_vitals>& vitals) {
       json out{{"epoch", status.value("epoch", int64_t{0})},
                {"step", status.value("step", int64_t{0})},
                {"in_flight", status.value("in_flight", int64_t{0})},
@@ -517,8 +618,20 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
                {"checkpoint", status.value("checkpoint", std::string())}};
       if (status.contains("ledger"))
         out["samples"] = status["ledger"];
+      // Each prefetch actor's cursor in its share of the epoch.
+      out["prefetch"] = json::array();
+      for (const auto& v : vitals) {
+        if (v.role != "prefetch")
+          continue;
+        json c{{"index", v.index}, {"answered", v.answered}};
+        for (const auto& f : v.figures)
+          if (f.name == "epoch" || f.name == "epoch_samples" || f.name == "epoch_sent" || f.name == "reissued"
+              || f.name == "credit")
+            c[f.name] = static_cast<int64_t>(f.value);
+        out["prefetch"].push_back(std::move(c));
+      }
       return reply(200, out);
-    });
+    }, gather::vitals);
   }
   if (t.path == "/v1/steps") {
     if (!get)
@@ -552,7 +665,8 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
     const auto events_after = query_int(t, "events_after", 0);
     if (!steps_after || !events_after)
       return error_reply(400, "steps_after and events_after must be non-negative integers");
-    return with_status(self, [sa = *steps_after, ea = *events_after](control_state& s, const json& status) {
+    return with_status(self, [sa = *steps_after, ea = *events_after](control_state& s, const json& status,
+                                                                      const std::vector<actor_vitals>& vitals) {
       json steps = json::array();
       const auto first_seq = s.reports - static_cast<int64_t>(s.steps.size()) + 1;
       for (size_t i = 0; i < s.steps.size(); ++i)
@@ -563,10 +677,10 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
         if (seq > ea)
           events.push_back(line);
       return reply(200, {{"run", s.opts.run_name},        {"uptime_s", s.uptime()},
-                         {"coordinator", status},         {"tree", tree_json(s, status)["actors"]},
+                         {"coordinator", status},         {"tree", tree_json(s, status, vitals)["actors"]},
                          {"steps", steps},                {"steps_seq", s.reports},
                          {"events", events},              {"next_event", s.next_event - 1}});
-    });
+    }, gather::vitals);
   }
   if (t.path == "/v1/config") {
     if (!get)
@@ -587,8 +701,9 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
                                  [&](const auto& a) { return a.role == role && a.index == index; });
     if (it == s.opts.actors.end())
       return error_reply(404, "no actor '" + role + " " + std::to_string(index) + "' (GET /v1/tree lists them)");
-    return with_status(self, [role, index](control_state& s, const json& status) {
-      auto tree = tree_json(s, status);
+    return with_status(self, [role, index](control_state& s, const json& status,
+                                           const std::vector<actor_vitals>& vitals) {
+      auto tree = tree_json(s, status, vitals);
       json out;
       for (const auto& a : tree["actors"])
         if (a["role"] == role && a["index"] == index)
@@ -609,7 +724,7 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
         }
       }
       return reply(200, out);
-    });
+    }, gather::vitals);
   }
   for (const char* action : {"pause", "resume", "checkpoint", "stop", "fault", "lr_scale", "log_every"})
     if (t.path == std::string("/v1/") + action)
@@ -625,7 +740,14 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
     self->state.opts = std::move(o);
     self->state.coordinator = std::move(c);
     self->state.prom = std::make_unique<prom_metrics>(self->state.opts.run_name);
-    return {
+    auto meter = std::make_shared<vitals_meter>(self->system(), "control", 0, false);
+    meter->figures = [self] {
+      return std::vector<vitals_figure>{{"requests", static_cast<double>(self->state.requests)},
+                                        {"unauthorized", static_cast<double>(self->state.unauthorized)}};
+    };
+    self->state.meter = meter;
+    return counted(meter, control_actor::behavior_type{
+      vitals_handler(self, meter),
       [self](const control_request& req) { return on_request(self, req); },
       [self](const step_report& r) {
         auto& s = self->state;
@@ -663,7 +785,7 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
         self->state.last_unauthorized = who;
       },
       [self](shutdown_atom) { self->quit(); },
-    };
+    });
   };
   return sys.spawn(behavior, std::move(opts), std::move(coordinator));
 }

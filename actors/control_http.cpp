@@ -24,7 +24,7 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 #endif
-#include <caf/scoped_actor.hpp>
+#include <caf/event_based_actor.hpp>
 #include <nlohmann/json.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
@@ -62,10 +62,11 @@ struct control_server::impl {
   caf::actor_system& sys;
   control_actor actor;
   control_server_options opts;
-  net::io_context io{1};
-  tcp::acceptor acceptor{io};
+  /// Shared with the one-shot askers (ask): an answer that comes after the
+  /// server stopped is posted to a context that never runs it again.
+  std::shared_ptr<net::io_context> io = std::make_shared<net::io_context>(1);
+  tcp::acceptor acceptor{*io};
   std::thread thread;
-  std::optional<caf::scoped_actor> asker;  ///< lives on the I/O thread
   std::atomic<bool> stopped{false};
   uint16_t port = 0;  ///< bound
 #ifdef TANDEM_HAVE_TLS
@@ -76,20 +77,34 @@ struct control_server::impl {
     : sys(s), actor(std::move(a)), opts(std::move(o)) {}
 
   bool secure = false;  ///< TLS: the dashboard's cookie is Secure
+  /// The dashboard's cookie holds this, never the run's token: a browser
+  /// sends a host's cookies to every port of it, so the cookie names the
+  /// port (two runs' dashboards on one host keep their own) and a leak
+  /// grants this endpoint's dashboard, not the token of control.json.
+  const std::string session_secret = random_token();
+  std::string cookie_name() const { return "tandem_session_" + std::to_string(port); }
   /// The CSRF tokens of the last pages served (I/O thread only).
   std::deque<std::string> csrf_tokens;
 
   void accept();
-  /// The answer to one complete request (on the I/O thread).
-  http::response<http::string_body> answer(const http::request<http::string_body>& req, const std::string& peer);
+  using response = http::response<http::string_body>;
+  /// Answers one complete request: `done(response)` on the I/O thread, at
+  /// once or when the control actor answers (the thread never waits for
+  /// it, so one slow answer holds up no other connection).
+  void answer(const http::request<http::string_body>& req, const std::string& peer,
+              std::function<void(response)> done);
 
-  /// The control actor's answer to `cr` (waits on the I/O thread).
+  /// The control actor's answer to `cr`: `done(asked)` on the I/O thread,
+  /// after at most answer_timeout_ms.
   struct asked {
     int status;
     std::string body;
     std::string content_type;
   };
-  asked ask(control_request cr);
+  void ask(control_request cr, std::function<void(asked)> done);
+  /// The answer to a request the server settles itself (the door, the
+  /// token, the CSRF check, a refused method); nullopt: the actor's.
+  std::optional<response> answer_now(const http::request<http::string_body>& req, const std::string& peer);
 
   enum class auth { none, bearer, cookie };
   /// The bearer header, else the dashboard's cookie.
@@ -167,12 +182,13 @@ class ws_session : public std::enable_shared_from_this<ws_session<Stream>> {
 
   void push() {
     last_ = std::chrono::steady_clock::now();
-    auto a = server_.ask({"GET", target_, "", source_});
-    frame_ = a.status == 200 ? std::move(a.body) : nlohmann::json{{"error", a.body}}.dump();
-    ws_.text(true);
-    ws_.async_write(net::buffer(frame_), [self = this->shared_from_this()](beast::error_code ec, size_t) {
-      if (!ec)
-        self->read();
+    server_.ask({"GET", target_, "", source_}, [self = this->shared_from_this()](control_server::impl::asked a) {
+      self->frame_ = a.status == 200 ? std::move(a.body) : nlohmann::json{{"error", a.body}}.dump();
+      self->ws_.text(true);
+      self->ws_.async_write(net::buffer(self->frame_), [self](beast::error_code ec, size_t) {
+        if (!ec)
+          self->read();
+      });
     });
   }
 
@@ -263,9 +279,10 @@ class session : public std::enable_shared_from_this<session<Stream>> {
             false);
       return;
     }
-    auto res = server_.answer(req, peer_);
-    const bool keep = req.keep_alive() && !server_.stopped.load();
-    write(std::move(res), keep);
+    const bool keep = req.keep_alive();
+    server_.answer(req, peer_, [self = this->shared_from_this(), keep](http::response<http::string_body> res) {
+      self->write(std::move(res), keep && !self->server_.stopped.load());
+    });
   }
 
   void write(http::response<http::string_body> res, bool keep) {
@@ -320,18 +337,26 @@ void control_server::impl::accept() {
   });
 }
 
-control_server::impl::asked control_server::impl::ask(control_request cr) {
-  asked out{503, error_body("the control actor did not answer"), "application/json"};
-  (*asker)
-    ->request(actor, std::chrono::milliseconds(opts.answer_timeout_ms), std::move(cr))
-    .receive(
-      [&](control_reply& r) {
-        out.status = r.status;
-        out.body = std::move(r.body);
-        out.content_type = std::move(r.content_type);
-      },
-      [&](caf::error& err) { out.body = error_body("the control actor did not answer: " + sys.render(err)); });
-  return out;
+void control_server::impl::ask(control_request cr, std::function<void(asked)> done) {
+  // A one-shot actor asks; its answer comes back to the I/O thread.  It
+  // holds nothing of this server but the I/O context (it may answer after
+  // the server is gone).
+  sys.spawn([io = io, to = actor, wait = std::chrono::milliseconds(opts.answer_timeout_ms), cr = std::move(cr),
+             done = std::move(done)](caf::event_based_actor* me) mutable {
+    me->request(to, wait, std::move(cr))
+      .then(
+        [io, me, done](control_reply& r) {
+          net::post(*io, [done, a = asked{r.status, std::move(r.body), std::move(r.content_type)}]() mutable {
+            done(std::move(a));
+          });
+          me->quit();
+        },
+        [io, me, done](caf::error& err) {
+          net::post(*io, [done, a = asked{503, error_body("the control actor did not answer: " + me->system().render(err)),
+                                          "application/json"}]() mutable { done(std::move(a)); });
+          me->quit();
+        });
+  });
 }
 
 namespace {
@@ -399,8 +424,8 @@ control_server::impl::auth control_server::impl::authenticate(const http::reques
   if (header.size() > bearer.size() && header.compare(0, bearer.size(), bearer) == 0
       && same_token(header.substr(bearer.size()), opts.token))
     return auth::bearer;
-  const auto c = cookie(req, "tandem_token");
-  if (!c.empty() && same_token(c, opts.token))
+  const auto c = cookie(req, cookie_name());
+  if (!c.empty() && same_token(c, session_secret))
     return auth::cookie;
   return auth::none;
 }
@@ -424,8 +449,20 @@ std::string control_server::impl::source_of(const http::request<http::string_bod
   return peer + (agent.empty() ? "" : " " + agent.substr(0, 64));
 }
 
-http::response<http::string_body> control_server::impl::answer(const http::request<http::string_body>& req,
-                                                                 const std::string& peer) {
+void control_server::impl::answer(const http::request<http::string_body>& req, const std::string& peer,
+                                  std::function<void(response)> done) {
+  if (auto now = answer_now(req, peer)) {
+    done(std::move(*now));
+    return;
+  }
+  ask({std::string(req.method_string()), std::string(req.target()), req.body(), source_of(req, peer)},
+      [done = std::move(done), version = req.version()](asked a) {
+        done(json_response(version, a.status, std::move(a.body), a.content_type));
+      });
+}
+
+std::optional<control_server::impl::response>
+control_server::impl::answer_now(const http::request<http::string_body>& req, const std::string& peer) {
   const auto version = req.version();
   const auto source = source_of(req, peer);
   const auto target = std::string(req.target());
@@ -443,7 +480,7 @@ http::response<http::string_body> control_server::impl::answer(const http::reque
       }
       auto res = html_response(version, 303, "");
       res.set(http::field::location, "/");
-      res.set(http::field::set_cookie, "tandem_token=" + opts.token + "; HttpOnly; SameSite=Strict; Path=/"
+      res.set(http::field::set_cookie, cookie_name() + "=" + session_secret + "; HttpOnly; SameSite=Strict; Path=/"
                                          + std::string(secure ? "; Secure" : ""));
       return res;
     }
@@ -489,8 +526,7 @@ http::response<http::string_body> control_server::impl::answer(const http::reque
       return json_response(version, 403, error_body("an action with the dashboard's cookie needs its page's "
                                                     "CSRF token (X-Tandem-CSRF), or use the bearer token"));
   }
-  auto a = ask({std::string(req.method_string()), target, req.body(), source});
-  return json_response(version, a.status, std::move(a.body), a.content_type);
+  return std::nullopt;  // the control actor's to answer
 }
 
 control_server::control_server(caf::actor_system& sys, control_actor actor, control_server_options opts)
@@ -535,13 +571,11 @@ control_server::control_server(caf::actor_system& sys, control_actor actor, cont
   m.port = m.acceptor.local_endpoint().port();
   m.accept();
   m.thread = std::thread([&m] {
-    m.asker.emplace(m.sys);
     try {
-      m.io.run();
+      m.io->run();
     } catch (const std::exception& e) {
       spdlog::error("control endpoint: the I/O thread ended: {}", e.what());
     }
-    m.asker.reset();
   });
 }
 
@@ -557,11 +591,11 @@ void control_server::stop() {
   auto& m = *impl_;
   if (m.stopped.exchange(true))
     return;
-  net::post(m.io, [&m] {
+  net::post(*m.io, [&m] {
     beast::error_code ec;
     m.acceptor.close(ec);
   });
-  m.io.stop();
+  m.io->stop();
   if (m.thread.joinable())
     m.thread.join();
 }

@@ -6,12 +6,14 @@
 /// (`Authorization: Bearer TOKEN`, compared in constant time); one without
 /// it is answered 401 and counted.  Malformed requests get 400, headers
 /// over the limit 431, bodies over it 413; a client silent for
-/// `read_timeout_ms` is disconnected.  The I/O thread waits for the
-/// actor's answer at most `answer_timeout_ms` (then 503).
+/// `read_timeout_ms` is disconnected.  The I/O thread never waits for the
+/// actor: a one-shot CAF actor asks it and posts the answer back, after at
+/// most `answer_timeout_ms` (then 503), so a slow answer holds up no other
+/// connection.
 ///
 /// The web dashboard (docs/control.md): GET /?token=TOKEN answers 303 to /
-/// with the token in an HttpOnly, SameSite=Strict cookie (the URL drops
-/// it); GET / with the cookie serves the page (dashboard_page(), a fresh
+/// with an HttpOnly, SameSite=Strict cookie tandem_session_PORT holding a
+/// session secret of this server, not the token (the URL drops it); GET / with the cookie serves the page (dashboard_page(), a fresh
 /// CSRF token and script nonce each time); GET requests and the WebSocket
 /// /v1/ws may authenticate with the cookie, a POST with the cookie also
 /// needs the page's CSRF token (X-Tandem-CSRF); a request with an Origin

@@ -7,13 +7,16 @@
 // This file: the behaviour, one short handler a message of
 // messages/coordinator.hpp, and spawn.  The state and the map of the other
 // files are in actors/coordinator_state.hpp.
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/coordinator_state.hpp"
+#include "actors/vitals.hpp"
 #include "actors/default_handler.hpp"
 #include "messages/errors.hpp"
 
@@ -82,9 +85,11 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
         done.push_back(i);
     s.step = s.opts.resume_step;
     s.durable_step = s.opts.resume_step;
-    for (const auto& [from, scale] : s.opts.resume_lr_scale)
-      s.lr_changes[from] = scale;
   }
+  // The multiplier's schedule of a resumed run (also of a worker restarted
+  // before any checkpoint: tandem run, read_lr_schedule).
+  for (const auto& [from, scale] : s.opts.resume_lr_scale)
+    s.lr_changes[from] = scale;
   const bool stop_first = s.phase == run_phase::stop_before_run;
   s.phase = run_phase::running;
   s.promise = self->make_response_promise<run_summary>();
@@ -231,7 +236,13 @@ caf::result<std::string> on_control(self_ptr self, const control_command& c) {
     return make_error(errc::bad_input, "unknown action '" + c.action
                                          + "' (pause, resume, stop, checkpoint, fault, lr_scale, log_every)");
   }
-  event(self, control_event{c.action, c.source, s.step, result});
+  control_event e{c.action, c.source, s.step, result, {}, {}};
+  if (c.action == "lr_scale")  // the whole schedule, kept beside metrics.jsonl for a resumed worker
+    for (const auto& [from, scale] : s.lr_changes) {
+      e.lr_from.push_back(from);
+      e.lr_scale.push_back(scale);
+    }
+  event(self, std::move(e));
   if (c.action == "stop")
     finish(self, "stopped");
   else if (c.action == "resume")
@@ -281,12 +292,81 @@ void on_device_lost(self_ptr self, const std::string& why) {
   fail(self, make_error(errc::device_lost, why));
 }
 
+/// Asks every peer for its vitals (messages/vitals.hpp) and answers with
+/// the coordinator's own, then theirs in a fixed order (prefetch, targets,
+/// drafters, checkpointers, metrics, eval, supervisor); a peer that does not
+/// answer within answer_ms is listed unanswered.
+caf::result<std::vector<actor_vitals>> on_vitals_all(self_ptr self, const std::shared_ptr<vitals_meter>& meter,
+                                                     int64_t answer_ms) {
+  auto& s = self->state;
+  struct gather {
+    caf::typed_response_promise<std::vector<actor_vitals>> rp;
+    std::vector<actor_vitals> out;
+    size_t pending = 0;
+  };
+  auto g = std::make_shared<gather>();
+  g->rp = self->make_response_promise<std::vector<actor_vitals>>();
+  g->out.push_back(meter->report(self->id()));
+  auto ask = [&](const auto& handle, const char* role, int32_t index) {
+    if (!handle)
+      return;
+    const auto slot = g->out.size();
+    actor_vitals missing;
+    missing.role = role;
+    missing.index = index;
+    missing.actor_id = handle->id();
+    g->out.push_back(std::move(missing));
+    ++g->pending;
+    auto settle = [g] {
+      if (--g->pending == 0)
+        g->rp.deliver(std::move(g->out));
+    };
+    self->request(handle, std::chrono::milliseconds(answer_ms), vitals_atom::value)
+      .then(
+        [g, slot, settle](actor_vitals& v) {
+          // Named by its place among the peers (two checkpointers share a role).
+          v.role = std::move(g->out[slot].role);
+          v.index = g->out[slot].index;
+          g->out[slot] = std::move(v);
+          settle();
+        },
+            [settle](const caf::error&) { settle(); });
+  };
+  const auto& p = s.peers;
+  for (size_t i = 0; i < p.prefetch.size(); ++i)
+    ask(p.prefetch[i], "prefetch", static_cast<int32_t>(i));
+  for (size_t i = 0; i < p.targets.size(); ++i)
+    ask(p.targets[i], "target", static_cast<int32_t>(i));
+  for (size_t i = 0; i < p.drafters.size(); ++i)
+    ask(p.drafters[i], "drafter", static_cast<int32_t>(i));
+  ask(p.checkpointer, "checkpointer", 0);
+  ask(p.host_checkpointer, "checkpointer", 1);
+  ask(p.metrics, "metrics", 0);
+  ask(p.eval, "eval", 0);
+  ask(s.opts.supervisor, "supervisor", 0);
+  if (g->pending == 0)
+    g->rp.deliver(std::move(g->out));
+  return g->rp;
+}
+
 } // namespace
 
 coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator_options opts) {
   self->state.opts = std::move(opts);
   install_default_handler(self, coordinator_state::name);
-  return {
+  auto meter = std::make_shared<vitals_meter>(self->system(), "coordinator", 0, false);
+  meter->figures = [self] {
+    const auto& s = self->state;
+    return std::vector<vitals_figure>{{"step", static_cast<double>(s.step)},
+                                      {"epoch", static_cast<double>(s.epoch)},
+                                      {"in_flight", static_cast<double>(s.in_flight.size())},
+                                      {"queued", static_cast<double>(s.queue.size())}};
+  };
+  return counted(meter, coordinator_actor::behavior_type{
+    vitals_handler(self, meter),
+    [self, meter](vitals_all_atom, int64_t answer_ms) {
+      return on_vitals_all(self, meter, std::clamp<int64_t>(answer_ms, 1, 60000));
+    },
     [self](run_atom, coordinator_peers& peers) { return on_run(self, peers); },
     [self](stop_atom) { on_stop(self); },
     [self](status_atom) { return status_json(self->state); },
@@ -303,7 +383,7 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](tick_atom) { on_tick(self); },
     [self](device_lost_atom, const std::string& why) { on_device_lost(self, why); },
     [self](shutdown_atom) { self->quit(); },  // the supervisor shuts the drafters down
-  };
+  });
 }
 
 } // namespace coord

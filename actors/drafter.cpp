@@ -15,6 +15,7 @@
 #include "actors/device_health.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "actors/vitals.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
@@ -162,8 +163,20 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
                                               int32_t index, gpu::drafter_engine_options opts,
                                               std::string restore_from,
                                               coordinator_actor coordinator,
-                                              std::shared_ptr<fault_plan> faults) {
+                                              std::shared_ptr<fault_plan> faults, bool own_thread) {
   install_default_handler(self, drafter_state::name);
+  auto meter = std::make_shared<vitals_meter>(self->system(), "drafter", index, own_thread);
+  // capture_graphs: its first step captures the whole step as a CUDA graph
+  // (the tree says "capturing" until a graph exists).
+  const bool captures = opts.capture_graphs && opts.device >= 0;
+  meter->figures = [self, captures] {
+    auto& s = self->state;
+    return std::vector<vitals_figure>{{"step", s.engine ? static_cast<double>(s.engine->step()) : 0.0},
+                                      {"armed_faults", static_cast<double>(s.armed.size())},
+                                      {"capture_graphs", captures ? 1.0 : 0.0},
+                                      {"captured_graphs", s.engine ? static_cast<double>(s.engine->graph_pools().first)
+                                                                   : 0.0}};
+  };
   auto& st = self->state;
   st.index = index;
   st.coordinator = coordinator;
@@ -193,10 +206,11 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
             [](const group_spec&) { return int64_t{0}; },
             [](snapshot_atom) -> caf::result<snapshot_desc> { return snapshot_desc{}; },
             [](heartbeat_atom) { return int64_t{0}; }, [](shutdown_atom) {}, [](snapshot_poll_atom) {},
-            [](fault_atom, const std::string&, int64_t) {}};
+            [](fault_atom, const std::string&, int64_t) {}, vitals_handler(self, meter)};
   }
   st.idle_since = clock_type::now();
-  return {
+  return counted(meter, drafter_actor::behavior_type{
+    vitals_handler(self, meter),
     [self](const work_item& w) {
       auto& s = self->state;
       const double wait = ms_since(s.idle_since);
@@ -331,7 +345,7 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
                    at_step > 0 ? "step " + std::to_string(at_step) : std::string("the next step"));
       self->state.armed.emplace_back(kind, at_step);
     },
-  };
+  });
 }
 
 } // namespace
@@ -341,7 +355,7 @@ drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_
                             std::string restore_from, coordinator_actor coordinator,
                             std::shared_ptr<fault_plan> faults) {
   return sys.spawn<Os>(drafter_behavior, index, std::move(opts), std::move(restore_from),
-                       std::move(coordinator), std::move(faults));
+                       std::move(coordinator), std::move(faults), Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).

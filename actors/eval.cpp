@@ -14,6 +14,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "actors/vitals.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -54,8 +55,12 @@ void answer(eval_actor::stateful_pointer<eval_state> self, const std::string& er
 }
 
 eval_actor::behavior_type eval_behavior(eval_actor::stateful_pointer<eval_state> self,
-                                        gpu::eval_engine_options opts) {
+                                        gpu::eval_engine_options opts, bool own_thread) {
   install_default_handler(self, eval_state::name);
+  auto meter = std::make_shared<vitals_meter>(self->system(), "eval", 0, own_thread);
+  meter->figures = [self] {
+    return std::vector<vitals_figure>{{"evaluating", self->state.reply ? 1.0 : 0.0}};
+  };
   auto& s = self->state;
   s.device = opts.device < 0 ? "cpu" : "cuda:" + std::to_string(opts.device);
   try {
@@ -64,7 +69,8 @@ eval_actor::behavior_type eval_behavior(eval_actor::stateful_pointer<eval_state>
     s.broken = e.what();
     spdlog::warn("eval: {} (real tau is not measured in this run)", s.broken);
   }
-  return {
+  return counted(meter, eval_actor::behavior_type{
+    vitals_handler(self, meter),
     [self](const snapshot_desc& snap) -> caf::result<eval_event> {
       auto& s = self->state;
       s.result = eval_event{};
@@ -110,14 +116,14 @@ eval_actor::behavior_type eval_behavior(eval_actor::stateful_pointer<eval_state>
       answer(self, "");
     },
     [self](shutdown_atom) { self->quit(); },
-  };
+  });
 }
 
 } // namespace
 
 template <caf::spawn_options Os>
 eval_actor spawn_eval(caf::actor_system& sys, gpu::eval_engine_options opts) {
-  return sys.spawn<Os>(eval_behavior, std::move(opts));
+  return sys.spawn<Os>(eval_behavior, std::move(opts), Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).

@@ -16,6 +16,7 @@
 
 #include "actors/default_handler.hpp"
 #include "actors/metrics_lines.hpp"
+#include "actors/vitals.hpp"
 #include "actors/spawn.hpp"
 #include "actors/tensorboard/writer.hpp"
 
@@ -83,8 +84,14 @@ struct line_writer {
     return j;
   }
   nlohmann::json operator()(const control_event& x) const {
-    return {{"event", "control"}, {"action", x.action}, {"source", x.source}, {"step", x.step},
-            {"result", x.result}};
+    nlohmann::json j{{"event", "control"}, {"action", x.action}, {"source", x.source}, {"step", x.step},
+                     {"result", x.result}};
+    if (!x.lr_from.empty()) {
+      j["lr_schedule"] = nlohmann::json::array();
+      for (size_t i = 0; i < x.lr_from.size() && i < x.lr_scale.size(); ++i)
+        j["lr_schedule"].push_back({x.lr_from[i], x.lr_scale[i]});
+    }
+    return j;
   }
   nlohmann::json operator()(const end_event& x) const {
     nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
@@ -152,6 +159,27 @@ void write_line(metrics_state& s, nlohmann::json j) {
 }
 
 /// An event's line: stamped with the time, written, and shown on stderr.
+/// Replaces opts.lr_schedule with `schedule` ([[from, scale], ...]):
+/// written beside, flushed, renamed over (a crash leaves the old or the new).
+void keep_lr_schedule(metrics_state& s, const nlohmann::json& schedule) {
+  if (s.opts.lr_schedule.empty())
+    return;
+  const auto tmp = s.opts.lr_schedule.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << nlohmann::json{{"lr_scale", schedule}}.dump() << "\n";
+    out.flush();
+    if (!out) {
+      spdlog::warn("metrics: cannot write {}: a worker restart would not keep the learning-rate multiplier", tmp);
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, s.opts.lr_schedule, ec);
+  if (ec)
+    spdlog::warn("metrics: cannot replace {}: {}", s.opts.lr_schedule.string(), ec.message());
+}
+
 void write_event(metrics_state& s, nlohmann::json j) {
   j["time_s"] = std::chrono::duration<double>(clock_type::now() - s.start).count();
   write_line(s, j);
@@ -168,6 +196,10 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
                      control_actor f) -> metrics_actor::behavior_type {
     auto& s = self->state;
     install_default_handler(self, metrics_state::name);
+    auto meter = std::make_shared<vitals_meter>(self->system(), "metrics", 0, false);
+    meter->figures = [self] {
+      return std::vector<vitals_figure>{{"step_reports", static_cast<double>(self->state.steps)}};
+    };
     s.opts = std::move(o);
     s.feed = std::move(f);
     s.tty = isatty(fileno(stderr)) != 0;
@@ -183,7 +215,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
         spdlog::warn("metrics: {} (metrics.tensorboard): no TensorBoard files for this run", e.what());
       }
     }
-    return {
+    return counted(meter, metrics_actor::behavior_type{
+      vitals_handler(self, meter),
       [self](const step_report& r) {
         auto& s = self->state;
         if (s.feed)
@@ -248,6 +281,8 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           self->state.opts.log_every = n;
       },
       [self](const run_event& e) {
+        if (const auto* c = caf::get_if<control_event>(&e); c && !c->lr_from.empty())
+          keep_lr_schedule(self->state, event_line(e)["lr_schedule"]);
         if (const auto* ev = caf::get_if<eval_event>(&e); ev && ev->error.empty()) {
           char buf[64];
           std::snprintf(buf, sizeof buf, "  tau %.2f (step %lld)", ev->tau, static_cast<long long>(ev->step));
@@ -276,7 +311,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           std::fprintf(stderr, "\n");
         self->quit();
       },
-    };
+    });
   };
   return sys.spawn(behavior, std::move(opts), std::move(feed));
 }

@@ -2,6 +2,7 @@
 // packs the shards, stages batches into its device and sends them to the
 // coordinator while credit lasts.  Detached; its engine is built inside the
 // behaviour, on its own thread.
+#include <memory>
 #include <optional>
 #include <unordered_set>
 
@@ -10,6 +11,8 @@
 
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
+#include "actors/time.hpp"
+#include "actors/vitals.hpp"
 #include "gpu/device/error.hpp"
 #include "messages/errors.hpp"
 
@@ -27,12 +30,35 @@ struct prefetch_state {
   int64_t epoch = -1;
   int64_t generation = -1;
   bool exhausted = true;
+  // Vitals figures: this epoch's cursor and the throughput since the first batch.
+  int64_t epoch_sent = 0;       ///< samples sent in this epoch (re-issued ones too)
+  int64_t reissued = 0;         ///< samples asked again after a rollback, this epoch
+  int64_t batches = 0, samples = 0, real_tokens = 0, batch_tokens = 0;
+  std::optional<clock_type::time_point> first_batch;
 };
 
 prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer<prefetch_state> self,
                                                 int32_t index, gpu::prefetch_engine_options opts,
-                                                coordinator_actor coordinator) {
+                                                coordinator_actor coordinator, bool own_thread) {
   install_default_handler(self, prefetch_state::name);
+  auto meter = std::make_shared<vitals_meter>(self->system(), "prefetch", index, own_thread);
+  meter->figures = [self] {
+    auto& s = self->state;
+    const double secs = s.first_batch ? std::chrono::duration<double>(clock_type::now() - *s.first_batch).count() : 0;
+    const auto rate = [&](int64_t n) { return secs > 0 ? static_cast<double>(n) / secs : 0.0; };
+    return std::vector<vitals_figure>{
+      {"epoch", static_cast<double>(s.epoch)},
+      {"epoch_samples", s.engine ? static_cast<double>(s.engine->epoch_samples()) : 0.0},
+      {"epoch_sent", static_cast<double>(s.epoch_sent)},
+      {"reissued", static_cast<double>(s.reissued)},
+      {"credit", static_cast<double>(s.credit)},
+      {"batches", static_cast<double>(s.batches)},
+      {"samples_per_s", rate(s.samples)},
+      {"tokens_per_s", rate(s.real_tokens)},
+      {"padding_waste", s.batch_tokens > 0
+                          ? 1.0 - static_cast<double>(s.real_tokens) / static_cast<double>(s.batch_tokens)
+                          : 0.0}};
+  };
   auto& st = self->state;
   st.index = index;
   st.coordinator = coordinator;
@@ -48,7 +74,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   if (!st.engine) {
     return {[](shutdown_atom) {}, [](epoch_atom, int64_t, int64_t, const std::vector<int64_t>&) {},
             [](credit_atom, int32_t) {}, [](reissue_atom, const std::vector<int64_t>&) {},
-            [](release_atom, uint64_t) {}};
+            [](release_atom, uint64_t) {}, vitals_handler(self, meter)};
   }
   for (const auto& w : st.engine->warnings())
     spdlog::warn("prefetch {}: {}", index, w);
@@ -86,13 +112,23 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
       d.where.device = s.device;
       d.handle = b->handle;
       --s.credit;
+      if (!s.first_batch)
+        s.first_batch = clock_type::now();
+      ++s.batches;
+      s.samples += static_cast<int64_t>(d.sample_ids.size());
+      s.epoch_sent += static_cast<int64_t>(d.sample_ids.size());
+      s.real_tokens += d.real_tokens;
+      s.batch_tokens += d.rows * d.seq_len;
       self->send(s.coordinator, std::move(d));
     }
   };
-  return {
+  return counted(meter, prefetch_actor::behavior_type{
+    vitals_handler(self, meter),
     [self, pump](epoch_atom, int64_t epoch, int64_t generation, const std::vector<int64_t>& done) {
       auto& s = self->state;
       s.epoch = epoch;
+      s.epoch_sent = 0;
+      s.reissued = 0;
       s.generation = generation;
       try {
         s.engine->start_epoch(epoch, std::unordered_set<int64_t>(done.begin(), done.end()));
@@ -110,6 +146,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
     [self, pump](reissue_atom, const std::vector<int64_t>& ids) {
       auto& s = self->state;
       s.engine->reissue(ids);
+      s.reissued += static_cast<int64_t>(ids.size());
       if (s.exhausted) {  // the epoch ran out here, but these must still go
         s.exhausted = false;
       }
@@ -117,7 +154,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
     },
     [self](release_atom, uint64_t handle) { self->state.engine->release(handle); },
     [self](shutdown_atom) { self->quit(); },
-  };
+  });
 }
 
 } // namespace
@@ -125,7 +162,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
 template <caf::spawn_options Os>
 prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
                               gpu::prefetch_engine_options opts, coordinator_actor coordinator) {
-  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator));
+  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator), Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).

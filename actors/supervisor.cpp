@@ -15,6 +15,7 @@
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "actors/vitals.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -149,6 +150,13 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
   auto behavior = [](self_ptr self, supervisor_options o) -> supervisor_actor::behavior_type {
     install_default_handler(self, supervisor_state::name);
     self->state.opts = std::move(o);
+    auto meter = std::make_shared<vitals_meter>(self->system(), "supervisor", 0, false);
+    meter->figures = [self] {
+      double restarts = 0;
+      for (const auto& f : self->state.failures)
+        restarts += static_cast<double>(f.size());
+      return std::vector<vitals_figure>{{"failures_in_window", restarts}};
+    };
     self->set_down_handler([self](caf::down_msg& m) {
       auto& s = self->state;
       if (s.stopped)
@@ -185,7 +193,8 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
       spdlog::error("tandem.supervisor: {}", why);
       self->send(s.coordinator, escalate_atom::value, std::move(why));
     });
-    return {
+    return counted(meter, supervisor_actor::behavior_type{
+      vitals_handler(self, meter),
       [self](supervise_atom, coordinator_actor& coordinator, coordinator_peers& peers) {
         auto& s = self->state;
         s.coordinator = std::move(coordinator);
@@ -217,7 +226,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
             self->send(d, shutdown_atom::value);
         self->quit();
       },
-    };
+    });
   };
   return sys.spawn(behavior, std::move(opts));
 }

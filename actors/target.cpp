@@ -2,7 +2,9 @@
 // forward pass; sends the batch with its tapped features' descriptor to the
 // coordinator.  Detached; its engine is built inside the behaviour, on its
 // own thread.
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -11,6 +13,7 @@
 #include "actors/device_health.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "actors/vitals.hpp"
 #include "gpu/device/error.hpp"
 #include "messages/errors.hpp"
 
@@ -23,12 +26,24 @@ struct target_state {
   int32_t index = 0;
   std::optional<gpu::target_engine> engine;
   coordinator_actor coordinator;
+  // Vitals figures: forward passes done and their times.
+  int64_t batches = 0;
+  double forward_ms_last = 0, forward_ms_total = 0;
 };
 
 target_actor::behavior_type target_behavior(target_actor::stateful_pointer<target_state> self,
                                             int32_t index, gpu::target_engine_options opts,
-                                            coordinator_actor coordinator) {
+                                            coordinator_actor coordinator, bool own_thread) {
   install_default_handler(self, target_state::name);
+  auto meter = std::make_shared<vitals_meter>(self->system(), "target", index, own_thread);
+  meter->figures = [self] {
+    auto& s = self->state;
+    return std::vector<vitals_figure>{
+      {"batches", static_cast<double>(s.batches)},
+      {"forward_ms_last", s.forward_ms_last},
+      {"forward_ms_mean", s.batches > 0 ? s.forward_ms_total / static_cast<double>(s.batches) : 0.0},
+      {"queue_depth", static_cast<double>(self->mailbox().size())}};
+  };
   self->state.index = index;
   self->state.coordinator = coordinator;
   // The engine's own code says what failed: bad_input (weights or config
@@ -45,8 +60,9 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
     fail_start(errc::device_failure, e.what());
   }
   if (!self->state.engine)
-    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}};
-  return {
+    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}, vitals_handler(self, meter)};
+  return counted(meter, target_actor::behavior_type{
+    vitals_handler(self, meter),
     [self](batch_desc& batch) {
       auto& s = self->state;
       auto t0 = clock_type::now();
@@ -67,6 +83,9 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
         return;
       }
       w.features.forward_ms = ms_since(t0);
+      ++s.batches;
+      s.forward_ms_last = w.features.forward_ms;
+      s.forward_ms_total += w.features.forward_ms;
       // The descriptor names what is behind the handle (descriptors.hpp):
       // the taps [rows, seq_len, n·D] on this target's device.
       const auto& info = s.engine->info();
@@ -79,7 +98,7 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
     },
     [self](release_atom, uint64_t handle) { gpu::transport::release(handle); },
     [self](shutdown_atom) { self->quit(); },
-  };
+  });
 }
 
 } // namespace
@@ -87,7 +106,7 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
 template <caf::spawn_options Os>
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
                           coordinator_actor coordinator) {
-  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator));
+  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator), Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).

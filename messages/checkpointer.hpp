@@ -18,11 +18,13 @@
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
 using checkpointer_actor = caf::typed_actor<
   caf::replies_to<snapshot_desc, std::string>::with<std::string>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

@@ -8,6 +8,9 @@
 ///     | -- control_request --> |                              |              |
 ///     |                        | -- status_atom ------------> |              |  reads
 ///     |                        | <------------ JSON status -- |              |
+///     |                        | -- vitals_all_atom --------> |  asks every  |  the tree,
+///     |                        | <---- vector<actor_vitals> - |  actor       |  the ledger
+///     |                        |                              |  (messages/vitals.hpp)
 ///     |                        | -- control_command --------> |              |  acts
 ///     |                        | <--------------- result ---- |  (+ a control_event line)
 ///     | <---- control_reply -- |                              |              |
@@ -18,6 +21,8 @@
 ///
 /// A request is answered within control_options::answer_timeout: a reply
 /// the coordinator owes later than that (it is mid-message) becomes a 503.
+/// (The I/O thread's control_request comes from a one-shot actor per
+/// request, so the thread itself never waits.)
 
 #include <cstdint>
 #include <string>
@@ -30,6 +35,7 @@
 #include "messages/coordinator.hpp"
 #include "messages/descriptors.hpp"
 #include "messages/metrics.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -69,6 +75,7 @@ using control_actor = caf::typed_actor<
   caf::reacts_to<run_event>,
   caf::reacts_to<event_atom, std::string>,  ///< metrics: the JSON events (worker_restarted, resumed)
   caf::reacts_to<unauthorized_atom, std::string>,  ///< I/O thread: a refused request (from whom)
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

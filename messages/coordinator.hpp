@@ -79,6 +79,7 @@
 #include "messages/metrics.hpp"
 #include "messages/prefetch.hpp"
 #include "messages/target.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -177,6 +178,10 @@ using coordinator_actor = caf::typed_actor<
   /// run in this process.  The run fails at once with device_lost; `tandem
   /// run`'s worker process exits 75 and its parent starts a new one from
   /// the newest restore point that outlived this process.
-  caf::reacts_to<device_lost_atom, std::string>>;
+  caf::reacts_to<device_lost_atom, std::string>,
+  vitals_protocol,
+  /// the control actor: the vitals of every actor of the run, its own first
+  /// (messages/vitals.hpp), waiting at most the given milliseconds for each.
+  caf::replies_to<vitals_all_atom, int64_t>::with<std::vector<actor_vitals>>>;
 
 } // namespace tandem

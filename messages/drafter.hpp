@@ -96,6 +96,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -137,6 +138,7 @@ using drafter_actor = caf::typed_actor<
   caf::replies_to<heartbeat_atom>::with<int64_t>,
   caf::reacts_to<shutdown_atom>,
   caf::reacts_to<snapshot_poll_atom>,
-  caf::reacts_to<fault_atom, std::string, int64_t>>;
+  caf::reacts_to<fault_atom, std::string, int64_t>,
+  vitals_protocol>;
 
 } // namespace tandem

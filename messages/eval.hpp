@@ -21,6 +21,7 @@
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
 #include "messages/metrics.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -30,6 +31,7 @@ using eval_next_atom = caf::atom_constant<caf::atom("evalnext")>;
 using eval_actor = caf::typed_actor<
   caf::replies_to<snapshot_desc>::with<eval_event>,
   caf::reacts_to<eval_next_atom>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

@@ -33,6 +33,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -46,6 +47,7 @@ using prefetch_actor = caf::typed_actor<
   caf::reacts_to<credit_atom, int32_t>,
   caf::reacts_to<reissue_atom, std::vector<int64_t>>,
   caf::reacts_to<release_atom, uint64_t>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

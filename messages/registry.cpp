@@ -9,6 +9,7 @@
 #include "messages/metrics.hpp"
 #include "messages/probe.hpp"
 #include "messages/supervisor.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -44,6 +45,7 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<control_command>("tandem.control_command");
   cfg.add_message_type<control_request>("tandem.control_request");
   cfg.add_message_type<control_reply>("tandem.control_reply");
+  cfg.add_message_type<actor_vitals>("tandem.actor_vitals");  // and its std::vector (CAF adds it)
 }
 
 } // namespace tandem

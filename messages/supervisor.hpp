@@ -46,6 +46,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/coordinator.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
@@ -74,6 +75,7 @@ using supervisor_actor = caf::typed_actor<
   caf::reacts_to<supervise_atom, coordinator_actor, coordinator_peers>,
   caf::replies_to<restart_atom, int32_t, std::string, std::string>::with<restart_plan>,
   caf::reacts_to<respawn_atom, int32_t, std::string>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

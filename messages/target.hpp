@@ -19,12 +19,14 @@
 
 #include "messages/atoms.hpp"
 #include "messages/descriptors.hpp"
+#include "messages/vitals.hpp"
 
 namespace tandem {
 
 using target_actor = caf::typed_actor<
   caf::reacts_to<batch_desc>,
   caf::reacts_to<release_atom, uint64_t>,
-  caf::reacts_to<shutdown_atom>>;
+  caf::reacts_to<shutdown_atom>,
+  vitals_protocol>;
 
 } // namespace tandem

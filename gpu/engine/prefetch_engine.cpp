@@ -191,6 +191,7 @@ struct prefetch_engine::impl {
   data::stager stager;
   std::optional<data::packer> epoch_packer;
   std::deque<int64_t> reissue_queue;
+  int64_t epoch_samples = 0;
   int64_t real = 0, padding = 0;
   std::vector<std::string> warnings;
   data::shard_check check;
@@ -299,6 +300,7 @@ void prefetch_engine::start_epoch(int64_t epoch, const std::unordered_set<int64_
   // Verify the shards in the order this epoch first reads them.
   if (m.verifier)
     m.verifier->prioritize(m.shards_of(order, m.ds.num_shards()));
+  m.epoch_samples = static_cast<int64_t>(order.size());
   data::cursor from;
   from.epoch = epoch;
   m.epoch_packer.emplace(m.ds, std::move(order), m.packing(), from);
@@ -342,6 +344,10 @@ std::optional<staged_batch> prefetch_engine::next() {
 
 void prefetch_engine::release(transport::handle h) {
   transport::release(h);
+}
+
+int64_t prefetch_engine::epoch_samples() const {
+  return impl_->epoch_samples;
 }
 
 double prefetch_engine::padding_waste() const {

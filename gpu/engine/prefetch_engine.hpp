@@ -88,6 +88,10 @@ public:
   /// The consumer is done with a batch: drop the payload.
   void release(transport::handle h);
 
+  /// Samples in the current epoch's order for this rank (those already
+  /// done at start_epoch left out): what the epoch packs, re-issues aside.
+  int64_t epoch_samples() const;
+
   /// Fraction of batch tokens that were padding so far.
   double padding_waste() const;
 

@@ -10,7 +10,9 @@ The tiny run of run_test.toml on the CPU (long enough to be watched), then:
 - bad input, the run unharmed: malformed HTTP -> 400, a 16 KiB header -> 431,
   a 128 KiB body -> 413, a body that is not JSON -> 400, an unknown path or
   actor -> 404, a wrong method -> 405;
-- reads: /v1/tree (every actor of the plan, the drafter's state and steps),
+- reads: /v1/tree (every actor of the plan, the drafter's state and steps;
+  every actor's vitals: thread, messages, last message, the target's forward
+  times, the prefetch's cursor and padding),
   /v1/steps (the same losses as metrics.jsonl's step lines), /v1/ledger,
   /v1/events, /v1/config (the effective config), `tandem shell -c` and
   `--json` with the same answers;
@@ -145,6 +147,28 @@ check(code == 200 and ("drafter", 0) in roles and ("target", 0) in roles and ("p
 drafter = [a for a in tree["actors"] if a["role"] == "drafter"][0]
 check(drafter["state"] in ("idle", "stepping") and drafter["steps_handled"] >= 5 and drafter["device"] == "cpu",
       f"the drafter's row: {drafter}")
+# Every actor's vitals: its thread, messages handled, the last one, its figures.
+rows = {(a["role"], a["index"]): a for a in tree["actors"]}
+missing = [k for k, a in rows.items() if "messages_handled" not in a]
+check(not missing, f"every actor answered with its vitals: {missing} did not")
+# (The question counts; an actor asked nothing else yet has no last message.)
+odd = [(k, a) for k, a in rows.items() if not (a.get("messages_handled", 0) >= 1 and a.get("thread", 0) > 0
+       and a.get("uptime_s", -1) >= 0 and (a.get("messages_handled", 0) == 1 or a.get("last_message")))]
+check(not odd, f"vitals: messages, thread, uptime, last message: {odd}")
+check(rows[("drafter", 0)]["own_thread"] and rows[("target", 0)]["own_thread"] and rows[("prefetch", 0)]["own_thread"]
+      and not rows[("coordinator", 0)]["own_thread"], "GPU actors on threads of their own, the coordinator pooled")
+check(len({rows[k]["thread"] for k in (("drafter", 0), ("target", 0), ("prefetch", 0))}) == 3,
+      "drafter, target and prefetch on three different threads")
+check(rows[("drafter", 0)]["messages_handled"] >= drafter["steps_handled"],
+      f"the drafter handled at least a message per step: {rows[('drafter', 0)]['messages_handled']}")
+tf = rows[("target", 0)]["figures"]
+check(tf["batches"] >= drafter["steps_handled"] and tf["forward_ms_mean"] > 0 and tf["queue_depth"] >= 0,
+      f"the target's figures: {tf}")
+pf = rows[("prefetch", 0)]["figures"]
+check(pf["epoch_samples"] == 64 and 0 <= pf["epoch_sent"] <= 64 and 0 <= pf["padding_waste"] < 1
+      and pf["tokens_per_s"] > 0, f"the prefetch's figures: {pf}")
+code, detail = http("GET", "/v1/actors/target/0")
+check(code == 200 and detail["figures"]["batches"] >= tf["batches"], "target 0 in detail: its figures")
 code, detail = http("GET", "/v1/actors/drafter/0")
 check(code == 200 and "last_report" in detail and sum(b["count"] for b in detail["step_ms_histogram"])
       == detail["steps_handled"], "drafter 0 in detail: last report, a histogram of every step")
@@ -156,6 +180,11 @@ check(all(logged.get(s["step"]) == s["loss"] for s in steps["steps"] if s["step"
 code, ledger = http("GET", "/v1/ledger")
 check(code == 200 and set(ledger["samples"]) == {"pending", "issued", "trained", "committed"}
       and sum(ledger["samples"].values()) == 64, f"the ledger covers the epoch's 64 samples: {ledger}")
+cursor = ledger["prefetch"][0] if ledger.get("prefetch") else {}
+# (The run moves on between the coordinator's answer and the prefetch's: an
+# epoch of 64 samples is short, so only the cursor's bounds are exact.)
+check(cursor.get("index") == 0 and cursor.get("epoch_samples") == 64 and 0 <= cursor.get("epoch_sent", -1) <= 64
+      and cursor.get("epoch", -1) >= ledger["epoch"], f"the ledger's prefetch cursor: {cursor}")
 code, cfg = http("GET", "/v1/config")
 check(code == 200 and "max_steps = 2000" in cfg["toml"], "the effective config")
 code, events = http("GET", "/v1/events")

@@ -95,9 +95,17 @@ check(after == before + 2, f"both refusals counted ({before} -> {after})")
 status, headers, _ = request("GET", "/?token=" + token)
 cookie = headers.get("set-cookie", "")
 check(status == 303 and headers.get("location") == "/", f"GET /?token=: {status} to {headers.get('location')}")
-check("HttpOnly" in cookie and "SameSite=Strict" in cookie and cookie.startswith("tandem_token=" + token),
-      f"the cookie: {cookie!r}")
-jar = {"Cookie": "tandem_token=" + token}
+name = f"tandem_session_{port}"
+check("HttpOnly" in cookie and "SameSite=Strict" in cookie and cookie.startswith(name + "="),
+      f"the cookie is this port's session: {cookie!r}")
+session = cookie.split(";")[0].split("=", 1)[1]
+check(re.fullmatch(r"[0-9a-f]{64}", session) is not None and session != token,
+      "the cookie holds a session secret, not the run's token")
+status, _, _ = request("GET", "/v1/status", {"Cookie": name + "=" + token})
+check(status == 401, f"the run's token in the cookie is not a session: {status}")
+status, _, _ = request("GET", "/v1/status", {"Cookie": f"tandem_session_{port + 1}=" + session})
+check(status == 401, f"another port's cookie name is not this endpoint's: {status}")
+jar = {"Cookie": name + "=" + session}
 status, headers, page = request("GET", "/", jar)
 check(status == 200 and headers.get("content-type", "").startswith("text/html"), f"GET / with the cookie: {status}")
 csp = headers.get("content-security-policy", "")

@@ -104,11 +104,36 @@ CAF_TEST(events keep their sequence numbers and since filters them) {
   const auto since = call("GET", "/v1/events?since=3").second;
   CAF_CHECK_EQUAL(since["events"].size(), 1u);
   auto tree = call("GET", "/v1/tree").second;
-  CAF_REQUIRE_EQUAL(tree["actors"].size(), 3u);
+  CAF_REQUIRE_EQUAL(tree["actors"].size(), 4u);  // the plan's three, then the control actor's own vitals
   CAF_CHECK_EQUAL(tree["actors"][2]["incarnation"], 1);
   CAF_CHECK_EQUAL(tree["actors"][2]["failures"], 1);
   const auto d1 = call("GET", "/v1/actors/drafter/1").second;
   CAF_CHECK_EQUAL(d1["last_failure"], "boom");
+}
+
+CAF_TEST(the tree carries the vitals of each actor and says which did not answer) {
+  call("GET", "/v1/status");
+  const auto tree = call("GET", "/v1/tree").second;
+  const auto& actors = tree["actors"];
+  CAF_REQUIRE_EQUAL(actors.size(), 4u);
+  // The coordinator's vitals (the recording coordinator's own answer).
+  CAF_CHECK_EQUAL(actors[0]["role"], "coordinator");
+  CAF_CHECK_EQUAL(actors[0]["messages_handled"], 5);
+  CAF_CHECK_EQUAL(actors[0]["last_message"], "status");
+  CAF_CHECK_EQUAL(actors[0]["figures"]["step"], 3.0);
+  // Drafter 0 is not in the coordinator's list: no vitals fields at all;
+  // drafter 1 is, unanswered.
+  CAF_CHECK(!actors[1].contains("messages_handled"));
+  CAF_CHECK(!actors[2].contains("messages_handled"));
+  CAF_CHECK(actors[2]["vitals"].get<std::string>().find("no answer within") != std::string::npos);
+  // The control actor counts itself: the vitals request, two requests before it.
+  CAF_CHECK_EQUAL(actors[3]["role"], "control");
+  CAF_CHECK_EQUAL(actors[3]["last_message"], "tandem.control_request");
+  CAF_CHECK_GREATER_OR_EQUAL(actors[3]["messages_handled"].get<int64_t>(), 2);
+  CAF_CHECK_GREATER(actors[3]["thread"].get<int64_t>(), 0);
+  CAF_CHECK_EQUAL(actors[3]["figures"]["requests"], 2.0);
+  const auto ledger = call("GET", "/v1/ledger").second;
+  CAF_CHECK(ledger["prefetch"].is_array());
 }
 
 CAF_TEST(actions go to the coordinator with their source) {
@@ -129,6 +154,8 @@ CAF_TEST(bad requests get 4xx and reach nobody) {
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/2").first, 404);
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/target/0").first, 404);
   CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/").first, 400);
+  CAF_CHECK_EQUAL(call("POST", "/v1/fault", R"({"drafter": 5, "kind": "throw"})").first, 404);
+  CAF_CHECK_EQUAL(call("POST", "/v1/fault", R"({"drafter": 0, "kind": "melt"})").first, 400);
   CAF_CHECK_EQUAL(call("GET", "/v1/\xff\xfe").first, 404);  // not UTF-8: answered, the actor lives on
   CAF_CHECK_EQUAL(call("GET", "/v1").first, 200);
   CAF_CHECK(log->order.empty());

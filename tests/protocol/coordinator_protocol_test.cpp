@@ -289,6 +289,30 @@ CAF_TEST(work flows prefetch to target to drafter and the run ends after its epo
   CAF_CHECK(w->snapshots.empty());  // every snapshot handed to the checkpointer
 }
 
+CAF_TEST(the coordinator gathers the vitals of every actor in a fixed order) {
+  setup s;
+  s.drafters = 2;
+  start(s);
+  auto a = ask<std::vector<actor_vitals>>(sys, coordinator, vitals_all_atom::value, int64_t{500});
+  sched.run();
+  CAF_REQUIRE(a->value.has_value());
+  std::vector<std::string> names;
+  for (const auto& v : *a->value) {
+    names.push_back(v.role + " " + std::to_string(v.index));
+    CAF_CHECK(v.answered);
+  }
+  CAF_CHECK_EQUAL(names, (std::vector<std::string>{"coordinator 0", "prefetch 0", "target 0", "drafter 0",
+                                                   "drafter 1", "checkpointer 0", "metrics 0", "supervisor 0"}));
+  const auto& own = a->value->front();
+  CAF_CHECK_EQUAL(own.actor_id, coordinator->id());
+  CAF_CHECK_GREATER_OR_EQUAL(own.handled, 2u);  // the run request, this one
+  CAF_CHECK_EQUAL(own.last_message, "run");
+  const auto& sup = a->value->back();  // the real supervisor counts too
+  CAF_CHECK_EQUAL(sup.handled, 2u);    // supervise, this request
+  CAF_CHECK_EQUAL(sup.last_message, "supervise");
+  CAF_CHECK_EQUAL(sup.actor_id, supervisor->id());
+}
+
 CAF_TEST(credits bound the batches in flight per target) {
   setup s;
   s.targets = 2;

@@ -40,6 +40,19 @@ using fake_target_actor = target_actor::extend<caf::reacts_to<go_atom>>;
 using fake_drafter_actor = drafter_actor::extend<caf::reacts_to<go_atom>>;
 using fake_checkpointer_actor = checkpointer_actor::extend<caf::reacts_to<go_atom>>;
 
+/// The vitals a fake answers (messages/vitals.hpp): who it is, and that
+/// it answered; what it handled is the real actors' to count.
+inline auto fake_vitals(std::string role, int32_t index) {
+  return [role, index](vitals_atom) {
+    actor_vitals v;
+    v.role = role;
+    v.index = index;
+    v.answered = true;
+    v.last_message = "fake";
+    return v;
+  };
+}
+
 /// What a fake drafter does with one work item.
 enum class act {
   ok,    ///< trains: a finite step report
@@ -201,6 +214,7 @@ fake_prefetch(prefetch_actor::stateful_pointer<fake_prefetch_state> self, int32_
     }
   };
   return {
+    fake_vitals("prefetch", index),
     [=](epoch_atom, int64_t epoch, int64_t generation, const std::vector<int64_t>& done) {
       auto& p = w->prefetch[static_cast<size_t>(index)];
       p.epoch = epoch;
@@ -259,6 +273,7 @@ fake_target(fake_target_actor::stateful_pointer<fake_target_state> self, int32_t
     self->send(coordinator, std::move(item));
   };
   return {
+    fake_vitals("target", index),
     [=](batch_desc& b) {
       auto& t = w->targets[static_cast<size_t>(index)];
       if (t.hold)
@@ -352,6 +367,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     self->send(coordinator, r);
   };
   return {
+    fake_vitals("drafter", index),
     [=](const work_item& item) {
       ++w->work_received;
       auto what = act::ok;
@@ -467,6 +483,7 @@ fake_checkpointer(fake_checkpointer_actor::stateful_pointer<fake_checkpointer_st
     return dir;
   };
   return {
+    fake_vitals("checkpointer", 0),
     [=](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
       if (!w->hold_writes) {
         auto r = write(snap, extra);
@@ -499,6 +516,7 @@ fake_checkpointer(fake_checkpointer_actor::stateful_pointer<fake_checkpointer_st
 inline checkpointer_actor::behavior_type
 fake_host_checkpointer(checkpointer_actor::pointer self, world_ptr w) {
   return {
+    fake_vitals("checkpointer", 1),
     [w](const snapshot_desc& snap, const std::string& extra) -> std::string {
       w->host_written.push_back(snap);
       w->host_extras.push_back(nlohmann::json::parse(extra));
@@ -515,6 +533,7 @@ fake_host_checkpointer(checkpointer_actor::pointer self, world_ptr w) {
 /// with eval_fails), records the step, releases the snapshot.
 inline eval_actor::behavior_type fake_eval(eval_actor::pointer self, world_ptr w) {
   return {
+    fake_vitals("eval", 0),
     [w](const snapshot_desc& snap) -> eval_event {
       w->snapshots.erase(snap.handle);
       eval_event e;
@@ -538,6 +557,7 @@ inline eval_actor::behavior_type fake_eval(eval_actor::pointer self, world_ptr w
 
 inline metrics_actor::behavior_type fake_metrics(metrics_actor::pointer self, world_ptr w) {
   return {
+    fake_vitals("metrics", 0),
     [w](const step_report& r) { w->reports.push_back(r); },
     [w](const run_event& e) { w->events.push_back(event_line(e)); },
     [w](event_atom, const std::string& json) { w->events.push_back(nlohmann::json::parse(json)); },

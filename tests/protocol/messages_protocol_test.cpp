@@ -31,6 +31,7 @@ const std::set<std::string> tested_types{
   "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
   "tandem.run_event", "tandem.eval_event", "tandem.eval_handle",
   "tandem.control_event", "tandem.control_command", "tandem.control_request", "tandem.control_reply",
+  "tandem.actor_vitals",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -238,6 +239,23 @@ CAF_TEST(the control endpoint messages round trip) {
   check_value(control_request{"POST", "/v1/steps?n=3", "{\"a\": 1}", "::1 curl"}, "tandem.control_request",
               {"POST", "/v1/steps?n=3"});
   check_value(control_reply{409, "{\"error\": \"stopping\"}"}, "tandem.control_reply", {"409"});
+  actor_vitals v;
+  v.role = "target";
+  v.index = 1;
+  v.actor_id = 42;
+  v.answered = true;
+  v.own_thread = true;
+  v.thread = 31337;
+  v.thread_name = "caf.detached";
+  v.uptime_s = 12.5;
+  v.handled = 99;
+  v.last_message = "tandem.batch_desc";
+  v.last_message_age_s = 0.25;
+  v.busiest_ms = 80;
+  v.figures = {{"forward_ms_last", 7.5}, {"queue_depth", 2}};
+  check_value(v, "tandem.actor_vitals", {"target", "31337", "tandem.batch_desc", "forward_ms_last"});
+  const std::vector<actor_vitals> all{v, actor_vitals{}};
+  CAF_CHECK(through_message(all) == all);  // registered with actor_vitals, as std::vector<tandem.actor_vitals>
   CAF_CHECK_EQUAL(tested_types.count("tandem.control_event"), 1u);
 }
 

@@ -55,6 +55,44 @@ std::multiset<int64_t> range(int64_t from, int64_t to) {
 
 CAF_TEST_FIXTURE_SCOPE(prefetch_protocol_tests, fixture)
 
+CAF_TEST(a prefetch reports its cursor throughput and padding as vitals) {
+  auto p = spawn(1);
+  self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{3, 5});
+  self->send(p, credit_atom::value, int32_t{3});
+  run();
+  CAF_REQUIRE_EQUAL(log->batches.size(), 3u);
+  auto a = ask<actor_vitals>(sys, p, vitals_atom::value);
+  run();
+  CAF_REQUIRE(a->value.has_value());
+  const auto& v = *a->value;
+  CAF_CHECK_EQUAL(v.role, "prefetch");
+  CAF_CHECK_EQUAL(v.index, 1);
+  CAF_CHECK_EQUAL(v.handled, 3u);  // epoch, credit, this request
+  CAF_CHECK_EQUAL(v.last_message, "credit");
+  std::map<std::string, double> f;
+  for (const auto& x : v.figures)
+    f[x.name] = x.value;
+  int64_t samples = 0, real = 0, total = 0;
+  for (const auto& b : log->batches) {
+    samples += static_cast<int64_t>(b.sample_ids.size());
+    real += b.real_tokens;
+    total += b.rows * b.seq_len;
+  }
+  CAF_CHECK_EQUAL(f["epoch"], 0.0);
+  CAF_CHECK_EQUAL(f["epoch_samples"], 24.0 - 2.0);  // this rank's order less the two done
+  CAF_CHECK_EQUAL(f["epoch_sent"], static_cast<double>(samples));
+  CAF_CHECK_EQUAL(f["batches"], 3.0);
+  CAF_CHECK_EQUAL(f["credit"], 0.0);
+  CAF_CHECK_EQUAL(f["reissued"], 0.0);
+  CAF_CHECK_GREATER(total, real);  // the fixture's samples do not fill a row
+  CAF_CHECK_LESS(std::abs(f["padding_waste"] - (1.0 - static_cast<double>(real) / static_cast<double>(total))), 1e-12);
+  CAF_CHECK_GREATER_OR_EQUAL(f["samples_per_s"], 0.0);
+  for (auto& b : log->batches)
+    self->send(p, release_atom::value, b.handle);
+  self->send(p, shutdown_atom::value);
+  run();
+}
+
 CAF_TEST(a prefetch stages batches only against credits) {
   auto p = spawn(2);
   self->send(p, epoch_atom::value, int64_t{0}, int64_t{1}, std::vector<int64_t>{});

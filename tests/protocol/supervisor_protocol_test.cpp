@@ -37,6 +37,7 @@ drafter_actor::behavior_type idle_drafter(drafter_actor::pointer self) {
     [self](shutdown_atom) { self->quit(); },
     [](snapshot_poll_atom) {},
     [](fault_atom, const std::string&, int64_t) {},
+    [](vitals_atom) { return actor_vitals{}; },
   };
 }
 

@@ -100,6 +100,17 @@ inline bool operator==(const control_reply& a, const control_reply& b) {
   return a.status == b.status && a.body == b.body;
 }
 
+inline bool operator==(const vitals_figure& a, const vitals_figure& b) {
+  return a.name == b.name && a.value == b.value;
+}
+
+inline bool operator==(const actor_vitals& a, const actor_vitals& b) {
+  return a.role == b.role && a.index == b.index && a.actor_id == b.actor_id && a.answered == b.answered
+         && a.own_thread == b.own_thread && a.thread == b.thread && a.thread_name == b.thread_name
+         && a.uptime_s == b.uptime_s && a.handled == b.handled && a.last_message == b.last_message
+         && a.last_message_age_s == b.last_message_age_s && a.busiest_ms == b.busiest_ms && a.figures == b.figures;
+}
+
 inline bool operator==(const restart_plan& a, const restart_plan& b) {
   return a.restart == b.restart && a.budget == b.budget && a.backoff_s == b.backoff_s;
 }
@@ -227,6 +238,26 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
     },
     [](stop_atom) {},
     [](status_atom) { return std::string("{}"); },
+    [](vitals_atom) {
+      actor_vitals v;
+      v.role = "coordinator";
+      v.answered = true;
+      return v;
+    },
+    // Its own (answered, 5 messages) and an unanswered drafter 1: what the
+    // control actor's tree makes of both (control_protocol_test.cpp).
+    [](vitals_all_atom, int64_t) {
+      actor_vitals own;
+      own.role = "coordinator";
+      own.answered = true;
+      own.handled = 5;
+      own.last_message = "status";
+      own.figures = {{"step", 3}};
+      actor_vitals silent;
+      silent.role = "drafter";
+      silent.index = 1;
+      return std::vector<actor_vitals>{own, silent};
+    },
     [log](const control_command& c) {
       log->order.push_back("control " + c.action);
       return std::string("recorded");

@@ -95,6 +95,45 @@ CAF_TEST(batches are answered in order one work item each) {
   CAF_CHECK_EQUAL(gpu::transport::live_handles(), handles_at_start);
 }
 
+CAF_TEST(the target counts what it handled and reports its forward times as vitals) {
+  auto t = spawn_target<caf::no_spawn_options>(sys, 2, target_options(), coord);
+  std::vector<batch_desc> sent;
+  for (int64_t id = 20; id < 22; ++id) {
+    sent.push_back(next_batch(id));
+    self->send(t, sent.back());
+  }
+  run();
+  CAF_REQUIRE_EQUAL(log->work.size(), 2u);
+  self->send(t, release_atom::value, log->work[0].features.handle);
+  run();
+  auto a = ask<actor_vitals>(sys, t, vitals_atom::value);
+  run();
+  CAF_REQUIRE(a->value.has_value());
+  const auto& v = *a->value;
+  CAF_CHECK_EQUAL(v.role, "target");
+  CAF_CHECK_EQUAL(v.index, 2);
+  CAF_CHECK_EQUAL(v.actor_id, t->id());
+  CAF_CHECK(v.answered);
+  CAF_CHECK(!v.own_thread);  // scheduled here; detached in production
+  CAF_CHECK_GREATER(v.thread, 0);
+  CAF_CHECK_EQUAL(v.handled, 4u);  // two batches, one release, this request
+  CAF_CHECK_EQUAL(v.last_message, "release");
+  CAF_CHECK_GREATER_OR_EQUAL(v.uptime_s, 0.0);
+  std::map<std::string, double> f;
+  for (const auto& x : v.figures)
+    f[x.name] = x.value;
+  CAF_CHECK_EQUAL(f["batches"], 2.0);
+  CAF_CHECK_GREATER(f["forward_ms_mean"], 0.0);
+  CAF_CHECK_EQUAL(f["forward_ms_last"], log->work[1].features.forward_ms);
+  CAF_CHECK(f.count("queue_depth") == 1);
+  CAF_CHECK_GREATER_OR_EQUAL(v.busiest_ms, log->work[0].features.forward_ms);
+  self->send(t, release_atom::value, log->work[1].features.handle);
+  for (auto& b : sent)
+    gpu::transport::release(b.handle);
+  self->send(t, shutdown_atom::value);
+  run();
+}
+
 CAF_TEST(an unknown batch handle ends the target with an error naming the batch) {
   auto t = spawn_target<caf::no_spawn_options>(sys, 1, target_options(), coord);
   auto ex = watch(sys, t);

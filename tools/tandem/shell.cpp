@@ -258,20 +258,45 @@ void print_devices(const json& t) {
                 pad(gib(d, "peak_bytes"), 10).c_str(), d.value("reported_by", "").c_str(), num(d, "at_step").c_str());
 }
 
+/// What a tree entry says of its role: the coordinator's view of a
+/// drafter, a target's forward times, a prefetch's cursor and throughput.
+std::string role_detail(const json& a) {
+  const auto f = a.value("figures", json::object());
+  if (a["role"] == "drafter")
+    return "incarnation " + num(a, "incarnation") + ", " + num(a, "steps_handled") + " steps, last "
+           + num(a, "last_step") + ", failures " + num(a, "failures");
+  if (a["role"] == "coordinator")
+    return "step " + num(a, "step");
+  if (a["role"] == "control")
+    return num(a, "requests") + " requests";
+  if (a["role"] == "target" && !f.empty())
+    return num(f, "batches", 0) + " batches, forward " + num(f, "forward_ms_last", 1) + " ms (mean "
+           + num(f, "forward_ms_mean", 1) + "), queue " + num(f, "queue_depth", 0);
+  if (a["role"] == "prefetch" && !f.empty())
+    return "epoch " + num(f, "epoch", 0) + ": " + num(f, "epoch_sent", 0) + "/" + num(f, "epoch_samples", 0)
+           + " samples, " + num(f, "tokens_per_s", 0) + " tok/s, padding "
+           + (f.contains("padding_waste") ? fixed(100 * f["padding_waste"].get<double>(), 1) : "-") + "%";
+  return "";
+}
+
 void print_tree(const json& t) {
   std::printf("%s  (up %s s)\n", t.value("run", "").c_str(), fixed(t.value("uptime_s", 0.0), 0).c_str());
-  std::printf("%s %s %s %s\n", pad("ACTOR", 14).c_str(), pad("DEVICE", 8).c_str(), pad("STATE", 13).c_str(), "DETAIL");
+  std::printf("%s %s %s %s %s %s %s %s\n", pad("ACTOR", 14).c_str(), pad("DEVICE", 8).c_str(),
+              pad("STATE", 13).c_str(), pad("THREAD", 12).c_str(), pad("UP-S", 7).c_str(), pad("MSGS", 8).c_str(),
+              pad("LAST-MESSAGE", 22).c_str(), "DETAIL");
   for (const auto& a : t["actors"]) {
-    std::string detail;
-    if (a["role"] == "drafter")
-      detail = "incarnation " + num(a, "incarnation") + ", " + num(a, "steps_handled") + " steps, last "
-               + num(a, "last_step") + ", failures " + num(a, "failures");
-    else if (a["role"] == "coordinator")
-      detail = "step " + num(a, "step");
-    else if (a["role"] == "control")
-      detail = num(a, "requests") + " requests";
-    std::printf("%s %s %s %s\n", pad(a.value("name", ""), 14).c_str(), pad(a.value("device", ""), 8).c_str(),
-                pad(a.value("state", ""), 13).c_str(), detail.c_str());
+    // The thread: a detached actor's own, else the scheduler's pool (the
+    // worker that ran its last message).
+    std::string thread = "-";
+    if (a.contains("thread"))
+      thread = (a.value("own_thread", false) ? "" : "pool:") + num(a, "thread");
+    auto detail = role_detail(a);
+    if (a.contains("vitals"))
+      detail += (detail.empty() ? "" : "; ") + a["vitals"].get<std::string>();
+    std::printf("%s %s %s %s %s %s %s %s\n", pad(a.value("name", ""), 14).c_str(),
+                pad(a.value("device", ""), 8).c_str(), pad(a.value("state", ""), 13).c_str(),
+                pad(thread, 12).c_str(), pad(num(a, "uptime_s", 0), 7).c_str(), pad(num(a, "messages_handled"), 8).c_str(),
+                pad(num(a, "last_message"), 22).c_str(), detail.c_str());
   }
   print_devices(t);
 }
@@ -296,6 +321,10 @@ void print_ledger(const json& l) {
   std::printf("in flight %s, queued %s, credits per prefetch %s\n", num(l, "in_flight").c_str(),
               num(l, "queued").c_str(), num(l, "credits_per_prefetch").c_str());
   std::printf("durable step %s (%s)\n", num(l, "durable_step").c_str(), l.value("checkpoint", "").c_str());
+  for (const auto& p : l.value("prefetch", json::array()))
+    std::printf("prefetch %s: epoch %s, %s of %s samples sent, %s re-issued, %s credits\n", num(p, "index").c_str(),
+                num(p, "epoch").c_str(), num(p, "epoch_sent").c_str(), num(p, "epoch_samples").c_str(),
+                num(p, "reissued").c_str(), num(p, "credit").c_str());
 }
 
 void print_steps(const json& s) {
@@ -323,10 +352,11 @@ void print_events(const json& e) {
 const char* help_text =
   "commands:\n"
   "  status               the run: step, epoch, paused, ledger, queues\n"
-  "  tree                 every actor: device, state, incarnation\n"
+  "  tree                 every actor: device, state, thread, uptime, messages handled, the last\n"
+  "                       one, and its role's figures (a target's forward times, a prefetch's cursor)\n"
   "  show ROLE [INDEX]    one actor in detail (show drafter 0)\n"
   "  top                  a full-screen view refreshed every second (q leaves)\n"
-  "  ledger               samples pending / issued / trained / committed\n"
+  "  ledger               samples pending / issued / trained / committed; each prefetch's cursor\n"
   "  steps [N]            the last N step reports (default 20)\n"
   "  events [-f]          the event log (-f: follow it; Ctrl-C leaves)\n"
   "  config               the effective config\n"
@@ -798,7 +828,8 @@ void add_shell(CLI::App& app, int& exit_code) {
   };
   auto o = std::make_shared<options>();
   auto* cmd = app.add_subcommand("shell", "Inspect and steer a running `tandem run` through its control endpoint "
-                                          "(tree, status, top, watch, steps, events, pause, resume, checkpoint, stop, fault, set)");
+                                          "(status, tree, show, top, ledger, graphs, steps, events, watch, config, dashboard, pause, "
+                                          "resume, checkpoint, stop, fault, set; -c help lists them)");
   cmd->add_option("target", o->target,
                   "The run's folder (its control.json says where and holds the token), or HOST:PORT")
     ->required();
