@@ -232,6 +232,8 @@ struct control_state {
     double captured = 0;
   };
   std::map<int32_t, capture_seen> capture;
+  /// Each actor's last answered vitals (by CAF id) and when it came.
+  std::map<uint64_t, std::pair<actor_vitals, clock_type::time_point>> known_vitals;
   double uptime() const { return std::chrono::duration<double>(clock_type::now() - start).count(); }
 };
 
@@ -354,16 +356,34 @@ json devices_json(const control_state& s) {
 /// How long the coordinator waits for each actor's vitals: a GPU actor
 /// answers between its steps.
 int64_t vitals_wait_ms(const control_state& s) {
-  return std::clamp<int64_t>(s.opts.answer_timeout_ms / 4, 1, 1000);
+  return std::clamp<int64_t>(s.opts.answer_timeout_ms / 4, 1, 500);
 }
 
 /// One actor's vitals (messages/vitals.hpp) as fields of its tree entry.
-void add_vitals(json& e, const actor_vitals& v, int64_t waited_ms) {
-  e["actor_id"] = v.actor_id;
-  if (!v.answered) {
-    e["vitals"] = "no answer within " + std::to_string(waited_ms) + " ms (busy or stuck)";
-    return;
+/// An actor that does not answer in time (a checkpointer writing, a GPU
+/// actor in a long message) shows its last answer, kept per incarnation,
+/// with its age.
+void add_vitals(control_state& s, json& e, const actor_vitals& answer) {
+  e["actor_id"] = answer.actor_id;
+  e["answered"] = answer.answered;
+  const actor_vitals* shown = &answer;
+  if (answer.answered) {
+    s.known_vitals[answer.actor_id] = {answer, clock_type::now()};
+  } else {
+    auto why = "no answer within " + std::to_string(vitals_wait_ms(s)) + " ms (busy or stuck)";
+    auto it = s.known_vitals.find(answer.actor_id);
+    if (it == s.known_vitals.end()) {
+      e["vitals"] = std::move(why);
+      return;
+    }
+    const auto age = std::chrono::duration<double>(clock_type::now() - it->second.second).count();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", age);
+    e["vitals"] = why + "; its answer of " + buf + " s ago";
+    e["vitals_age_s"] = age;
+    shown = &it->second.first;
   }
+  const auto& v = *shown;
   e["thread"] = v.thread;
   e["thread_name"] = v.thread_name;
   e["own_thread"] = v.own_thread;
@@ -414,7 +434,7 @@ json tree_json(control_state& s, const json& status, const std::vector<actor_vit
     for (size_t i = 0; i < vitals.size(); ++i)
       if (!placed[i] && vitals[i].role == a.role && vitals[i].index == a.index) {
         const auto& v = vitals[i];
-        add_vitals(e, v, vitals_wait_ms(s));
+        add_vitals(s, e, v);
         placed[i] = true;
         if (a.role == "drafter") {
           auto& seen = s.capture[a.index];
@@ -440,9 +460,14 @@ json tree_json(control_state& s, const json& status, const std::vector<actor_vit
       json e{{"role", v.role}, {"index", v.index}, {"device", "cpu"},
              {"name", v.role + " " + std::to_string(v.index)},
              {"state", status.value("stopping", false) ? "stopping" : "running"}};
-      add_vitals(e, v, vitals_wait_ms(s));
+      add_vitals(s, e, v);
       actors.push_back(std::move(e));
     }
+  // Forget the answers of incarnations that are gone (a restarted drafter's).
+  if (!vitals.empty())
+    for (auto it = s.known_vitals.begin(); it != s.known_vitals.end();)
+      it = std::any_of(vitals.begin(), vitals.end(), [&](const actor_vitals& v) { return v.actor_id == it->first; })
+             ? std::next(it) : s.known_vitals.erase(it);
   return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)},
           {"devices", devices_json(s)}};
 }
@@ -774,10 +799,6 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
         auto line = event_line(e);
         s.prom->event(e, line.value("event", "unknown"));
         add_event(s, std::move(line));
-      },
-      [self](event_atom, const std::string& text) {
-        auto line = json::parse(text, nullptr, false);
-        add_event(self->state, line.is_discarded() ? json{{"event", "text"}, {"text", text}} : line);
       },
       [self](unauthorized_atom, const std::string& who) {
         ++self->state.unauthorized;

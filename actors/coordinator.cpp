@@ -292,7 +292,8 @@ void on_device_lost(self_ptr self, const std::string& why) {
   fail(self, make_error(errc::device_lost, why));
 }
 
-/// Asks every peer for its vitals (messages/vitals.hpp) and answers with
+/// Asks every peer for its vitals (messages/vitals.hpp), as urgent
+/// messages, and answers with
 /// the coordinator's own, then theirs in a fixed order (prefetch, targets,
 /// drafters, checkpointers, metrics, eval, supervisor); a peer that does not
 /// answer within answer_ms is listed unanswered.
@@ -321,7 +322,10 @@ caf::result<std::vector<actor_vitals>> on_vitals_all(self_ptr self, const std::s
       if (--g->pending == 0)
         g->rp.deliver(std::move(g->out));
     };
-    self->request(handle, std::chrono::milliseconds(answer_ms), vitals_atom::value)
+    // Urgent: ahead of the work queued in its mailbox (a drafter may hold
+    // `credits` work items), so it answers after the message in hand.
+    self->template request<caf::message_priority::high>(handle, std::chrono::milliseconds(answer_ms),
+                                                        vitals_atom::value)
       .then(
         [g, slot, settle](actor_vitals& v) {
           // Named by its place among the peers (two checkpointers share a role).

@@ -124,7 +124,7 @@ function onFrame(f) {
                : a.role === "coordinator" ? `step ${a.step}` : a.role === "control" ? `${a.requests} requests` : "";
     if (a.messages_handled !== undefined)
       detail += (detail ? "; " : "") + `${a.messages_handled} messages, last ${a.last_message || "-"}, thread ${a.thread}`;
-    else if (a.vitals) detail += (detail ? "; " : "") + a.vitals;
+    if (a.vitals) detail += (detail ? "; " : "") + a.vitals;
     for (const v of [a.name, a.device, a.state, detail]) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); }
     tb.appendChild(tr);
   }

@@ -93,6 +93,14 @@ struct line_writer {
     }
     return j;
   }
+  nlohmann::json operator()(const resumed_event& x) const {
+    return {{"event", "resumed"}, {"step", x.step}, {"from", x.from}, {"tier", x.tier},
+            {"durable_step", x.durable_step}, {"unix_s", x.unix_s}};
+  }
+  nlohmann::json operator()(const worker_restarted_event& x) const {
+    return {{"event", "worker_restarted"}, {"exit", x.exit}, {"restart", x.restart}, {"budget", x.budget},
+            {"unix_s", x.unix_s}};
+  }
   nlohmann::json operator()(const end_event& x) const {
     nlohmann::json j{{"event", "end"},     {"reason", x.reason},         {"steps", x.steps},
                      {"checkpoint", x.checkpoint}, {"durable_step", x.durable_step}};
@@ -298,9 +306,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           self->send(self->state.feed, e);
         write_event(self->state, event_line(e));
       },
-      [self](event_atom, const std::string& json) {
-        if (self->state.feed)
-          self->send(self->state.feed, event_atom::value, json);
+      [self](event_atom, const std::string& json) {  // free-form: the file only (messages/metrics.hpp)
         auto j = nlohmann::json::parse(json, nullptr, false);
         if (j.is_discarded())
           j = {{"event", "text"}, {"text", json}};

@@ -73,7 +73,6 @@ using control_actor = caf::typed_actor<
   caf::replies_to<control_request>::with<control_reply>,
   caf::reacts_to<step_report>,
   caf::reacts_to<run_event>,
-  caf::reacts_to<event_atom, std::string>,  ///< metrics: the JSON events (worker_restarted, resumed)
   caf::reacts_to<unauthorized_atom, std::string>,  ///< I/O thread: a refused request (from whom)
   caf::reacts_to<shutdown_atom>,
   vitals_protocol>;

@@ -34,12 +34,16 @@
 ///   eval                  step, tau, tau_prompt_mean, prompts, cycles, new_tokens,
 ///                         tokens_per_s, seconds, device, histogram, [error]
 ///
-/// Written by `tandem run` itself as free-form lines (event_atom), not by
-/// the coordinator:
+/// Sent by `tandem run` itself (the worker, at its start), not by the
+/// coordinator:
 ///   worker_restarted      exit ("signal 6", "status 75"), restart, budget,
 ///                         unix_s (wall clock of the worker's death)
 ///   resumed               step, from (folder), tier ("host", "disk"),
 ///                         durable_step, unix_s (wall clock at the start)
+///
+/// event_atom with a JSON string is a free-form line for tools and tests:
+/// written to metrics.jsonl, not forwarded to the control endpoint (which
+/// takes typed events only).
 ///
 /// Room for more: a new kind is a new struct APPENDED to `run_event`'s
 /// alternatives (the alternative's index is on the wire: never reorder) and
@@ -157,6 +161,27 @@ struct end_event {
   std::string error;
 };
 
+/// "resumed": this worker resumed at `step` from the checkpoint or restore
+/// point `from` (`tier` "disk" or "host"); `durable_step` is the newest
+/// checkpoint on disk then (−1: none); `unix_s` the wall clock at the start.
+struct resumed_event {
+  int64_t step = 0;
+  std::string from;
+  std::string tier;
+  int64_t durable_step = -1;
+  double unix_s = 0;
+};
+
+/// "worker_restarted": `tandem run` started this worker process after the
+/// last one ended (`exit`: "signal 6", "status 75"); restart `restart` of
+/// `budget` (supervision.worker_restarts); `unix_s`: the wall clock of the death.
+struct worker_restarted_event {
+  std::string exit;
+  int64_t restart = 0;
+  int64_t budget = 0;
+  double unix_s = 0;
+};
+
 /// "checkpoint_skipped": a checkpoint due at `step` was not taken because
 /// the write of step `writing` was still in progress (writes slower than
 /// checkpoint.every_steps): checkpoints coalesce, and the state after the
@@ -221,7 +246,7 @@ using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discard
                                drafter_failed_event, budget_exhausted_event,
                                drafter_restarted_event, escalated_event, end_event,
                                checkpoint_skipped_event, restore_point_event, eval_event,
-                               control_event>;
+                               control_event, resumed_event, worker_restarted_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -291,6 +316,16 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_event& x) {
   return f(caf::meta::type_name("tandem.eval_event"), x.step, x.tau, x.tau_prompt_mean, x.prompts, x.cycles,
            x.new_tokens, x.tokens_per_s, x.seconds, x.device, x.histogram, x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, resumed_event& x) {
+  return f(caf::meta::type_name("tandem.resumed_event"), x.step, x.from, x.tier, x.durable_step, x.unix_s);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_restarted_event& x) {
+  return f(caf::meta::type_name("tandem.worker_restarted_event"), x.exit, x.restart, x.budget, x.unix_s);
 }
 
 template <class Inspector>

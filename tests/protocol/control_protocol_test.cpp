@@ -92,7 +92,7 @@ CAF_TEST(events keep their sequence numbers and since filters them) {
   self->send(metrics, run_event{epoch_event{0, 64, 0}});
   self->send(metrics, run_event{drafter_failed_event{1, "boom", 3, 1, "memory", 2, "", 1, 3, 0.1}});
   self->send(metrics, run_event{drafter_restarted_event{1, 3, "memory (step 3)"}});
-  self->send(metrics, event_atom::value, std::string(R"({"event":"resumed","step":3})"));
+  self->send(metrics, run_event{resumed_event{3, "ckpt/step-3", "disk", 3, 1.0}});
   run();
   auto [code, all] = call("GET", "/v1/events");
   CAF_CHECK_EQUAL(code, 200);
@@ -121,9 +121,9 @@ CAF_TEST(the tree carries the vitals of each actor and says which did not answer
   CAF_CHECK_EQUAL(actors[0]["messages_handled"], 5);
   CAF_CHECK_EQUAL(actors[0]["last_message"], "status");
   CAF_CHECK_EQUAL(actors[0]["figures"]["step"], 3.0);
-  // Drafter 0 is not in the coordinator's list: no vitals fields at all;
-  // drafter 1 is, unanswered.
-  CAF_CHECK(!actors[1].contains("messages_handled"));
+  // Drafter 0 answered; drafter 1 never does: no figures, a reason.
+  CAF_CHECK_EQUAL(actors[1]["messages_handled"], 9);
+  CAF_CHECK_EQUAL(actors[1]["answered"], true);
   CAF_CHECK(!actors[2].contains("messages_handled"));
   CAF_CHECK(actors[2]["vitals"].get<std::string>().find("no answer within") != std::string::npos);
   // The control actor counts itself: the vitals request, two requests before it.
@@ -132,6 +132,12 @@ CAF_TEST(the tree carries the vitals of each actor and says which did not answer
   CAF_CHECK_GREATER_OR_EQUAL(actors[3]["messages_handled"].get<int64_t>(), 2);
   CAF_CHECK_GREATER(actors[3]["thread"].get<int64_t>(), 0);
   CAF_CHECK_EQUAL(actors[3]["figures"]["requests"], 2.0);
+  // Drafter 0 does not answer the second time: its last answer, marked.
+  const auto again = call("GET", "/v1/tree").second["actors"];
+  CAF_CHECK_EQUAL(again[1]["answered"], false);
+  CAF_CHECK_EQUAL(again[1]["messages_handled"], 9);
+  CAF_CHECK(again[1]["vitals"].get<std::string>().find("its answer of") != std::string::npos);
+  CAF_CHECK_GREATER_OR_EQUAL(again[1]["vitals_age_s"].get<double>(), 0.0);
   const auto ledger = call("GET", "/v1/ledger").second;
   CAF_CHECK(ledger["prefetch"].is_array());
 }

@@ -307,9 +307,10 @@ CAF_TEST(the coordinator gathers the vitals of every actor in a fixed order) {
   CAF_CHECK_EQUAL(own.actor_id, coordinator->id());
   CAF_CHECK_GREATER_OR_EQUAL(own.handled, 2u);  // the run request, this one
   CAF_CHECK_EQUAL(own.last_message, "run");
-  const auto& sup = a->value->back();  // the real supervisor counts too
-  CAF_CHECK_EQUAL(sup.handled, 2u);    // supervise, this request
-  CAF_CHECK_EQUAL(sup.last_message, "supervise");
+  // The real supervisor counts too.  The question is urgent: it may be
+  // answered before the supervise message queued ahead of it.
+  const auto& sup = a->value->back();
+  CAF_CHECK(sup.handled == 1u || (sup.handled == 2u && sup.last_message == "supervise"));
   CAF_CHECK_EQUAL(sup.actor_id, supervisor->id());
 }
 

@@ -211,6 +211,9 @@ CAF_TEST(every kind of run_event round trips) {
     {eval_event{400, 2.5, 3.25, 8, 40, 100, 250.0, 4.5, "cuda:0", {0, 20, 10, 10}, ""}, "tandem.eval_event"},
     {eval_event{800, 0, 0, 0, 0, 0, 0, 0.5, "cpu", {}, "out of memory"}, "tandem.eval_event"},
     {control_event{"pause", "127.0.0.1:5000 tandem-shell", 12, "paused at step 12"}, "tandem.control_event"},
+    {control_event{"lr_scale", "::1 curl", 5, "from step 9", {9, 20}, {0.5, 0.25}}, "tandem.control_event"},
+    {resumed_event{20, "ckpt/step-20", "disk", 20, 1.7e9}, "tandem.resumed_event"},
+    {worker_restarted_event{"signal 6", 1, 3, 1.7e9}, "tandem.worker_restarted_event"},
   };
   for (const auto& [e, name] : cases) {
     CAF_CHECK_EQUAL(event_line(roundtrip(e)), event_line(e));

@@ -223,6 +223,7 @@ struct coordinator_log {
   std::vector<std::pair<int32_t, drafter_actor>> up;   ///< supervisor: (drafter, new incarnation)
   std::vector<std::string> escalated;                  ///< supervisor: why
   std::vector<std::string> device_lost;                ///< supervisor: why
+  int vitals_asked = 0;                                ///< vitals_all requests answered
   std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate",
                                    ///< "device_lost"
 };
@@ -244,19 +245,26 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       v.answered = true;
       return v;
     },
-    // Its own (answered, 5 messages) and an unanswered drafter 1: what the
-    // control actor's tree makes of both (control_protocol_test.cpp).
-    [](vitals_all_atom, int64_t) {
+    // Its own (answered, 5 messages), drafter 0 (answers the first time
+    // only: 9 messages) and drafter 1 (never answers): what the control
+    // actor's tree makes of them (control_protocol_test.cpp).
+    [log](vitals_all_atom, int64_t) {
       actor_vitals own;
       own.role = "coordinator";
       own.answered = true;
       own.handled = 5;
       own.last_message = "status";
       own.figures = {{"step", 3}};
+      actor_vitals busy;
+      busy.role = "drafter";
+      busy.actor_id = 7;
+      busy.answered = log->vitals_asked++ == 0;
+      busy.handled = busy.answered ? 9 : 0;
       actor_vitals silent;
       silent.role = "drafter";
       silent.index = 1;
-      return std::vector<actor_vitals>{own, silent};
+      silent.actor_id = 8;
+      return std::vector<actor_vitals>{own, busy, silent};
     },
     [log](const control_command& c) {
       log->order.push_back("control " + c.action);

@@ -70,7 +70,7 @@ constexpr int device_lost_status = 75;
 struct worker_context {
   bool resume_if_any = false;     ///< a restarted worker: resume when anything can be resumed
   std::string fired_file;         ///< fault_plan::fired_file
-  nlohmann::json restarted;       ///< the worker_restarted line (null: the first worker)
+  std::optional<worker_restarted_event> restarted;  ///< the worker_restarted event (none: the first worker)
 };
 
 /// RUN_DIR/control.json: where the control endpoint listens and its token,
@@ -216,7 +216,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   }
   gpu::data::dataset ds(cfg.data.path);
   std::optional<resume_point> resume;
-  nlohmann::json resumed;  // the "resumed" line
+  std::optional<resumed_event> resumed;  // the "resumed" event
   const auto host_dir = host_restore_dir(cfg);
   if (ro.resume || wc.resume_if_any) {
     // The newest that verifies of the checkpoints and the restore points in
@@ -248,10 +248,9 @@ int run_training(const run_options& ro, const worker_context& wc) {
       }
       const bool host = found.dir.parent_path() == host_dir;
       const auto disk = gpu::list_checkpoints(ckpt_dir);
-      resumed = {{"event", "resumed"}, {"step", resume->step}, {"from", found.dir.string()},
-                 {"tier", host ? "host" : "disk"},
-                 {"durable_step", disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5))},
-                 {"unix_s", unix_now()}};
+      resumed = resumed_event{resume->step, found.dir.string(), host ? "host" : "disk",
+                              disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5)),
+                              unix_now()};
       std::fprintf(stderr, "resuming from %s (step %lld%s)\n", found.dir.c_str(),
                    static_cast<long long>(resume->step),
                    host ? ", a restore point in shared memory: newer than the newest checkpoint" : "");
@@ -336,11 +335,11 @@ int run_training(const run_options& ro, const worker_context& wc) {
                  plan.control->tls_cert.empty() ? "http" : "https", plan.control->host.c_str(),
                  static_cast<unsigned>(run.control_http->port()), cfg.run.output_dir.c_str());
   }
-  if (!wc.restarted.is_null())
-    caf::anon_send(run.peers.metrics, event_atom::value, wc.restarted.dump());
-  if (!resumed.is_null()) {
-    resumed["unix_s"] = unix_now();  // beside the line's time_s, the two clocks' offset
-    caf::anon_send(run.peers.metrics, event_atom::value, resumed.dump());
+  if (wc.restarted)
+    caf::anon_send(run.peers.metrics, run_event{*wc.restarted});
+  if (resumed) {
+    resumed->unix_s = unix_now();  // beside the line's time_s, the two clocks' offset
+    caf::anon_send(run.peers.metrics, run_event{*resumed});
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -514,8 +513,7 @@ int supervise_workers(const run_options& ro) {
                          "resuming from the newest restore point\n",
                  how.c_str(), static_cast<long long>(restarts + 1), static_cast<long long>(budget));
     wc.resume_if_any = true;
-    wc.restarted = {{"event", "worker_restarted"}, {"exit", how}, {"restart", restarts + 1},
-                    {"budget", budget}, {"unix_s", unix_now()}};
+    wc.restarted = worker_restarted_event{how, restarts + 1, budget, unix_now()};
   }
   std::filesystem::remove(wc.fired_file);
   if (WIFSIGNALED(status))
