@@ -234,6 +234,8 @@ struct control_state {
   std::map<int32_t, capture_seen> capture;
   /// Each actor's last answered vitals (by CAF id) and when it came.
   std::map<uint64_t, std::pair<actor_vitals, clock_type::time_point>> known_vitals;
+  std::vector<actor_vitals> last_vitals;  ///< the last gathering, whole
+  bool gathering = false;                 ///< a background gathering is under way
   double uptime() const { return std::chrono::duration<double>(clock_type::now() - start).count(); }
 };
 
@@ -363,12 +365,17 @@ int64_t vitals_wait_ms(const control_state& s) {
 /// An actor that does not answer in time (a checkpointer writing, a GPU
 /// actor in a long message) shows its last answer, kept per incarnation,
 /// with its age.
-void add_vitals(control_state& s, json& e, const actor_vitals& answer) {
+void add_vitals(const control_state& s, json& e, const actor_vitals& answer) {
   e["actor_id"] = answer.actor_id;
   e["answered"] = answer.answered;
   const actor_vitals* shown = &answer;
   if (answer.answered) {
-    s.known_vitals[answer.actor_id] = {answer, clock_type::now()};
+    // shown as it is
+  } else if (answer.down) {
+    e["vitals"] = "down: the actor has ended";
+    if (e.value("state", "") != "restarting")  // a drafter's restart says more
+      e["state"] = "down";
+    return;
   } else {
     auto why = "no answer within " + std::to_string(vitals_wait_ms(s)) + " ms (busy or stuck)";
     auto it = s.known_vitals.find(answer.actor_id);
@@ -437,17 +444,9 @@ json tree_json(control_state& s, const json& status, const std::vector<actor_vit
         add_vitals(s, e, v);
         placed[i] = true;
         if (a.role == "drafter") {
-          auto& seen = s.capture[a.index];
-          if (v.answered) {
-            seen = {v.actor_id, false, 0};
-            for (const auto& f : v.figures) {
-              if (f.name == "capture_graphs")
-                seen.captures = f.value > 0;
-              if (f.name == "captured_graphs")
-                seen.captured = f.value;
-            }
-          }
-          if (e["state"] == "stepping" && seen.actor_id == v.actor_id && seen.captures && seen.captured == 0)
+          auto seen = s.capture.find(a.index);
+          if (e["state"] == "stepping" && seen != s.capture.end() && seen->second.actor_id == v.actor_id
+              && seen->second.captures && seen->second.captured == 0)
             e["state"] = "capturing";
         }
         break;
@@ -463,44 +462,92 @@ json tree_json(control_state& s, const json& status, const std::vector<actor_vit
       add_vitals(s, e, v);
       actors.push_back(std::move(e));
     }
-  // Forget the answers of incarnations that are gone (a restarted drafter's).
-  if (!vitals.empty())
-    for (auto it = s.known_vitals.begin(); it != s.known_vitals.end();)
-      it = std::any_of(vitals.begin(), vitals.end(), [&](const actor_vitals& v) { return v.actor_id == it->first; })
-             ? std::next(it) : s.known_vitals.erase(it);
   return {{"run", s.opts.run_name}, {"uptime_s", s.uptime()}, {"actors", std::move(actors)},
           {"devices", devices_json(s)}};
 }
 
-/// Whether an answer needs every actor's vitals (a round trip to each).
-enum class gather { status, vitals };
+/// Keeps a gathering of every actor's vitals (the coordinator's answer and
+/// this actor's own): the last answer of each incarnation, shown for it
+/// while it does not answer; whether each drafter captures graphs and has
+/// one yet; the whole list, which the dashboard's frames show.
+void remember_vitals(control_state& s, const std::vector<actor_vitals>& all) {
+  const auto now = clock_type::now();
+  for (const auto& v : all) {
+    if (!v.answered)
+      continue;
+    s.known_vitals[v.actor_id] = {v, now};
+    if (v.role == "drafter") {
+      auto& seen = s.capture[v.index];
+      seen = {v.actor_id, false, 0};
+      for (const auto& f : v.figures) {
+        if (f.name == "capture_graphs")
+          seen.captures = f.value > 0;
+        if (f.name == "captured_graphs")
+          seen.captured = f.value;
+      }
+    }
+  }
+  // Forget the answers of incarnations that are gone (a restarted drafter's).
+  for (auto it = s.known_vitals.begin(); it != s.known_vitals.end();)
+    it = std::any_of(all.begin(), all.end(), [&](const actor_vitals& v) { return v.actor_id == it->first; })
+           ? std::next(it) : s.known_vitals.erase(it);
+  s.last_vitals = all;
+}
 
-/// Asks the coordinator for its status (and, with gather::vitals, every
-/// actor's vitals, this one's last) and answers with `make(state, status,
-/// vitals)`.
+/// What an answer needs besides the coordinator's status: nothing; every
+/// actor's vitals now (a round trip to each, up to vitals_wait_ms); or the
+/// last ones gathered, with a new gathering started for the next answer
+/// (the dashboard's frames: they come every second and must not wait).
+enum class gather { status, vitals, last_vitals };
+
+/// Gathers every actor's vitals into the control state, then calls
+/// `then(all)` (all empty: the coordinator did not answer).
+template <class Then>
+void gather_vitals(self_ptr self, Then then) {
+  self->request(self->state.coordinator, std::chrono::milliseconds(self->state.opts.answer_timeout_ms),
+                vitals_all_atom::value, vitals_wait_ms(self->state))
+    .then(
+      [self, then](std::vector<actor_vitals>& all) mutable {
+        all.push_back(self->state.meter->report(self->id()));
+        remember_vitals(self->state, all);
+        then(all);
+      },
+      [self, then](const caf::error&) mutable {
+        // The run is ending: this actor's own only.
+        std::vector<actor_vitals> own{self->state.meter->report(self->id())};
+        remember_vitals(self->state, own);
+        then(own);
+      });
+}
+
+/// Asks the coordinator for its status (and what `what` says of every
+/// actor's vitals) and answers with `make(state, status, vitals)`.
 template <class Make>
 caf::result<control_reply> with_status(self_ptr self, Make make, gather what = gather::status) {
   auto rp = self->make_response_promise<control_reply>();
   const auto wait = std::chrono::milliseconds(self->state.opts.answer_timeout_ms);
   self->request(self->state.coordinator, wait, status_atom::value)
     .then(
-      [self, rp, make, what, wait](const std::string& text) mutable {
+      [self, rp, make, what](const std::string& text) mutable {
         auto parsed = json::parse(text, nullptr, false);
         auto status = parsed.is_discarded() ? json::object() : parsed;
-        if (what == gather::status) {
-          rp.deliver(make(self->state, status, std::vector<actor_vitals>{}));
-          return;
-        }
-        self->request(self->state.coordinator, wait, vitals_all_atom::value, vitals_wait_ms(self->state))
-          .then(
-            [self, rp, make, status](std::vector<actor_vitals>& all) mutable {
-              all.push_back(self->state.meter->report(self->id()));
+        switch (what) {
+          case gather::status:
+            rp.deliver(make(self->state, status, std::vector<actor_vitals>{}));
+            return;
+          case gather::vitals:
+            gather_vitals(self, [self, rp, make, status](const std::vector<actor_vitals>& all) mutable {
               rp.deliver(make(self->state, status, all));
-            },
-            [self, rp, make, status](const caf::error&) mutable {
-              // The run is ending: the tree without the others' vitals.
-              rp.deliver(make(self->state, status, {self->state.meter->report(self->id())}));
             });
+            return;
+          case gather::last_vitals:
+            rp.deliver(make(self->state, status, self->state.last_vitals));
+            if (!self->state.gathering) {
+              self->state.gathering = true;
+              gather_vitals(self, [self](const std::vector<actor_vitals>&) { self->state.gathering = false; });
+            }
+            return;
+        }
       },
       [self, rp](const caf::error& err) mutable {
         rp.deliver(error_reply(503, "the coordinator did not answer: " + self->system().render(err)));
@@ -705,7 +752,7 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
                          {"coordinator", status},         {"tree", tree_json(s, status, vitals)["actors"]},
                          {"steps", steps},                {"steps_seq", s.reports},
                          {"events", events},              {"next_event", s.next_event - 1}});
-    }, gather::vitals);
+    }, gather::last_vitals);
   }
   if (t.path == "/v1/config") {
     if (!get)

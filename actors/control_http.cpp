@@ -68,6 +68,9 @@ struct control_server::impl {
   tcp::acceptor acceptor{*io};
   std::thread thread;
   std::atomic<bool> stopped{false};
+  /// Requests asked of the control actor whose answer is not written yet:
+  /// stop() lets them finish (a POST /v1/stop gets its answer).
+  std::atomic<int> in_flight{0};
   uint16_t port = 0;  ///< bound
 #ifdef TANDEM_HAVE_TLS
   std::optional<net::ssl::context> tls;  ///< set: every connection is TLS
@@ -182,10 +185,12 @@ class ws_session : public std::enable_shared_from_this<ws_session<Stream>> {
 
   void push() {
     last_ = std::chrono::steady_clock::now();
+    ++server_.in_flight;
     server_.ask({"GET", target_, "", source_}, [self = this->shared_from_this()](control_server::impl::asked a) {
       self->frame_ = a.status == 200 ? std::move(a.body) : nlohmann::json{{"error", a.body}}.dump();
       self->ws_.text(true);
       self->ws_.async_write(net::buffer(self->frame_), [self](beast::error_code ec, size_t) {
+        --self->server_.in_flight;
         if (!ec)
           self->read();
       });
@@ -280,17 +285,21 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return;
     }
     const bool keep = req.keep_alive();
+    ++server_.in_flight;
     server_.answer(req, peer_, [self = this->shared_from_this(), keep](http::response<http::string_body> res) {
-      self->write(std::move(res), keep && !self->server_.stopped.load());
+      self->write(std::move(res), keep && !self->server_.stopped.load(), true);
     });
   }
 
-  void write(http::response<http::string_body> res, bool keep) {
+  /// `counted`: the answer to a request counted in server_.in_flight.
+  void write(http::response<http::string_body> res, bool keep, bool counted = false) {
     res_ = std::make_shared<http::response<http::string_body>>(std::move(res));
     res_->keep_alive(keep);
     res_->prepare_payload();
     beast::get_lowest_layer(stream_).expires_after(std::chrono::milliseconds(server_.opts.read_timeout_ms));
-    http::async_write(stream_, *res_, [self = this->shared_from_this(), keep](beast::error_code ec, size_t) {
+    http::async_write(stream_, *res_, [self = this->shared_from_this(), keep, counted](beast::error_code ec, size_t) {
+      if (counted)
+        --self->server_.in_flight;
       if (ec || !keep) {
         self->close();
         return;
@@ -595,6 +604,10 @@ void control_server::stop() {
     beast::error_code ec;
     m.acceptor.close(ec);
   });
+  // The answers under way (a POST /v1/stop's, which ends the run) are
+  // written first: 2 s at most (a control actor that is gone answers 503 at once).
+  for (int i = 0; i < 200 && m.in_flight.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.io->stop();
   if (m.thread.joinable())
     m.thread.join();

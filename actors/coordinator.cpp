@@ -334,7 +334,10 @@ caf::result<std::vector<actor_vitals>> on_vitals_all(self_ptr self, const std::s
           g->out[slot] = std::move(v);
           settle();
         },
-            [settle](const caf::error&) { settle(); });
+            [g, slot, settle](const caf::error& err) {
+              g->out[slot].down = err == caf::sec::request_receiver_down;
+              settle();
+            });
   };
   const auto& p = s.peers;
   for (size_t i = 0; i < p.prefetch.size(); ++i)

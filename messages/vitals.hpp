@@ -8,7 +8,8 @@
 ///     |                              |  <----- actor_vitals ---- |  its behaviour
 ///     | <-- vector<actor_vitals> --- |  its own, then its peers'; a peer that
 ///     |                                 does not answer within `ms` is listed
-///     |                                 with `answered` false
+///     |                                 with `answered` false (and `down` when
+///     |                                 it has ended)
 ///
 /// The counting is done around the behaviour (actors/vitals.hpp): every
 /// message an actor handles, of any protocol, counts, including these.
@@ -46,6 +47,7 @@ struct actor_vitals {
   int32_t index = 0;           ///< its index among the actors of its role
   uint64_t actor_id = 0;       ///< CAF's id of this incarnation
   bool answered = false;       ///< false: no answer before the deadline (busy or stuck)
+  bool down = false;           ///< not answered because the actor has ended
   bool own_thread = false;     ///< detached (a private thread), else on the scheduler's workers
   int64_t thread = 0;          ///< the OS thread id that handled its last message
   std::string thread_name;     ///< that thread's name, where it has one
@@ -62,7 +64,7 @@ struct actor_vitals {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_vitals& x) {
-  return f(caf::meta::type_name("tandem.actor_vitals"), x.role, x.index, x.actor_id, x.answered,
+  return f(caf::meta::type_name("tandem.actor_vitals"), x.role, x.index, x.actor_id, x.answered, x.down,
            x.own_thread, x.thread, x.thread_name, x.uptime_s, x.handled, x.last_message,
            x.last_message_age_s, x.busiest_ms, x.figures);
 }

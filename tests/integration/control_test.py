@@ -159,8 +159,11 @@ check(rows[("drafter", 0)]["own_thread"] and rows[("target", 0)]["own_thread"] a
       and not rows[("coordinator", 0)]["own_thread"], "GPU actors on threads of their own, the coordinator pooled")
 check(len({rows[k]["thread"] for k in (("drafter", 0), ("target", 0), ("prefetch", 0))}) == 3,
       "drafter, target and prefetch on three different threads")
-check(rows[("drafter", 0)]["messages_handled"] >= drafter["steps_handled"],
-      f"the drafter handled at least a message per step: {rows[('drafter', 0)]['messages_handled']}")
+# (Its own step, of the same answer: the tree's steps_handled is the control
+# actor's count when the slowest actor answered, a few steps later.)
+d0 = rows[("drafter", 0)]
+check(d0["figures"]["step"] >= 1 and d0["messages_handled"] > d0["figures"]["step"],
+      f"the drafter handled a work item per step and more: {d0['messages_handled']} for step {d0['figures']['step']}")
 tf = rows[("target", 0)]["figures"]
 check(tf["batches"] >= drafter["steps_handled"] and tf["forward_ms_mean"] > 0 and tf["queue_depth"] >= 0,
       f"the target's figures: {tf}")

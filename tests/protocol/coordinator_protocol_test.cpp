@@ -314,6 +314,27 @@ CAF_TEST(the coordinator gathers the vitals of every actor in a fixed order) {
   CAF_CHECK_EQUAL(sup.actor_id, supervisor->id());
 }
 
+CAF_TEST(an actor that has ended is listed down among the vitals) {
+  setup s;
+  start_with_eval(s);
+  caf::anon_send_exit(peers.eval, caf::exit_reason::kill);  // the eval actor is not watched
+  sched.run_once();
+  auto a = ask<std::vector<actor_vitals>>(sys, coordinator, vitals_all_atom::value, int64_t{500});
+  sched.run();
+  CAF_REQUIRE(a->value.has_value());
+  bool seen = false;
+  for (const auto& v : *a->value) {
+    if (v.role == "eval") {
+      seen = true;
+      CAF_CHECK(!v.answered);
+      CAF_CHECK(v.down);
+    } else {
+      CAF_CHECK(v.answered && !v.down);
+    }
+  }
+  CAF_CHECK(seen);
+}
+
 CAF_TEST(credits bound the batches in flight per target) {
   setup s;
   s.targets = 2;

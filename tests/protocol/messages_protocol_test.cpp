@@ -247,6 +247,7 @@ CAF_TEST(the control endpoint messages round trip) {
   v.index = 1;
   v.actor_id = 42;
   v.answered = true;
+  v.down = true;
   v.own_thread = true;
   v.thread = 31337;
   v.thread_name = "caf.detached";

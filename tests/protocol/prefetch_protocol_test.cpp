@@ -69,9 +69,7 @@ CAF_TEST(a prefetch reports its cursor throughput and padding as vitals) {
   CAF_CHECK_EQUAL(v.index, 1);
   CAF_CHECK_EQUAL(v.handled, 3u);  // epoch, credit, this request
   CAF_CHECK_EQUAL(v.last_message, "credit");
-  std::map<std::string, double> f;
-  for (const auto& x : v.figures)
-    f[x.name] = x.value;
+  auto f = figures_of(v);
   int64_t samples = 0, real = 0, total = 0;
   for (const auto& b : log->batches) {
     samples += static_cast<int64_t>(b.sample_ids.size());

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,13 +101,21 @@ inline bool operator==(const control_reply& a, const control_reply& b) {
   return a.status == b.status && a.body == b.body;
 }
 
+/// An actor's vitals figures by name.
+inline std::map<std::string, double> figures_of(const actor_vitals& v) {
+  std::map<std::string, double> out;
+  for (const auto& f : v.figures)
+    out[f.name] = f.value;
+  return out;
+}
+
 inline bool operator==(const vitals_figure& a, const vitals_figure& b) {
   return a.name == b.name && a.value == b.value;
 }
 
 inline bool operator==(const actor_vitals& a, const actor_vitals& b) {
   return a.role == b.role && a.index == b.index && a.actor_id == b.actor_id && a.answered == b.answered
-         && a.own_thread == b.own_thread && a.thread == b.thread && a.thread_name == b.thread_name
+         && a.down == b.down && a.own_thread == b.own_thread && a.thread == b.thread && a.thread_name == b.thread_name
          && a.uptime_s == b.uptime_s && a.handled == b.handled && a.last_message == b.last_message
          && a.last_message_age_s == b.last_message_age_s && a.busiest_ms == b.busiest_ms && a.figures == b.figures;
 }

@@ -119,9 +119,7 @@ CAF_TEST(the target counts what it handled and reports its forward times as vita
   CAF_CHECK_EQUAL(v.handled, 4u);  // two batches, one release, this request
   CAF_CHECK_EQUAL(v.last_message, "release");
   CAF_CHECK_GREATER_OR_EQUAL(v.uptime_s, 0.0);
-  std::map<std::string, double> f;
-  for (const auto& x : v.figures)
-    f[x.name] = x.value;
+  auto f = figures_of(v);
   CAF_CHECK_EQUAL(f["batches"], 2.0);
   CAF_CHECK_GREATER(f["forward_ms_mean"], 0.0);
   CAF_CHECK_EQUAL(f["forward_ms_last"], log->work[1].features.forward_ms);
