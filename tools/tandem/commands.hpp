@@ -57,4 +57,8 @@ void add_run(CLI::App& app, int& exit_code);
 /// `tandem shell RUN_DIR|HOST:PORT`: the inspection shell (the control endpoint).
 void add_shell(CLI::App& app, int& exit_code);
 
+/// `tandem certs DIR --nodes a,b`: a cluster's CA, secret, node certificates
+/// and join tokens (OpenSSL).
+void add_certs(CLI::App& app, int& exit_code);
+
 } // namespace tandem::cli
