@@ -267,7 +267,7 @@ struct prefetch_engine::impl {
     p.ready = d.ready;
 #endif
     staged_batch out;
-    out.handle = transport::publish(std::move(p));
+    out.handle = transport::publish(std::move(p), transport::scope::host);
     out.sample_ids = b.sample_ids;
     out.rows = b.tokens.size(0);
     out.seq_len = b.tokens.size(1);

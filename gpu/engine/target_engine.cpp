@@ -75,7 +75,7 @@ transport::handle target_engine::forward(transport::handle batch) {
     p.ready->record(c10::cuda::getCurrentCUDAStream(m.device.index()));
   }
 #endif
-  return transport::publish(std::move(p));
+  return transport::publish(std::move(p), transport::scope::host);
 }
 
 } // namespace tandem::gpu

@@ -18,8 +18,18 @@ struct payload {
 #endif
 };
 
-/// Publishes `p` and returns its handle (never 0).
-handle publish(payload p);
+/// Who may acquire a payload: this process only (snapshots, anything a
+/// local actor consumes), or any process of this host when sharing is on
+/// (share_with_host: batches and features, which a node's drafter may take
+/// from another node's prefetch and target).
+enum class scope { process, host };
+
+/// Publishes `p` and returns its handle (never 0).  With scope::host and
+/// sharing on, CPU tensors are copied once into a shared-memory segment and
+/// the payload holds views of it.  CUDA tensors stay process-local (CUDA IPC
+/// between processes is not built yet): another process that acquires them
+/// gets an error saying so.
+handle publish(payload p, scope s = scope::process);
 
 /// The payload of `h` as published: no copy, no wait on its event (the
 /// tensors may still be being written).  For looking at shapes, dtypes and
@@ -29,7 +39,9 @@ std::shared_ptr<const payload> peek(handle h);
 /// The payload of `h` for a consumer on `device`, on the current stream:
 /// waits (on the device, not the host) for the producer's event.  Same
 /// device: the tensors themselves (no copy).  Another device of this
-/// process: an asynchronous peer copy on the current stream.  Throws
+/// process: an asynchronous peer copy on the current stream.  Another
+/// process's shared payload (share_with_host): its segment mapped
+/// copy-on-write, then moved to `device` if that is a GPU.  Throws
 /// gpu::error(errc::bad_input) for an unknown handle.
 std::vector<at::Tensor> acquire(handle h, const at::Device& device);
 

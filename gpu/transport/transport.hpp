@@ -27,4 +27,19 @@ bool release(handle h);
 /// Handles currently published (for leak checks in tests and the shell).
 size_t live_handles();
 
+/// Sharing with the other processes of this host (a cluster whose nodes run
+/// on one machine, `tandem node`): when on, payloads published with
+/// scope::host (batches, features) that live on the CPU are written once
+/// into a POSIX shared-memory segment (/dev/shm/tandem-UID-PID-N, reserved
+/// with posix_fallocate, so a full /dev/shm is an error naming its size, not
+/// a SIGBUS), and their handle names the segment: a consumer in another
+/// process maps it (no copy) and the producer's release unlinks it.  Off (the
+/// default) handles are process-local as before.
+void share_with_host(bool on);
+bool sharing_with_host();
+
+/// Removes the segments of this user's processes that are no longer alive
+/// (a node killed before it released its payloads); returns how many.
+size_t sweep_orphan_segments();
+
 } // namespace tandem::gpu::transport
