@@ -42,13 +42,15 @@ std::filesystem::path host_restore_dir(const run_config& c) {
 launch_plan make_plan(const run_config& c, const inventory& devices, const data_facts& data,
                       const std::optional<resume_point>& resume) {
   const std::string at = c.source.empty() ? "" : c.source.string() + ": ";
-  if (devices.nodes.size() != 1)
-    throw config_error(at + "make_plan: placement on " + std::to_string(devices.nodes.size())
-                       + " nodes is not supported yet (one node: the host the run starts on)");
+  if (devices.nodes.empty())
+    throw config_error(at + "make_plan: an empty inventory (no node to place the actors on)");
+  std::vector<member_devices> members;
+  for (size_t i = 1; i < devices.nodes.size(); ++i)
+    members.push_back({devices.nodes[i].name, devices.nodes[i].gpus});
   launch_plan p;
   p.run_name = c.run.name;
   p.output_dir = c.run.output_dir;
-  p.placement = resolve_placement(c, devices.nodes.front().gpus);
+  p.placement = resolve_placement(c, devices.nodes.front().gpus, members);
   p.schedule_steps = schedule_steps(c, data);
 
   auto& co = p.coordinator;
@@ -85,6 +87,19 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
                                                 : p.schedule_steps;
   p.metrics.log_every = c.train.log_every;
 
+  if (!c.cluster.listen.empty()) {
+    const auto a = parse_listen(c.cluster.listen);  // checked when the config was read
+    launch_plan::cluster_settings cs;
+    cs.host = a->host;
+    cs.port = a->port;
+    cs.name = c.cluster.name;
+    cs.members = p.placement.nodes();
+    cs.join_timeout_s = c.cluster.join_timeout_s;
+    cs.heartbeat_s = c.cluster.heartbeat_s;
+    cs.timeout_s = c.cluster.timeout_s;
+    cs.secret = c.cluster.secret.string();
+    p.cluster = std::move(cs);
+  }
   if (!c.control.listen.empty()) {
     const auto a = parse_listen(c.control.listen);  // checked when the config was read
     control_options co;
@@ -211,8 +226,12 @@ std::string to_json(const launch_plan& p) {
   using nlohmann::json;
   auto slots = [](const std::vector<placement_plan::slot>& v) {
     json a = json::array();
-    for (const auto& s : v)
-      a.push_back({{"role", s.role}, {"index", s.index}, {"device", device_string(s.device)}});
+    for (const auto& s : v) {
+      json slot = {{"role", s.role}, {"index", s.index}, {"device", device_string(s.device)}};
+      if (!s.node.empty())
+        slot["node"] = s.node;
+      a.push_back(std::move(slot));
+    }
     return a;
   };
   json j;
@@ -277,6 +296,11 @@ std::string to_json(const launch_plan& p) {
                  {"dtype", p.eval->dtype}, {"max_new_tokens", p.eval->max_new_tokens},
                  {"temperature", p.eval->temperature}, {"seed", p.eval->seed},
                  {"prompts", p.eval_prompts.string()}, {"count", p.eval_count}};
+  if (p.cluster)
+    j["cluster"] = {{"host", p.cluster->host},           {"port", p.cluster->port},
+                    {"name", p.cluster->name},           {"members", p.cluster->members},
+                    {"join_timeout_s", p.cluster->join_timeout_s}, {"heartbeat_s", p.cluster->heartbeat_s},
+                    {"timeout_s", p.cluster->timeout_s}, {"secret", p.cluster->secret}};
   if (p.control) {
     auto actors = nlohmann::json::array();
     for (const auto& a : p.control->actors)

@@ -5,8 +5,8 @@
 /// else decides a setting; the unit tests (tests/unit/plan_test.cpp) check
 /// that every config key reaches the plan or a named observable of the run.
 ///
-///   inventory   the devices a run may use: this host's today (this_host),
-///               the cluster's nodes later
+///   inventory   the devices a run may use: this host's (this_host), and the
+///               cluster members' that joined
 ///   data_facts  what the prepared data set holds (samples, tokens): the
 ///               ledger's size and the learning-rate schedule's length
 ///   resume_point the checkpoint a `--resume` continues from, if any
@@ -30,8 +30,8 @@
 
 namespace tandem {
 
-/// The devices a run may be placed on.  One node today (the host `tandem
-/// run` starts on); the cluster adds its members.
+/// The devices a run may be placed on: nodes[0] is the process `tandem run`
+/// starts (the leader), the rest are the cluster's members as they joined.
 struct inventory {
   struct node {
     std::string name = "local";  ///< "local" for the host the run starts on
@@ -102,11 +102,23 @@ struct launch_plan {
   /// The control endpoint ([control] listen; none: ""): `tandem run` adds
   /// the effective config and binds it.
   std::optional<control_options> control;
+  /// [cluster]: the leader's address and the liveness of its connections
+  /// (none: cluster.listen is "", one process).
+  struct cluster_settings {
+    std::string host;          ///< cluster.listen's host
+    uint16_t port = 0;         ///< and port
+    std::string name;          ///< cluster.name, the leader's node name
+    std::vector<std::string> members;  ///< the nodes the placement names
+    double join_timeout_s = 0, heartbeat_s = 0, timeout_s = 0;
+    std::string secret;        ///< cluster.secret ("" = join tokens not checked)
+  };
+  std::optional<cluster_settings> cluster;
 };
 
-/// The plan for `config` on `devices` (one node: multi-node placement lands
-/// with the cluster).  Checks the placement against the inventory (as
-/// resolve_placement does).  Throws config_error.
+/// The plan for `config` on `devices`.  Checks the placement against the
+/// inventory (as resolve_placement does).  Every node of a cluster computes
+/// the same plan from the same config, inventory, data facts and resume
+/// point, and spawns the actors placed on it.  Throws config_error.
 launch_plan make_plan(const run_config& config, const inventory& devices, const data_facts& data,
                       const std::optional<resume_point>& resume = std::nullopt);
 

@@ -275,22 +275,32 @@ private:
 struct device_ref {
   bool is_auto = false;
   int32_t device = -1;  ///< -1 = CPU
+  std::string node;     ///< "NODE:" prefix ("" = none)
 };
 
 std::optional<device_ref> parse_device(std::string_view s) {
-  if (s == "auto") return device_ref{true, -1};
-  if (s == "cpu") return device_ref{false, -1};
+  if (s == "auto") return device_ref{true, -1, {}};
+  if (s == "cpu") return device_ref{false, -1, {}};
+  if (const auto colon = s.find(':'); colon != std::string_view::npos && s.substr(0, colon) != "cuda") {
+    // "NODE:cpu" or "NODE:cuda:N" (never "NODE:auto": auto means this host's GPUs)
+    const std::string node(s.substr(0, colon));
+    if (!valid_node_name(node)) return std::nullopt;
+    auto rest = parse_device(s.substr(colon + 1));
+    if (!rest || rest->is_auto || !rest->node.empty()) return std::nullopt;
+    rest->node = node;
+    return rest;
+  }
   constexpr std::string_view cuda = "cuda:";
   if (s.substr(0, cuda.size()) != cuda) return std::nullopt;
   auto digits = s.substr(cuda.size());
   if (digits.empty() || digits.size() > 9 ||
       digits.find_first_not_of("0123456789") != std::string_view::npos)
     return std::nullopt;
-  return device_ref{false, static_cast<int32_t>(std::stol(std::string(digits)))};
+  return device_ref{false, static_cast<int32_t>(std::stol(std::string(digits))), {}};
 }
 
 constexpr std::string_view device_expected =
-  "an array of device strings (\"cpu\", \"cuda:N\", or \"auto\" alone)";
+  "an array of device strings (\"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\", or \"auto\" alone)";
 
 std::vector<std::string> read_devices(const value_reader& v) {
   auto& arr = v.array(device_expected);
@@ -300,7 +310,8 @@ std::vector<std::string> read_devices(const value_reader& v) {
     auto e = v.element(i, arr[i]);
     auto s = e.node().as_string();
     auto d = s ? parse_device(s->get()) : std::nullopt;
-    if (!d) e.fail("\"cpu\", \"cuda:N\" or \"auto\"");
+    if (!d) e.fail("\"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\" or \"auto\" (NODE: a cluster member's "
+                   "name, lowercase letters, digits and '-')");
     if (d->is_auto && arr.size() != 1) e.fail("alone when it is \"auto\" (auto means every GPU)");
     out.push_back(s->get());
   }
@@ -618,8 +629,8 @@ const field_def fields[] = {
    [](rc& c, const vr& v) {
      auto s = v.node().as_string();
      auto d = s ? parse_device(s->get()) : std::nullopt;
-     if (!d)
-       v.fail("\"auto\", \"cpu\" or \"cuda:N\"");
+     if (!d || !d->node.empty())
+       v.fail("\"auto\", \"cpu\" or \"cuda:N\" (the eval actor runs on the leader)");
      c.eval.device = s->get();
    },
    [](const rc& c) { return w_str(c.eval.device); },
@@ -651,6 +662,43 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.control.tls_key = v.path(true); },
    [](const rc& c) { return w_path(c.control.tls_key); },
    "PEM private key of control.tls_cert"},
+  // [cluster]
+  {"cluster", "listen", kind::string, false,
+   [](rc& c, const vr& v) {
+     const auto* node = v.node().as_string();
+     if (node == nullptr || (!node->get().empty() && !parse_listen(node->get())))
+       v.fail("\"HOST:PORT\" (e.g. \"127.0.0.1:7070\"; HOST an IPv4 address, localhost or [::1]) or \"\"");
+     c.cluster.listen = node->get();
+   },
+   [](const rc& c) { return w_str(c.cluster.listen); },
+   "the leader's address for its members (`tandem node --join HOST:PORT`; `tandem run --listen` sets it);\n"
+   "loopback only until TLS between nodes lands; \"\" = no cluster (a placement naming nodes needs it)"},
+  {"cluster", "name", kind::string, false,
+   [](rc& c, const vr& v) {
+     const auto n = v.string();
+     if (!valid_node_name(n))
+       v.fail("a node name (lowercase letters, digits and '-'; not cpu, cuda or auto)");
+     c.cluster.name = n;
+   },
+   [](const rc& c) { return w_str(c.cluster.name); },
+   "the leader's node name (`tandem run --name`); a placement entry \"NAME:cuda:N\" is the leader's own device"},
+  {"cluster", "join_timeout_s", kind::number, false,
+   [](rc& c, const vr& v) { c.cluster.join_timeout_s = v.positive_number(); },
+   [](const rc& c) { return w_num(c.cluster.join_timeout_s); },
+   "how long the leader waits for the nodes its placement names (then fails, naming the missing ones)"},
+  {"cluster", "heartbeat_s", kind::number, false,
+   [](rc& c, const vr& v) { c.cluster.heartbeat_s = v.positive_number(); },
+   [](const rc& c) { return w_num(c.cluster.heartbeat_s); },
+   "seconds between CAF middleman heartbeats on every connection between nodes"},
+  {"cluster", "timeout_s", kind::number, false,
+   [](rc& c, const vr& v) { c.cluster.timeout_s = v.positive_number(); },
+   [](const rc& c) { return w_num(c.cluster.timeout_s); },
+   "a connection silent this long is dead (its node's actors are down); more than heartbeat_s"},
+  {"cluster", "secret", kind::path, false,
+   [](rc& c, const vr& v) { c.cluster.secret = v.path(true); },
+   [](const rc& c) { return w_path(c.cluster.secret); },
+   "the cluster secret (`tandem certs DIR` writes DIR/cluster.secret): a member must present its name's\n"
+   "join token (DIR/NODE/join.token); \"\" = none checked (loopback only)"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -697,6 +745,7 @@ const section_def sections[] = {
   {"supervision", "restarting failed drafters"},
   {"eval", "real tau during training: held-out prompts decoded speculatively with drafter snapshots"},
   {"control", "the control endpoint: tandem shell, /metrics"},
+  {"cluster", "a run spread over member nodes (tandem node): the leader's address and liveness"},
   {"faults", "injected failures, for tests: [[faults.inject]] tables"},
   {"metrics", "what is recorded and shown"},
   {"run", "where the run's outputs go"},
@@ -985,6 +1034,14 @@ run_config read_config(toml::table& root, const fs::path& source,
                        + c.control.listen + ") is not a loopback address: off loopback the endpoint serves only "
                        "TLS; set control.tls_cert and control.tls_key (PEM files), or listen on 127.0.0.1 and reach "
                        "it through an SSH tunnel (ssh -L PORT:127.0.0.1:PORT host)");
+  if (!c.cluster.listen.empty() && !parse_listen(c.cluster.listen)->loopback())
+    throw config_error((where.count("cluster.listen") ? where["cluster.listen"] : file) + ": 'cluster.listen' ("
+                       + c.cluster.listen + ") is not a loopback address: nodes on other hosts need TLS between "
+                       "them, which is not built yet; listen on 127.0.0.1 (members on this host)");
+  if (c.cluster.timeout_s <= c.cluster.heartbeat_s)
+    throw config_error((where.count("cluster.timeout_s") ? where["cluster.timeout_s"] : file)
+                       + ": 'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)
+                       + ") must be more than 'cluster.heartbeat_s' (" + w_num(c.cluster.heartbeat_s) + ")");
   if (c.data.seq_len < c.drafter.block_size) {
     auto at = where.count("data.seq_len") ? where["data.seq_len"] : where["drafter.block_size"];
     throw config_error(at + ": 'data.seq_len' must be at least drafter.block_size (" +
@@ -1238,47 +1295,99 @@ std::string device_string(int32_t device) {
 }
 
 std::string placement_plan::describe() const {
-  std::map<int32_t, std::vector<std::string>> by_device;  // cpu (-1) first, then cuda:N in order
+  // The leader's devices first (cpu, then cuda:N), then each member's.
+  std::map<std::pair<std::string, int32_t>, std::vector<std::string>> by_device;
   for (auto* role : {&targets, &prefetch, &drafters, &eval})
-    for (auto& s : *role) by_device[s.device].push_back(s.role + " " + std::to_string(s.index));
+    for (auto& s : *role) by_device[{s.node, s.device}].push_back(s.role + " " + std::to_string(s.index));
   std::string out;
-  for (auto& [device, actors] : by_device)
-    out += device_string(device) + ": " + join(actors, ", ") + "\n";
+  for (auto& [where, actors] : by_device)
+    out += (where.first.empty() ? "" : where.first + ":") + device_string(where.second) + ": " + join(actors, ", ")
+           + "\n";
+  return out;
+}
+
+std::vector<std::string> placement_plan::nodes() const {
+  std::vector<std::string> out;
+  for (auto* role : {&targets, &drafters})
+    for (auto& s : *role)
+      if (!s.node.empty() && std::find(out.begin(), out.end(), s.node) == out.end()) out.push_back(s.node);
+  return out;
+}
+
+bool valid_node_name(const std::string& name) {
+  if (name.empty() || name.size() > 63 || name == "cpu" || name == "cuda" || name == "auto" || name[0] == '-')
+    return false;
+  return name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
+}
+
+std::vector<std::string> placement_nodes(const run_config& c) {
+  std::vector<std::string> out;
+  for (auto* list : {&c.placement.targets, &c.placement.drafters})
+    for (auto& text : *list)
+      if (auto d = parse_device(text); d && !d->node.empty() && d->node != c.cluster.name &&
+                                       std::find(out.begin(), out.end(), d->node) == out.end())
+        out.push_back(d->node);
   return out;
 }
 
 placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
+  return resolve_placement(c, gpus_available, {});
+}
+
+placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
+                                 const std::vector<member_devices>& members) {
   std::string at = c.source.empty() ? "" : c.source.string() + ": ";
   if (gpus_available < 0)
     throw config_error(at + "resolve_placement: gpus_available must be >= 0, got " +
                        std::to_string(gpus_available));
+  struct placed {
+    int32_t device;
+    std::string node;  // "" = this process
+  };
   auto expand = [&](const std::vector<std::string>& list, const std::string& field) {
     if (list.empty()) throw config_error(at + "'" + field + "' is empty");
-    std::vector<int32_t> devices;
+    std::vector<placed> devices;
     for (auto& text : list) {
       auto d = parse_device(text);
       if (!d)
-        throw config_error(at + "'" + field + "' must hold \"cpu\", \"cuda:N\" or \"auto\", got " +
-                           quote(text));
+        throw config_error(at + "'" + field + "' must hold \"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\" or "
+                           "\"auto\", got " + quote(text));
       if (d->is_auto) {
         if (list.size() != 1)
           throw config_error(at + "'" + field + "': \"auto\" must be the only entry");
-        if (gpus_available == 0) devices.push_back(-1);
-        for (int32_t g = 0; g < gpus_available; ++g) devices.push_back(g);
+        if (gpus_available == 0) devices.push_back({-1, ""});
+        for (int32_t g = 0; g < gpus_available; ++g) devices.push_back({g, ""});
         continue;
       }
-      if (d->device >= gpus_available) {
-        std::string has = "this host has " + std::to_string(gpus_available) +
-                          (gpus_available == 1 ? " GPU" : " GPUs");
-        if (gpus_available == 0)
-          has += "; use \"cpu\", or \"auto\" (the GPUs if any, else the CPU)";
-        else if (gpus_available == 1)
+      std::string node = d->node == c.cluster.name ? "" : d->node;
+      int32_t gpus = gpus_available;
+      std::string host = "this host";
+      if (!node.empty()) {
+        if (c.cluster.listen.empty())
+          throw config_error(at + "'" + field + "' names node '" + node + "' (" + text +
+                             "), but cluster.listen is empty: a placement on member nodes needs a leader "
+                             "address (tandem run --listen 127.0.0.1:PORT, or [cluster] listen)");
+        auto m = std::find_if(members.begin(), members.end(), [&](const member_devices& x) { return x.name == node; });
+        if (m == members.end()) {
+          std::string known;
+          for (const auto& x : members) known += (known.empty() ? "" : ", ") + x.name;
+          throw config_error(at + "'" + field + "' names node '" + node + "', which has not joined (joined: " +
+                             (known.empty() ? std::string("none") : known) + ")");
+        }
+        gpus = m->gpus;
+        host = "node '" + node + "'";
+      }
+      if (d->device >= gpus) {
+        std::string has = host + " has " + std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs");
+        if (gpus == 0)
+          has += node.empty() ? "; use \"cpu\", or \"auto\" (the GPUs if any, else the CPU)" : "; use \"" + node + ":cpu\"";
+        else if (gpus == 1)
           has += " (cuda:0)";
         else
-          has += " (cuda:0 to cuda:" + std::to_string(gpus_available - 1) + ")";
+          has += " (cuda:0 to cuda:" + std::to_string(gpus - 1) + ")";
         throw config_error(at + "'" + field + "' names " + text + ", but " + has);
       }
-      devices.push_back(d->device);
+      devices.push_back({d->device, node});
     }
     return devices;
   };
@@ -1290,21 +1399,22 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
   auto targets = expand(c.placement.targets, "placement.targets");
   auto drafters = expand(c.placement.drafters, "placement.drafters");
   for (size_t i = 0; i < targets.size(); ++i) {
-    plan.targets.push_back({"target", static_cast<int>(i), targets[i]});
-    plan.prefetch.push_back({"prefetch", static_cast<int>(i), targets[i]});
+    plan.targets.push_back({"target", static_cast<int>(i), targets[i].device, targets[i].node});
+    plan.prefetch.push_back({"prefetch", static_cast<int>(i), targets[i].device, targets[i].node});
   }
   for (size_t i = 0; i < drafters.size(); ++i)
-    plan.drafters.push_back({"drafter", static_cast<int>(i), drafters[i]});
+    plan.drafters.push_back({"drafter", static_cast<int>(i), drafters[i].device, drafters[i].node});
   if (drafters.size() > 1) {
     // Data-parallel drafters form one NCCL group: one rank per GPU.
-    std::set<int32_t> seen;
-    for (auto d : drafters) {
-      if (d < 0)
+    std::set<std::pair<std::string, int32_t>> seen;
+    for (auto& d : drafters) {
+      if (d.device < 0)
         throw config_error(at + "'placement.drafters': " + std::to_string(drafters.size()) +
                            " data-parallel drafters need a CUDA device each (NCCL), got \"cpu\"; "
                            "use one drafter on the CPU");
-      if (!seen.insert(d).second)
-        throw config_error(at + "'placement.drafters' names cuda:" + std::to_string(d) +
+      if (!seen.insert({d.node, d.device}).second)
+        throw config_error(at + "'placement.drafters' names " + (d.node.empty() ? "" : d.node + ":") + "cuda:" +
+                           std::to_string(d.device) +
                            " twice: data-parallel drafters need distinct GPUs (one NCCL rank each)");
     }
     if (c.runtime.group_timeout_s >= c.runtime.step_timeout_s)
@@ -1321,22 +1431,28 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
                          " data-parallel drafters: a group step needs one batch per drafter");
   }
   if (!c.eval.prompts.empty()) {
+    for (auto& d : drafters)
+      if (!d.node.empty())
+        throw config_error(at + "'eval.prompts': evaluation during training takes the drafter's snapshots in "
+                           "its own process, and drafter(s) run on node '" + d.node +
+                           "': not supported yet (run `tandem eval` on a checkpoint instead)");
     int32_t device = -1;
     if (c.eval.device == "auto") {
       // A GPU no other actor uses; else beside the first drafter (a second
       // copy of the target there); else the CPU.
-      std::set<int32_t> used(targets.begin(), targets.end());
-      used.insert(drafters.begin(), drafters.end());
-      device = drafters.front();
+      std::set<int32_t> used;
+      for (auto& t : targets) used.insert(t.device);
+      for (auto& d : drafters) used.insert(d.device);
+      device = drafters.front().device;
       for (int32_t g = 0; g < gpus_available; ++g)
         if (!used.count(g)) {
           device = g;
           break;
         }
     } else {
-      device = expand({c.eval.device}, "eval.device").front();
+      device = expand({c.eval.device}, "eval.device").front().device;
     }
-    plan.eval.push_back({"eval", 0, device});
+    plan.eval.push_back({"eval", 0, device, ""});
   }
   for (auto& f : c.faults)
     if (f.drafter >= static_cast<int64_t>(drafters.size()))

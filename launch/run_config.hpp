@@ -115,8 +115,10 @@ struct run_config {
   } train;
 
   /// [placement]: which device each actor owns.  A device string is "cpu",
-  /// "cuda:N", or "auto" alone (the GPUs in order if any, else the CPU).
-  /// One actor per entry; several actors may share a device.
+  /// "cuda:N", or "auto" alone (the GPUs in order if any, else the CPU);
+  /// "NODE:cpu" or "NODE:cuda:N" places it on a cluster member (`tandem node
+  /// --name NODE`; [cluster]).  One actor per entry; several actors may
+  /// share a device.
   struct placement_section {
     std::vector<std::string> targets{"auto"};   ///< targets: one target actor per entry
     std::vector<std::string> drafters{"auto"};  ///< drafters: one drafter per entry (replicas)
@@ -174,6 +176,18 @@ struct run_config {
     std::filesystem::path tls_cert;      ///< tls_cert: PEM chain (with tls_key: HTTPS; needed off loopback)
     std::filesystem::path tls_key;       ///< tls_key: its PEM private key
   } control;
+
+  /// [cluster]: a run spread over member nodes (`tandem node`), which the
+  /// placement names.  The process `tandem run` starts is the leader.
+  struct cluster_section {
+    std::string listen;            ///< listen: the leader's "HOST:PORT" for members; "" = no cluster
+    std::string name = "leader";   ///< name: the leader's node name (a placement may name it too)
+    double join_timeout_s = 300;   ///< join_timeout_s: how long the leader waits for the placement's nodes
+    double heartbeat_s = 2;        ///< heartbeat_s: CAF middleman heartbeats between nodes
+    double timeout_s = 10;         ///< timeout_s: a connection silent this long is dead (> heartbeat_s)
+    std::filesystem::path secret;  ///< secret: the cluster secret (tandem certs DIR/cluster.secret);
+                                   ///< members prove their name with its HMAC (join.token)
+  } cluster;
 
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.
   std::vector<fault_spec> faults;
@@ -260,6 +274,7 @@ struct placement_plan {
     std::string role;  ///< "target", "drafter" or "prefetch"
     int index;         ///< within its role, in placement order
     int32_t device;    ///< -1 = CPU, else the CUDA ordinal
+    std::string node;  ///< the cluster member holding it; "" = the process `tandem run` starts
   };
   std::vector<slot> targets, drafters, prefetch;  ///< prefetch[i] serves targets[i]
   /// The eval actor ([eval], when eval.prompts is set): at most one.
@@ -267,8 +282,21 @@ struct placement_plan {
   /// drafter's device (a second copy of the target beside it), else the CPU.
   std::vector<slot> eval;
 
-  /// One line per device in use, e.g. "cuda:0: target 0, prefetch 0".
+  /// One line per device in use, e.g. "cuda:0: target 0, prefetch 0"
+  /// ("gpu-b:cuda:0: drafter 0" on a member).
   std::string describe() const;
+  /// The members it names, in order of first appearance (none: one process).
+  std::vector<std::string> nodes() const;
+};
+
+/// The cluster members [placement] names ("NODE:..." entries), in order of
+/// first appearance, without the leader (cluster.name).
+std::vector<std::string> placement_nodes(const run_config& c);
+
+/// A cluster member's devices, as it reported them when it joined.
+struct member_devices {
+  std::string name;
+  int32_t gpus = 0;
 };
 
 /// Checks that the paths the run reads exist and look right before anything
@@ -286,5 +314,16 @@ void check_paths(const run_config& c, bool need_data);
 /// device; checks that each fault names an existing drafter.  Throws
 /// config_error naming the field and the number of GPUs.
 placement_plan resolve_placement(const run_config& c, int32_t gpus_available);
+
+/// The same with cluster members: an entry "NODE:cuda:N" is checked against
+/// that member's GPUs ("NODE" = cluster.name is this process); a node not in
+/// `members` is an error naming the ones that are.
+placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
+                                 const std::vector<member_devices>& members);
+
+/// A node name (tandem node --name, cluster.name, placement "NODE:"):
+/// lowercase letters, digits and '-', starting with a letter or digit, at
+/// most 63 characters, and not "cpu", "cuda" or "auto".
+bool valid_node_name(const std::string& name);
 
 } // namespace tandem

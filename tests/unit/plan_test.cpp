@@ -103,6 +103,12 @@ const std::map<std::string, use>& uses() {
     {"control.listen", {"control.listen=127.0.0.1:7000"}},
     {"control.tls_cert", {"control.tls_cert=/pki/b.pem", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},
     {"control.tls_key", {"control.tls_key=/pki/b.key", {"control.tls_cert=/pki/a.pem", "control.tls_key=/pki/a.key"}}},
+    {"cluster.listen", {"cluster.listen=127.0.0.1:7001"}},
+    {"cluster.name", {"cluster.name=head", {"cluster.listen=127.0.0.1:7001"}}},
+    {"cluster.join_timeout_s", {"cluster.join_timeout_s=60", {"cluster.listen=127.0.0.1:7001"}}},
+    {"cluster.heartbeat_s", {"cluster.heartbeat_s=1", {"cluster.listen=127.0.0.1:7001"}}},
+    {"cluster.timeout_s", {"cluster.timeout_s=30", {"cluster.listen=127.0.0.1:7001"}}},
+    {"cluster.secret", {"cluster.secret=/pki/cluster.secret", {"cluster.listen=127.0.0.1:7001"}}},
     {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
     {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
     {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},
@@ -245,8 +251,49 @@ TEST(plan, the_inventory_bounds_the_placement) {
   } catch (const config_error& e) {
     EXPECT_NE(std::string(e.what()).find("placement.drafters"), std::string::npos) << e.what();
   }
-  inventory two{{inventory::node{"a", 4}, inventory::node{"b", 4}}};
-  EXPECT_THROW(make_plan(c, two, facts), config_error);
+  // Members: "NODE:cuda:N" is checked against that node's GPUs; the
+  // leader's own name is this process; an unknown node is named.
+  auto cl = parse_run_config(base_text, "/cfg/run.toml",
+                             {"cluster.listen=127.0.0.1:7001", "placement.targets=gpu-a:cuda:1",
+                              "placement.drafters=leader:cuda:0,gpu-b:cuda:0"});
+  inventory three{{inventory::node{"local", 1}, inventory::node{"gpu-a", 2}, inventory::node{"gpu-b", 1}}};
+  const auto p = make_plan(cl, three, facts);
+  EXPECT_EQ(p.placement.targets[0].node, "gpu-a");
+  EXPECT_EQ(p.placement.targets[0].device, 1);
+  EXPECT_EQ(p.placement.prefetch[0].node, "gpu-a");
+  EXPECT_EQ(p.placement.drafters[0].node, "");
+  EXPECT_EQ(p.placement.drafters[1].node, "gpu-b");
+  ASSERT_TRUE(p.cluster);
+  EXPECT_EQ(p.cluster->members, (std::vector<std::string>{"gpu-a", "gpu-b"}));
+  EXPECT_EQ(placement_nodes(cl), (std::vector<std::string>{"gpu-a", "gpu-b"}));
+  EXPECT_NE(p.placement.describe().find("gpu-b:cuda:0: drafter 1"), std::string::npos) << p.placement.describe();
+  inventory small{{inventory::node{"local", 1}, inventory::node{"gpu-a", 1}, inventory::node{"gpu-b", 1}}};
+  try {
+    make_plan(cl, small, facts);
+    ADD_FAILURE() << "gpu-a:cuda:1 placed on a node with 1 GPU";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'gpu-a' has 1 GPU"), std::string::npos) << e.what();
+  }
+  inventory missing{{inventory::node{"local", 1}, inventory::node{"gpu-a", 2}}};
+  try {
+    make_plan(cl, missing, facts);
+    ADD_FAILURE() << "a node that has not joined was placed on";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("names node 'gpu-b', which has not joined (joined: gpu-a)"),
+              std::string::npos) << e.what();
+  }
+  // A placement naming nodes needs a leader address.
+  auto no_listen = parse_run_config(base_text, "/cfg/run.toml", {"placement.drafters=gpu-b:cpu"});
+  try {
+    make_plan(no_listen, three, facts);
+    ADD_FAILURE() << "nodes named without cluster.listen";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.listen is empty"), std::string::npos) << e.what();
+  }
+  // Two data-parallel drafters on the same device of the same node.
+  auto twice = parse_run_config(base_text, "/cfg/run.toml",
+                                {"cluster.listen=127.0.0.1:7001", "placement.drafters=gpu-a:cuda:0,gpu-a:cuda:0"});
+  EXPECT_THROW(make_plan(twice, three, facts), config_error);
 }
 
 TEST(plan, credits_must_cover_the_data_parallel_drafters) {

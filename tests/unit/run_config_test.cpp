@@ -356,8 +356,9 @@ TEST_F(run_config_test, override_errors) {
             "--set runtime.capture_graphs=yes: 'runtime.capture_graphs' must be true or false, "
             "got \"yes\"");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"placement.targets=gpu:1"}); }),
-            "--set placement.targets=gpu:1: 'placement.targets[0]' must be \"cpu\", \"cuda:N\" "
-            "or \"auto\", got \"gpu:1\"");
+            "--set placement.targets=gpu:1: 'placement.targets[0]' must be \"cpu\", \"cuda:N\", "
+            "\"NODE:cpu\", \"NODE:cuda:N\" or \"auto\" (NODE: a cluster member's name, lowercase letters, "
+            "digits and '-'), got \"gpu:1\"");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"train.lr"}); }),
             "--set train.lr: expected SECTION.KEY=VALUE (e.g. --set train.lr=3e-4)");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"faults.inject=1"}); }),
@@ -447,7 +448,7 @@ TEST_F(run_config_test, type_and_range_errors_name_file_line_column_and_field) {
   p = write("t.toml", minimal + "[placement]\ndrafters = []\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
             p.string() + ":8:12: 'placement.drafters' must be an array of device strings "
-                         "(\"cpu\", \"cuda:N\", or \"auto\" alone), got []");
+                         "(\"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\", or \"auto\" alone), got []");
   p = write("t.toml", minimal + "[drafter]\n");  // a section defined twice is a TOML error
   EXPECT_NE(error_of([&] { load_run_config(p); }).find("TOML syntax error"), std::string::npos);
   p = write("t.toml", "train = 5\n");
@@ -786,6 +787,18 @@ TEST_F(run_config_test, embedded_default_loads_and_its_paths_exist) {
   auto plan = resolve_placement(c, 0);
   EXPECT_EQ(plan.targets.size(), 1u);
   EXPECT_EQ(plan.drafters.size(), 1u);
+}
+
+TEST_F(run_config_test, example_cluster_loads_and_places_on_its_members) {
+  fs::path file = fs::path(TANDEM_SOURCE_DIR) / "config" / "cluster.toml";
+  auto c = load_run_config(file);
+  EXPECT_EQ(c.cluster.listen, "127.0.0.1:7070");
+  EXPECT_EQ(placement_nodes(c), (std::vector<std::string>{"gpu-a", "gpu-b"}));
+  EXPECT_EQ(c.cluster.secret, (fs::path(TANDEM_SOURCE_DIR) / "pki" / "cluster.secret").lexically_normal());
+  auto p = resolve_placement(c, 0, {{"gpu-a", 0}, {"gpu-b", 0}});
+  EXPECT_EQ(p.targets[0].node, "gpu-a");
+  EXPECT_EQ(p.drafters[0].node, "gpu-b");
+  EXPECT_EQ(p.describe(), "gpu-a:cpu: target 0, prefetch 0\ngpu-b:cpu: drafter 0\n");
 }
 
 TEST_F(run_config_test, example_single_node_8gpu_loads_and_resolves) {
