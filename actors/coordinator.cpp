@@ -19,6 +19,7 @@
 #include "actors/vitals.hpp"
 #include "actors/default_handler.hpp"
 #include "messages/errors.hpp"
+#include "messages/supervisor.hpp"
 
 namespace tandem {
 
@@ -261,6 +262,10 @@ void on_drafter_down(self_ptr self, int32_t d, const std::string& why) {
   auto& s = self->state;
   if (!s.running() || d < 0 || static_cast<size_t>(d) >= s.drafters.size())
     return;
+  // Lost with its cluster node: its restore point in device memory went
+  // with the process; the newest checkpoint (or a live peer) is what is left.
+  if (why.rfind(node_lost_prefix, 0) == 0)
+    s.drafters[static_cast<size_t>(d)].memory_step = -1;
   // Between group steps the survivors hold the ledger's state.
   on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step " + std::to_string(s.step + 1)
                                 + ": " + why,

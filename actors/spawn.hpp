@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/spawn_options.hpp>
 
@@ -110,8 +111,16 @@ struct coordinator_options : coordinator_settings {
 
 /// The supervisor's policy (launch/options.hpp) and how it respawns.
 struct supervisor_options : supervisor_settings {
-  /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights).
+  /// Spawns drafter `index` restored from `checkpoint` ("" = fresh weights)
+  /// in this process.
   std::function<drafter_actor(int32_t index, const std::string& checkpoint)> respawn_drafter;
+  /// A cluster run: drafter i's node ("" = this process; none: all here).
+  /// A drafter on a member is respawned by asking the cluster's door
+  /// (actors/cluster.hpp), which waits up to `rejoin_timeout_s` for a lost
+  /// node to join again; the supervisor does not block meanwhile.
+  std::vector<std::string> drafter_nodes;
+  caf::actor cluster_door;
+  double rejoin_timeout_s = 300;
 };
 
 /// Spawns the supervisor (messages/supervisor.hpp); it learns what to watch

@@ -17,6 +17,7 @@
 #include "actors/time.hpp"
 #include "actors/vitals.hpp"
 #include "messages/errors.hpp"
+#include "messages/node.hpp"
 
 namespace tandem {
 
@@ -30,6 +31,7 @@ struct supervisor_state {
   std::vector<drafter_actor> drafters;        ///< the live incarnation of each (null: none)
   std::vector<caf::actor_addr> drafter_addr;  ///< its address (down messages carry only that)
   std::vector<bool> given_up;                 ///< budget spent: never restarted again
+  std::vector<bool> respawning;               ///< asked a cluster member to spawn it, no answer yet
   /// Why drafter j's last incarnation ended with errc::bad_input ("" = it
   /// did not): a deterministic bad input (a truncated target file, a
   /// corrupt checkpoint) fails the same way on every restart, so the
@@ -139,6 +141,38 @@ void respawn(self_ptr self, int32_t d, const std::string& from) {
   const auto di = static_cast<size_t>(d);
   if (s.stopped || s.drafters[di] || s.given_up[di])
     return;
+  if (di < s.opts.drafter_nodes.size() && !s.opts.drafter_nodes[di].empty() && s.opts.cluster_door) {
+    // On a cluster member: its agent spawns it, once the node is (back) up.
+    if (s.respawning[di])
+      return;
+    s.respawning[di] = true;
+    const auto node = s.opts.drafter_nodes[di];
+    const auto wait = std::chrono::milliseconds(static_cast<int64_t>((s.opts.rejoin_timeout_s + 60) * 1000));
+    self->request(s.opts.cluster_door, wait, spawn_drafter_atom::value, node, d, from, s.coordinator)
+      .then(
+        [self, d, di](drafter_actor& fresh) {
+          auto& s = self->state;
+          s.respawning[di] = false;
+          if (s.stopped || s.drafters[di] || s.given_up[di]) {
+            caf::anon_send(fresh, shutdown_atom::value);
+            return;
+          }
+          adopt(self, di, fresh);
+          self->send(s.coordinator, drafter_up_atom::value, d, std::move(fresh));
+        },
+        [self, d, di, node](caf::error& e) {
+          auto& s = self->state;
+          s.respawning[di] = false;
+          if (s.stopped)
+            return;
+          s.given_up[di] = true;
+          auto why = "drafter " + std::to_string(d) + " could not be restarted on node '" + node
+                     + "': " + self->system().render(e);
+          spdlog::error("tandem.supervisor: {}", why);
+          self->send(s.coordinator, escalate_atom::value, std::move(why));
+        });
+    return;
+  }
   auto fresh = s.opts.respawn_drafter(d, from);
   adopt(self, di, fresh);
   self->send(s.coordinator, drafter_up_atom::value, d, std::move(fresh));
@@ -179,6 +213,8 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         s.drafters[di] = drafter_actor{};
         s.drafter_addr[di] = caf::actor_addr{};
         auto why = self->system().render(m.reason);
+        if (m.reason == caf::exit_reason::remote_link_unreachable)
+          why = node_lost_prefix + why;
         if (is_bad_input(m.reason))
           s.bad_input[di] = bad_input_text(m.reason, why);
         self->send(s.coordinator, drafter_down_atom::value, d, std::move(why));
@@ -202,6 +238,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         s.drafters.assign(n, drafter_actor{});
         s.drafter_addr.assign(n, caf::actor_addr{});
         s.given_up.assign(n, false);
+        s.respawning.assign(n, false);
         s.bad_input.assign(n, std::string{});
         s.failures.assign(n, {});
         for (size_t d = 0; d < n; ++d)

@@ -8,9 +8,11 @@
 #include <set>
 
 #include <caf/event_based_actor.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster.hpp"
 #include "gpu/nccl/communicator.hpp"
 #include "messages/errors.hpp"
 
@@ -38,18 +40,7 @@ void fault_plan::record_fired(const entry& e) const {
   ::close(fd);
 }
 
-running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
-  running_system run;
-  run.peers.checkpointer = spawn_checkpointer(sys, plan.checkpointer.dir, plan.checkpointer.keep);
-  if (plan.coordinator.host_every > 0) {
-    // A run resumed from a restore point in shared memory may roll back to
-    // it until a checkpoint holds a newer step: never rotated away.
-    const auto resumed = std::filesystem::path(plan.restore_from);
-    const bool from_host = !resumed.empty() && resumed.parent_path() == plan.host_checkpointer.dir;
-    run.peers.host_checkpointer = spawn_checkpointer(sys, plan.host_checkpointer.dir, plan.host_checkpointer.keep,
-                                                     from_host ? resumed : std::filesystem::path{});
-  }
-
+std::shared_ptr<fault_plan> make_fault_plan(const launch_plan& plan) {
   auto faults = std::make_shared<fault_plan>();
   faults->hang_s = plan.hang_s;
   faults->slow_snapshot_s = plan.slow_snapshot_s;
@@ -69,6 +60,138 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
       e->fired = true;  // an earlier worker process of this run fired it
     faults->entries.push_back(std::move(e));
   }
+  return faults;
+}
+
+namespace {
+
+/// Asks member `node`'s agent to spawn something and waits for its handle
+/// (the calling thread blocks: the launcher's, or the supervisor's for a
+/// restart on a member).
+template <class Handle, class... Ts>
+Handle spawn_on(caf::actor_system& sys, const cluster_members& members, const std::string& node,
+                const std::string& what, Ts&&... xs) {
+  auto it = members.agents.find(node);
+  if (it == members.agents.end())
+    throw std::runtime_error(what + ": node '" + node + "' has not joined");
+  caf::scoped_actor self{sys};
+  Handle out;
+  std::string failed;
+  self->request(it->second, std::chrono::milliseconds(static_cast<int64_t>(members.spawn_timeout_s * 1000)),
+                std::forward<Ts>(xs)...)
+    .receive([&](Handle& h) { out = std::move(h); },
+             [&](caf::error& e) { failed = sys.render(e); });
+  if (!failed.empty() || !out)
+    throw std::runtime_error(what + " on node '" + node + "': " + (failed.empty() ? "no handle" : failed));
+  return out;
+}
+
+} // namespace
+
+namespace {
+
+void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& plan, const cluster_members& members);
+
+/// Sends shutdown to every actor of `run` spawned so far (a start that
+/// failed half-way: the actor system's end waits for them all).
+void end_spawned(const running_system& run) {
+  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(run.control), caf::actor_cast<caf::actor>(run.coordinator),
+                              caf::actor_cast<caf::actor>(run.supervisor),
+                              caf::actor_cast<caf::actor>(run.peers.checkpointer),
+                              caf::actor_cast<caf::actor>(run.peers.host_checkpointer),
+                              caf::actor_cast<caf::actor>(run.peers.metrics),
+                              caf::actor_cast<caf::actor>(run.peers.eval)};
+  for (const auto& p : run.peers.prefetch)
+    all.push_back(caf::actor_cast<caf::actor>(p));
+  for (const auto& t : run.peers.targets)
+    all.push_back(caf::actor_cast<caf::actor>(t));
+  for (const auto& d : run.peers.drafters)
+    all.push_back(caf::actor_cast<caf::actor>(d));
+  for (const auto& a : all)
+    if (a)
+      caf::anon_send(a, shutdown_atom::value);
+}
+
+} // namespace
+
+running_system spawn_system(caf::actor_system& sys, const launch_plan& plan, const cluster_members& members) {
+  running_system run;
+  try {
+    spawn_into(run, sys, plan, members);
+  } catch (...) {
+    if (run.control_http)
+      run.control_http->stop();
+    end_spawned(run);
+    throw;
+  }
+  return run;
+}
+
+namespace {
+
+void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& plan, const cluster_members& members) {
+  // Checkpointers: this process's for its drafters; each member with
+  // drafters gets its own, and a router in front of them all.
+  bool remote_drafters = false, local_drafters = false;
+  for (const auto& d : plan.placement.drafters) {
+    remote_drafters = remote_drafters || !d.node.empty();
+    local_drafters = local_drafters || d.node.empty();
+  }
+  checkpointer_actor local_disk, local_host;
+  if (local_drafters) {
+    local_disk = spawn_checkpointer(sys, plan.checkpointer.dir, plan.checkpointer.keep);
+    if (plan.coordinator.host_every > 0) {
+      // A run resumed from a restore point in shared memory may roll back to
+      // it until a checkpoint holds a newer step: never rotated away.
+      const auto resumed = std::filesystem::path(plan.restore_from);
+      const bool from_host = !resumed.empty() && resumed.parent_path() == plan.host_checkpointer.dir;
+      local_host = spawn_checkpointer(sys, plan.host_checkpointer.dir, plan.host_checkpointer.keep,
+                                      from_host ? resumed : std::filesystem::path{});
+    }
+  }
+  if (!remote_drafters) {
+    run.peers.checkpointer = local_disk;
+    run.peers.host_checkpointer = local_host;
+  } else {
+    std::map<std::string, std::pair<checkpointer_actor, checkpointer_actor>> by_node;
+    std::vector<checkpointer_actor> disk, host;
+    // The router takes the local ones over at once, so a failure below ends them too.
+    std::vector<std::string> nodes;
+    for (const auto& d : plan.placement.drafters)
+      nodes.push_back(d.node);
+    auto route = [&] {
+      disk.resize(nodes.size());
+      host.resize(nodes.size());
+      run.peers.checkpointer = spawn_checkpoint_router(sys, disk, nodes, 0, members.door);
+      if (plan.coordinator.host_every > 0)
+        run.peers.host_checkpointer = spawn_checkpoint_router(sys, host, nodes, 1, members.door);
+    };
+    try {
+      for (const auto& d : plan.placement.drafters) {
+        if (!d.node.empty() && !by_node.count(d.node)) {
+          auto& c = by_node[d.node];
+          c.first = spawn_on<checkpointer_actor>(sys, members, d.node, "the checkpointer", spawn_ckpt_atom::value,
+                                                 int32_t{0});
+          if (plan.coordinator.host_every > 0)
+            c.second = spawn_on<checkpointer_actor>(sys, members, d.node, "the restore-point checkpointer",
+                                                    spawn_ckpt_atom::value, int32_t{1});
+        }
+        disk.push_back(d.node.empty() ? local_disk : by_node[d.node].first);
+        host.push_back(d.node.empty() ? local_host : by_node[d.node].second);
+      }
+    } catch (...) {
+      // The router takes whatever was spawned, so shutting it down ends them.
+      if (disk.size() < nodes.size()) {
+        disk.push_back(local_disk);
+        host.push_back(local_host);
+      }
+      route();
+      throw;
+    }
+    route();
+  }
+
+  auto faults = make_fault_plan(plan);
 
   // Drafter options per index, for the first spawn and every restart; the
   // coordinator's handle is known only once it is spawned.
@@ -76,11 +199,15 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
   auto coordinator_handle = std::make_shared<coordinator_actor>();
   supervisor_options so;
   static_cast<supervisor_settings&>(so) = plan.supervisor;
-  so.respawn_drafter = [&sys, drafter_opts, coordinator_handle, faults](int32_t index,
-                                                                         const std::string& from) {
+  so.respawn_drafter = [&sys, drafter_opts, coordinator_handle, faults](int32_t index, const std::string& from) {
     return spawn_drafter(sys, index, (*drafter_opts)[static_cast<size_t>(index)], from,
                          *coordinator_handle, faults);
   };
+  // Drafters on members are restarted through the door, without blocking.
+  for (const auto& d : plan.placement.drafters)
+    so.drafter_nodes.push_back(d.node);
+  so.cluster_door = members.door;
+  so.rejoin_timeout_s = members.rejoin_timeout_s;
   run.supervisor = spawn_supervisor(sys, so);
 
   coordinator_options co;
@@ -123,16 +250,34 @@ running_system spawn_system(caf::actor_system& sys, const launch_plan& plan) {
 
   for (size_t i = 0; i < plan.placement.targets.size(); ++i) {
     const auto index = plan.placement.targets[i].index;
+    const auto& node = plan.placement.targets[i].node;
+    const auto i32 = static_cast<int32_t>(i);
+    if (!node.empty()) {
+      run.peers.prefetch.push_back(spawn_on<prefetch_actor>(sys, members, node, "prefetch " + std::to_string(i),
+                                                            spawn_prefetch_atom::value, i32, run.coordinator));
+      run.peers.targets.push_back(spawn_on<target_actor>(sys, members, node, "target " + std::to_string(i),
+                                                         spawn_target_atom::value, i32, run.coordinator));
+      continue;
+    }
     run.peers.prefetch.push_back(spawn_prefetch(sys, index, plan.prefetch[i], run.coordinator));
     run.peers.targets.push_back(spawn_target(sys, index, plan.targets[i], run.coordinator));
   }
-  for (size_t i = 0; i < plan.placement.drafters.size(); ++i)
+  for (size_t i = 0; i < plan.placement.drafters.size(); ++i) {
+    const auto& node = plan.placement.drafters[i].node;
+    if (!node.empty()) {
+      run.peers.drafters.push_back(spawn_on<drafter_actor>(sys, members, node, "drafter " + std::to_string(i),
+                                                           spawn_drafter_atom::value, static_cast<int32_t>(i),
+                                                           plan.restore_from, run.coordinator));
+      continue;
+    }
     run.peers.drafters.push_back(spawn_drafter(sys, plan.placement.drafters[i].index, plan.drafters[i],
                                                plan.restore_from, run.coordinator, faults));
+  }
   if (plan.eval)
     run.peers.eval = spawn_eval(sys, *plan.eval);
-  return run;
 }
+
+} // namespace
 
 void start_run(caf::actor_system& sys, const running_system& run, caf::actor reply_to) {
   // The launcher asks the coordinator to run and watches it and the

@@ -9,6 +9,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "actors/spawn.hpp"
 #include "launch/plan.hpp"
 #include "messages/coordinator.hpp"
+#include "messages/node.hpp"
 #include "messages/supervisor.hpp"
 
 namespace tandem {
@@ -32,9 +34,29 @@ struct running_system {
   std::string control_token;
 };
 
+/// The injected faults of `plan` (actors/spawn.hpp), those an earlier
+/// worker process fired (plan.faults_fired_file) marked fired.
+std::shared_ptr<fault_plan> make_fault_plan(const launch_plan& plan);
+
+/// The members of a cluster run by name (messages/node.hpp): their agents
+/// spawn what the plan places on them (empty: one process).
+struct cluster_members {
+  std::map<std::string, node_actor> agents;
+  /// The leader's door (actors/cluster.hpp): restarts on a member go through
+  /// it, so they wait for a lost node to join again, up to rejoin_timeout_s.
+  caf::actor door;
+  double rejoin_timeout_s = 300;
+  /// How long a spawn request to a member may take.
+  double spawn_timeout_s = 120;
+};
+
 /// Spawns every actor `plan` names, wired to each other; nothing runs until
 /// start_run.  The supervisor respawns drafter i from plan.drafters[i].
-running_system spawn_system(caf::actor_system& sys, const launch_plan& plan);
+/// Actors placed on a member are spawned by its agent (`members`); each
+/// member with drafters gets its own checkpointers, which a router on this
+/// process feeds (snapshots never leave their node).  Throws
+/// std::runtime_error when a member does not spawn what it is asked.
+running_system spawn_system(caf::actor_system& sys, const launch_plan& plan, const cluster_members& members = {});
 
 /// Asks the coordinator to run.  `reply_to` receives one message when the
 /// run ends: its run_summary, or a caf::error (the run failed, or the

@@ -7,6 +7,7 @@
 #include "messages/descriptors.hpp"
 #include "messages/errors.hpp"
 #include "messages/metrics.hpp"
+#include "messages/node.hpp"
 #include "messages/probe.hpp"
 #include "messages/supervisor.hpp"
 #include "messages/vitals.hpp"
@@ -46,6 +47,11 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<control_request>("tandem.control_request");
   cfg.add_message_type<control_reply>("tandem.control_reply");
   cfg.add_message_type<actor_vitals>("tandem.actor_vitals");  // and its std::vector (CAF adds it)
+  cfg.add_message_type<node_setup>("tandem.node_setup");
+  cfg.add_message_type<node_actor>("tandem.node_handle");
+  cfg.add_message_type<prefetch_actor>("tandem.prefetch_handle");
+  cfg.add_message_type<target_actor>("tandem.target_handle");
+  cfg.add_message_type<checkpointer_actor>("tandem.checkpointer_handle");
 }
 
 } // namespace tandem

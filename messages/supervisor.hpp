@@ -71,6 +71,11 @@ typename Inspector::result_type inspect(Inspector& f, restart_plan& x) {
   return f(caf::meta::type_name("tandem.restart_plan"), x.restart, x.budget, x.backoff_s);
 }
 
+/// The start of drafter_down's reason when the drafter was lost with its
+/// node (a cluster member whose connection dropped): nothing of that
+/// process survives, its restore point in device memory included.
+constexpr const char* node_lost_prefix = "its node was lost: ";
+
 using supervisor_actor = caf::typed_actor<
   caf::reacts_to<supervise_atom, coordinator_actor, coordinator_peers>,
   caf::replies_to<restart_atom, int32_t, std::string, std::string>::with<restart_plan>,

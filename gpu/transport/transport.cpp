@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -182,7 +183,27 @@ std::shared_ptr<const payload> map_segment(handle h) {
 
 } // namespace
 
-void share_with_host(bool on) { sharing.store(on); }
+/// At exit, a sharing process unlinks the segments it still owns (payloads
+/// in flight when its run ended); a killed one leaves them to the sweep.
+void unlink_own_segments() {
+  auto& r = the_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& [h, name] : r.segments)
+    ::shm_unlink(name.c_str());
+  r.segments.clear();
+}
+
+void share_with_host(bool on) {
+  static std::once_flag registered;
+  if (on)
+    std::call_once(registered, [] {
+      the_registry();  // built first, so destroyed after the handler has run
+      std::atexit(unlink_own_segments);
+    });
+  sharing.store(on);
+}
+
+
 bool sharing_with_host() { return sharing.load(); }
 
 size_t sweep_orphan_segments() {

@@ -38,6 +38,10 @@ size_t live_handles();
 void share_with_host(bool on);
 bool sharing_with_host();
 
+/// Unlinks the segments this process still owns (done at exit when sharing
+/// is on; call it before a std::_Exit).
+void unlink_own_segments();
+
 /// Removes the segments of this user's processes that are no longer alive
 /// (a node killed before it released its payloads); returns how many.
 size_t sweep_orphan_segments();

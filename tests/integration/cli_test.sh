@@ -22,7 +22,7 @@ first=$(readelf -d "$tandem" | awk '/NEEDED/ {print $NF; exit}')
 echo "ok: libstdc++ first in DT_NEEDED"
 
 # 2. Help lists the working subcommands, and nothing else.
-expected="bench certs doctor eval export generate info prepare run shell"
+expected="bench certs doctor eval export generate info node prepare run shell"
 listed=$("$tandem" --help | awk '/^Subcommands:/{on=1; next} on && NF {print $1}' | sort | xargs)
 [[ "$listed" == "$expected" ]] || fail "help lists '$listed', expected '$expected'"
 echo "ok: --help lists: $listed"

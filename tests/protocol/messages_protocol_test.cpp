@@ -14,10 +14,20 @@
 
 #include "actors/metrics_lines.hpp"
 #include "messages/probe.hpp"
+#include "messages/node.hpp"
 #include "messages/supervisor.hpp"
 
 using namespace tandem;
 using namespace tandem::test;
+
+namespace tandem {
+bool operator==(const node_setup& a, const node_setup& b) {
+  return a.leader == b.leader && a.config_toml == b.config_toml && a.node_names == b.node_names
+         && a.node_gpus == b.node_gpus && a.num_samples == b.num_samples && a.num_tokens == b.num_tokens
+         && a.resume_checkpoint == b.resume_checkpoint && a.resume_step == b.resume_step
+         && a.resume_ledger == b.resume_ledger;
+}
+} // namespace tandem
 
 namespace {
 
@@ -31,7 +41,8 @@ const std::set<std::string> tested_types{
   "tandem.restart_plan", "tandem.drafter_handle", "tandem.coordinator_handle",
   "tandem.run_event", "tandem.eval_event", "tandem.eval_handle",
   "tandem.control_event", "tandem.control_command", "tandem.control_request", "tandem.control_reply",
-  "tandem.actor_vitals",
+  "tandem.actor_vitals", "tandem.node_setup", "tandem.node_handle", "tandem.prefetch_handle",
+  "tandem.target_handle", "tandem.checkpointer_handle",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -263,6 +274,26 @@ CAF_TEST(the control endpoint messages round trip) {
   CAF_CHECK_EQUAL(tested_types.count("tandem.control_event"), 1u);
 }
 
+CAF_TEST(the node protocol round trips) {
+  node_setup setup{"leader", "[model]\ntarget = \"/m\"\n", {"leader", "gpu-a", "gpu-b"}, {0, 2, 1}, 128, 32768,
+                   "/ckpt/step-00000020", 20, "{\"epoch\": 0}"};
+  check_value(setup, "tandem.node_setup", {"gpu-a", "step-00000020"});
+  // The handles a member's agent answers with, and its own (null here).
+  CAF_CHECK(!through_message(node_actor{}));
+  CAF_CHECK(!through_message(prefetch_actor{}));
+  CAF_CHECK(!through_message(target_actor{}));
+  CAF_CHECK(!through_message(checkpointer_actor{}));
+  for (const auto* t : {"tandem.node_handle", "tandem.prefetch_handle", "tandem.target_handle",
+                        "tandem.checkpointer_handle"})
+    CAF_CHECK_EQUAL(tested_types.count(t), 1u);
+  // The hello: plain strings only, whatever the build.
+  const std::vector<std::string> hello{hello_fields::protocol_name, "0.4.0", "abc", "2.11.0", "13.0", "2.28.9",
+                                       "gpu-a", "", "cpu", "42"};
+  auto back = through_message(hello);
+  CAF_CHECK(back == hello);
+  CAF_CHECK_EQUAL(hello.size(), hello_fields::count);
+}
+
 CAF_TEST(the int64 list and coordinator_peers round trip) {
   std::vector<int64_t> ids{0, -1, 1ll << 40};
   CAF_CHECK(roundtrip(ids) == ids);
@@ -334,6 +365,19 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(run_summary{}));
   check(caf::make_message(restart_plan{2, 3, 0.5}));
   check(caf::make_message(probe_atom::value, int32_t{0}));
+  // node (messages/node.hpp)
+  check(caf::make_message(join_atom::value, std::vector<std::string>{"tandem-node-hello/1", "x"}));
+  check(caf::make_message(node_up_atom::value, std::string("gpu-a"), node_actor{}));
+  check(caf::make_message(setup_atom::value, node_setup{}));
+  check(caf::make_message(setup_atom::value, node_setup{}, 300.0));
+  check(caf::make_message(spawn_prefetch_atom::value, int32_t{0}, coordinator_actor{}));
+  check(caf::make_message(spawn_target_atom::value, int32_t{0}, coordinator_actor{}));
+  check(caf::make_message(spawn_drafter_atom::value, int32_t{0}, std::string("ckpt/step-4"), coordinator_actor{}));
+  check(caf::make_message(spawn_drafter_atom::value, std::string("gpu-b"), int32_t{0}, std::string(""),
+                          coordinator_actor{}));
+  check(caf::make_message(spawn_ckpt_atom::value, int32_t{1}));
+  check(caf::make_message(spawn_ckpt_atom::value, std::string("gpu-b"), int32_t{1}));
+  check(caf::make_message(shutdown_atom::value, int32_t{0}));
 }
 
 CAF_TEST(tandem errors keep their code and context) {

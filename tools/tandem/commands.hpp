@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <caf/actor_system_config.hpp>
 
 namespace tandem::cli {
 
@@ -53,6 +54,19 @@ void add_export(CLI::App& app, int& exit_code);
 
 /// `tandem run CONFIG.toml`: single-node training.
 void add_run(CLI::App& app, int& exit_code);
+
+/// `tandem node --join HOST:PORT --name NAME`: a cluster member.
+void add_node(CLI::App& app, int& exit_code);
+
+/// This build's hello strings (messages/node.hpp, hello_fields) for node
+/// `name` with its join token and `gpus` CUDA devices (0: the CPU).
+std::vector<std::string> build_hello(const std::string& name, const std::string& token, int32_t gpus);
+
+/// An actor system config for a cluster process (leader or member): the
+/// message types, CAF's middleman with heartbeats every `heartbeat_s` and
+/// connections dropped after `timeout_s` of silence, and the wire
+/// protocol's application identifier.
+void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s, double timeout_s);
 
 /// `tandem shell RUN_DIR|HOST:PORT`: the inspection shell (the control endpoint).
 void add_shell(CLI::App& app, int& exit_code);

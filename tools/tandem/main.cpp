@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   tandem::cli::add_prepare(app, exit_code);
   tandem::cli::add_run(app, exit_code);
   tandem::cli::add_shell(app, exit_code);
+  tandem::cli::add_node(app, exit_code);
   tandem::cli::add_certs(app, exit_code);
   tandem::cli::add_eval(app, exit_code);
   tandem::cli::add_export(app, exit_code);

@@ -31,14 +31,17 @@
 #include <thread>
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster.hpp"
 #include "actors/system.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/runtime.hpp"
+#include "gpu/transport/transport.hpp"
 #include "launch/plan.hpp"
 #include "launch/run_config.hpp"
 #include "messages/errors.hpp"
@@ -60,6 +63,7 @@ struct run_options {
   std::vector<std::string> overrides;
   std::vector<std::string> faults;
   bool force = false;
+  std::string listen, name;  ///< --listen, --name: cluster.listen, cluster.name
 };
 
 /// The exit status of a worker whose device context is lost: its parent
@@ -188,14 +192,137 @@ int check_checkpoint_space(const launch_plan& plan, bool force) {
   return force ? 0 : 2;
 }
 
+/// The members of a cluster run (cluster.listen): the door published on
+/// cluster.listen, the agents of the nodes that joined, their devices.
+struct leader_side {
+  caf::actor door;
+  uint16_t port = 0;
+  cluster_members members;
+  std::vector<member_devices> joined;  ///< in the placement's order
+  /// Tells every member the run ended (they exit with `code`) and waits
+  /// for each one's goodbye (at most 5 s each), so the words are not lost
+  /// with the connection.
+  void end(caf::actor_system& sys, int32_t code) {
+    if (!door)
+      return;
+    caf::scoped_actor self{sys};
+    self->request(door, std::chrono::seconds(15), shutdown_atom::value, code)
+      .receive([](const std::string&) {}, [](const caf::error&) {});
+    door = caf::actor{};
+  }
+};
+
+/// Publishes the door and waits for every node the placement names, with a
+/// progress line; returns nullopt (having said why) on a timeout, a signal
+/// or an address it cannot listen on.
+std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_config& cfg,
+                                            const std::vector<std::string>& expected, int32_t local_gpus) {
+  leader_side out;
+  door_options d;
+  d.hello = build_hello(cfg.cluster.name, "", local_gpus);
+  d.expected = expected;
+  if (!cfg.cluster.secret.empty()) {
+    std::ifstream in(cfg.cluster.secret);
+    std::string hex;
+    if (!(in >> hex)) {
+      std::fprintf(stderr, "tandem run: cluster.secret %s: cannot read it (tandem certs writes DIR/cluster.secret)\n",
+                   cfg.cluster.secret.c_str());
+      return std::nullopt;
+    }
+    try {
+      (void)join_token(hex, "check");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem run: cluster.secret %s: %s\n", cfg.cluster.secret.c_str(), e.what());
+      return std::nullopt;
+    }
+    d.secret_hex = hex;
+  }
+  caf::scoped_actor waiter{sys};
+  d.listener = caf::actor_cast<caf::actor>(waiter);
+  out.door = spawn_door(sys, d);
+  const auto a = parse_listen(cfg.cluster.listen);
+  auto port = sys.middleman().publish(out.door, a->port, a->host.c_str(), true);
+  if (!port) {
+    std::fprintf(stderr, "tandem run: cluster.listen %s: cannot listen: %s\n", cfg.cluster.listen.c_str(),
+                 sys.render(port.error()).c_str());
+    caf::anon_send(out.door, shutdown_atom::value, int32_t{1});
+    return std::nullopt;
+  }
+  out.port = *port;
+  {
+    // Where members join (a port 0 in the config is picked here).
+    const nlohmann::json j{{"host", a->host}, {"port", out.port}, {"leader", cfg.cluster.name},
+                           {"pid", static_cast<int64_t>(::getpid())}, {"members", expected}};
+    std::ofstream f(cfg.run.output_dir / "cluster.json");
+    f << j.dump(2) << "\n";
+  }
+  std::fprintf(stderr, "tandem run: cluster leader '%s' on %s:%u (tandem node --join %s:%u --name NAME)\n",
+               cfg.cluster.name.c_str(), a->host.c_str(), static_cast<unsigned>(out.port), a->host.c_str(),
+               static_cast<unsigned>(out.port));
+  std::map<std::string, std::pair<int32_t, node_actor>> up;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string last_line;
+  auto progress = [&] {
+    std::string missing;
+    for (const auto& n : expected)
+      if (!up.count(n))
+        missing += (missing.empty() ? "" : ", ") + n;
+    auto line = "waiting for nodes: " + std::to_string(up.size()) + " of " + std::to_string(expected.size())
+                + " joined" + (missing.empty() ? std::string() : "; missing: " + missing);
+    if (line != last_line)
+      std::fprintf(stderr, "tandem run: %s\n", line.c_str());
+    last_line = line;
+    return missing;
+  };
+  progress();
+  while (up.size() < expected.size()) {
+    bool stop = false;
+    waiter->receive(
+      [&](node_up_atom, const std::string& name, int32_t gpus, const node_actor& agent) {
+        if (gpus < 0)
+          up.erase(name);
+        else
+          up[name] = {gpus, agent};
+        progress();
+      },
+      caf::after(std::chrono::milliseconds(250)) >> [&] {
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (stop_signal.load() != 0) {
+          std::fprintf(stderr, "tandem run: signal %d while waiting for nodes\n", stop_signal.load());
+          stop = true;
+        } else if (waited > cfg.cluster.join_timeout_s) {
+          std::fprintf(stderr, "tandem run: nodes %s did not join within %.0f s (cluster.join_timeout_s): start "
+                               "them with tandem node --join %s:%u --name NAME\n",
+                       progress().c_str(), cfg.cluster.join_timeout_s, a->host.c_str(),
+                       static_cast<unsigned>(out.port));
+          stop = true;
+        }
+      });
+    if (stop) {
+      out.end(sys, 1);
+      return std::nullopt;
+    }
+  }
+  for (const auto& n : expected) {
+    out.joined.push_back({n, up[n].first});
+    out.members.agents[n] = up[n].second;
+  }
+  return out;
+}
+
 int run_training(const run_options& ro, const worker_context& wc) {
   auto cfg = load_run_config(ro.config, ro.overrides);
   for (const auto& f : ro.faults)
     cfg.faults.push_back(parse_fault(f));
-  const auto devices = inventory::this_host(static_cast<int32_t>(gpu::query_runtime().devices.size()));
+  auto devices = inventory::this_host(static_cast<int32_t>(gpu::query_runtime().devices.size()));
   // Placement first (before any data is prepared): a config that cannot be
-  // placed on this host stops here.
-  const auto placement = resolve_placement(cfg, devices.nodes.front().gpus);
+  // placed on this host stops here.  Members' devices are checked once they
+  // have joined.
+  const auto member_names = placement_nodes(cfg);
+  std::vector<member_devices> assumed;
+  for (const auto& n : member_names)
+    assumed.push_back({n, 1 << 20});
+  const auto placement = resolve_placement(cfg, devices.nodes.front().gpus, assumed);
   std::filesystem::create_directories(cfg.run.output_dir);
   {
     std::ofstream f(cfg.run.output_dir / "config.toml");
@@ -263,6 +390,41 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::error_code ec;
     std::filesystem::remove(cfg.lr_schedule_file(), ec);
   }
+  // The actor system comes before the plan: a cluster's leader needs it to
+  // take its members' joins, and the plan their devices.
+  const bool cluster = !cfg.cluster.listen.empty();
+  caf::actor_system_config sys_cfg;
+  if (cluster)
+    configure_cluster_system(sys_cfg, cfg.cluster.heartbeat_s, cfg.cluster.timeout_s);
+  else
+    register_messages(sys_cfg);
+  caf::actor_system sys{sys_cfg};
+  std::optional<leader_side> leader;
+  if (cluster) {
+    std::signal(SIGINT, on_signal);  // while it waits for members, too
+    std::signal(SIGTERM, on_signal);
+    // Batches and features go to members on this host through shared memory.
+    gpu::transport::share_with_host(true);
+    if (const auto n = gpu::transport::sweep_orphan_segments())
+      std::fprintf(stderr, "tandem run: removed %zu shared-memory segment(s) of dead processes\n", n);
+    leader = wait_for_members(sys, cfg, member_names, devices.nodes.front().gpus);
+    if (!leader)
+      return 1;
+    devices.nodes.front().name = cfg.cluster.name;
+    for (const auto& m : leader->joined)
+      devices.nodes.push_back({m.name, m.gpus});
+  }
+  // A failure from here on tells the members, so they do not wait for a
+  // leader that is gone.
+  struct end_members {
+    caf::actor_system& sys;
+    std::optional<leader_side>& leader;
+    int32_t code = 1;
+    ~end_members() {
+      if (leader)
+        leader->end(sys, code);
+    }
+  } members_end{sys, leader};
   auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
   if (!resume && wc.resume_if_any)
     if (auto kept = read_lr_schedule(cfg.lr_schedule_file())) {
@@ -313,12 +475,38 @@ int run_training(const run_options& ro, const worker_context& wc) {
   if (plan.control)
     plan.control->config_toml = to_toml(cfg);
 
-  caf::actor_system_config sys_cfg;
-  register_messages(sys_cfg);
-  caf::actor_system sys{sys_cfg};
+  if (leader) {
+    // Every member computes the same plan from the same facts.
+    node_setup setup;
+    setup.leader = cfg.cluster.name;
+    setup.config_toml = to_toml(cfg);
+    for (const auto& n : devices.nodes) {
+      setup.node_names.push_back(n.name);
+      setup.node_gpus.push_back(n.gpus);
+    }
+    setup.num_samples = ds.num_samples();
+    setup.num_tokens = ds.num_tokens();
+    if (resume) {
+      setup.resume_checkpoint = resume->checkpoint;
+      setup.resume_step = resume->step;
+      setup.resume_ledger = resume->ledger;
+    }
+    // Through the door, which gives the plan to every member up now and to
+    // one that joins again later.
+    caf::scoped_actor asker{sys};
+    std::string failed;
+    asker->request(leader->door, std::chrono::seconds(90), setup_atom::value, setup, cfg.cluster.join_timeout_s)
+      .receive([](const std::string&) {}, [&](caf::error& e) { failed = sys.render(e); });
+    if (!failed.empty()) {
+      std::fprintf(stderr, "tandem run: %s\n", failed.c_str());
+      return 1;
+    }
+    leader->members.door = leader->door;
+    leader->members.rejoin_timeout_s = cfg.cluster.join_timeout_s;
+  }
   running_system run;
   try {
-    run = spawn_system(sys, plan);
+    run = spawn_system(sys, plan, leader ? leader->members : cluster_members{});
   } catch (const std::runtime_error& e) {
     std::fprintf(stderr, "tandem run: %s: %s\n", ro.config.c_str(), e.what());
     return 2;
@@ -397,6 +585,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
       });
   }
   shutdown_system(run);
+  members_end.code = exit_code;
   if (run.control_http)
     ::unlink(control_file.c_str());  // the endpoint is gone
   if (exit_code == 0 && plan.coordinator.host_every > 0) {
@@ -538,12 +727,22 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force,
                 "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
+  cmd->add_option("--listen", opts->listen,
+                  "Lead a cluster: take member nodes (tandem node --join) on HOST:PORT (cluster.listen; loopback "
+                  "until TLS between nodes lands) and wait for the nodes the placement names");
+  cmd->add_option("--name", opts->name, "This leader's node name (cluster.name, default \"leader\")");
   cmd->add_option("--fault", opts->faults,
                   "Inject a fault: drafter=N,kind=K,at_step=S (repeatable; once per run, however many worker "
                   "processes it takes).  K: throw, nan, hang, slow_snapshot, throw_in_snapshot, cuda_error (a "
                   "non-sticky CUDA error), cuda_sticky (an illegal address: the worker process restarts), "
                   "abort (the worker process aborts)");
-  cmd->callback([opts, &exit_code] { exit_code = supervise_workers(*opts); });
+  cmd->callback([opts, &exit_code] {
+    if (!opts->listen.empty())
+      opts->overrides.push_back("cluster.listen=" + opts->listen);
+    if (!opts->name.empty())
+      opts->overrides.push_back("cluster.name=" + opts->name);
+    exit_code = supervise_workers(*opts);
+  });
 }
 
 } // namespace tandem::cli

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# A cluster on one machine, on the CPU (issue 18): `tandem run --listen` as
+# the leader and `tandem node` members over CAF's middleman on loopback,
+# batches and features between processes through shared memory.
+#   1. a target node and a drafter node (one started before the leader: it
+#      retries) train the tiny config's two epochs: exact ledger, every
+#      step's loss bit-equal to the one-process run, every process exits 0,
+#      no shared-memory segment left behind;
+#   2. refusals, each with its reason and exit 2, while the leader waits: a
+#      wrong join token, none, another build (named on both sides), a name
+#      the placement does not hold; then the leader's join timeout names the
+#      missing node (exit 1);
+#   3. non-loopback addresses refused (no TLS between nodes yet);
+#   4. the leader SIGKILLed mid-run: the members say so and exit 1 within
+#      the connection timeout;
+#   5. the drafter node SIGKILLed mid-run and started again (same name):
+#      restored from the newest checkpoint, exact ledger, losses bit-equal;
+#   6. the drafter node SIGSTOPped: declared lost within the timeout, fenced
+#      after SIGCONT (it exits 1), a fresh one finishes the run, losses
+#      bit-equal.
+# ~75 s on 2 cores.
+set -euo pipefail
+tandem="$1"; python="$2"; fixtures="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/run_lib.sh"
+pids=()
+cleanup_procs() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap 'cleanup_procs; [[ -n "${KEEP_WORK:-}" ]] || rm -rf "$work"' EXIT
+
+fast=(--set cluster.heartbeat_s=0.5 --set cluster.timeout_s=3)
+node_fast=(--heartbeat-s 0.5 --timeout-s 3)
+split=(--set placement.targets=gpu-a:cpu --set placement.drafters=gpu-b:cpu)
+
+# The leader's port, once it listens (port 0: any free one).
+port_of() {
+  for _ in $(seq 1 200); do
+    [[ -s "$1/cluster.json" ]] && { "$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$1/cluster.json"; return; }
+    sleep 0.05
+  done
+  echo "no $1/cluster.json" >&2; return 1
+}
+segments_of() { ls /dev/shm | grep -c "^tandem-$(id -u)-$1-" || true; }
+
+# 1. The reference, then the same run as three processes.
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "one-process run"; }
+s=$(summary "$work/one/metrics.jsonl"); echo "one process: $s"
+check both_epochs_exact "$s"
+
+# A member that starts before its leader keeps retrying.
+"$tandem" node --join 127.0.0.1:47391 --name gpu-a --devices cpu "${node_fast[@]}" > "$work/a.log" 2>&1 &
+a_pid=$!; pids+=($a_pid)
+sleep 1
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/two" --listen 127.0.0.1:47391 "${fast[@]}" "${split[@]}" \
+  > "$work/leader.log" 2>&1 &
+l_pid=$!; pids+=($l_pid)
+"$tandem" node --join 127.0.0.1:47391 --name gpu-b --devices cpu "${node_fast[@]}" > "$work/b.log" 2>&1 &
+b_pid=$!; pids+=($b_pid)
+rc=0; wait $l_pid || rc=$?
+check test "$rc" = 0 || cat "$work/leader.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0 || cat "$work/a.log"
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0 || cat "$work/b.log"
+check grep -q "waiting for the leader at 127.0.0.1:47391" "$work/a.log"
+check grep -q "waiting for nodes: 2 of 2 joined" "$work/leader.log"
+check grep -q "gpu-b:cpu: drafter 0" "$work/leader.log"
+check grep -q "the run ended (exit 0)" "$work/b.log"
+s2=$(summary "$work/two/metrics.jsonl"); echo "cluster: $s2"
+check both_epochs_exact "$s2"
+check test "$(field "$s2" end)" = epochs
+steps=$(field "$s" steps)
+check test "$(field "$s2" steps)" = "$steps"
+check "$python" "$here/compare_losses.py" "$work/one/metrics.jsonl" "$work/two/metrics.jsonl" "$steps"
+check test -d "$work/two/checkpoints/step-$(printf %08d "$steps")"
+for p in $a_pid $b_pid $l_pid; do check test "$(segments_of $p)" = 0; done
+
+# 2. Refusals.  A secret: tokens are checked.
+"$tandem" certs "$work/pki" --nodes gpu-a,gpu-b,gpu-c > /dev/null
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/refuse" --listen 127.0.0.1:0 "${split[@]}" \
+  --set cluster.secret="$work/pki/cluster.secret" --set cluster.join_timeout_s=12 > "$work/refuse.log" 2>&1 &
+l_pid=$!; pids+=($l_pid)
+port=$(port_of "$work/refuse")
+join() { "$tandem" node --join "127.0.0.1:$port" --wait-s 10 "${node_fast[@]}" --devices cpu "$@"; }
+rc=0; join --name gpu-a --token-file "$work/pki/gpu-c/join.token" > "$work/wrong.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "refused: a wrong join token" "$work/wrong.log"
+rc=0; join --name gpu-a > "$work/none.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "refused: no join token" "$work/none.log"
+rc=0; TANDEM_TEST_HELLO_VERSION=0.0.1 join --name gpu-a --token-file "$work/pki/gpu-a/join.token" \
+  > "$work/version.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "it runs another build: Tandem 0.0.1 (the leader has " "$work/version.log"
+rc=0; join --name gpu-c --token-file "$work/pki/gpu-c/join.token" > "$work/unplaced.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "the placement names no such node (it names: gpu-a, gpu-b)" "$work/unplaced.log"
+# gpu-a with its token joins; gpu-b never comes: the leader names it.
+join --name gpu-a --token-file "$work/pki/gpu-a/join.token" > "$work/a2.log" 2>&1 &
+a_pid=$!; pids+=($a_pid)
+rc=0; wait $l_pid || rc=$?
+check test "$rc" = 1
+check grep -q "nodes gpu-b did not join within 12 s (cluster.join_timeout_s)" "$work/refuse.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 1
+check grep -q "refused: a wrong join token" "$work/refuse.log"
+
+# 3. Off loopback: refused at start, before anything listens.
+rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/wide" --listen 0.0.0.0:47392 "${split[@]}" \
+  > "$work/wide.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "is not a loopback address: nodes on other hosts need TLS" "$work/wide.log"
+rc=0; "$tandem" node --join 10.1.2.3:47392 --name gpu-a > "$work/wide-node.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "is not a loopback address" "$work/wide-node.log"
+
+# 4. The leader killed mid-run: its members notice within the timeout.
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/lost" --listen 127.0.0.1:0 "${fast[@]}" "${split[@]}" \
+  --set supervision.worker_restarts=0 --set data.epochs=40 > "$work/lost.log" 2>&1 &
+l_pid=$!; pids+=($l_pid)
+port=$(port_of "$work/lost")
+"$tandem" node --join "127.0.0.1:$port" --name gpu-a --devices cpu "${node_fast[@]}" > "$work/la.log" 2>&1 &
+a_pid=$!; pids+=($a_pid)
+"$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu "${node_fast[@]}" > "$work/lb.log" 2>&1 &
+b_pid=$!; pids+=($b_pid)
+for _ in $(seq 1 400); do [[ $(grep -c '"event":"step"' "$work/lost/metrics.jsonl" 2>/dev/null) -ge 5 ]] && break; sleep 0.05; done
+kill -9 $l_pid
+t0=$(date +%s)
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 1
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 1
+took=$(( $(date +%s) - t0 )); echo "members gone ${took} s after the leader was killed"
+check test "$took" -le 10
+check grep -q "the leader at 127.0.0.1:$port is gone" "$work/lb.log"
+sleep 0.5
+for p in $a_pid $b_pid; do n=$(segments_of $p); [[ "$n" = 0 ]] || echo "note: node $p left $n segment(s) (a node that dies leaves them to the next start's sweep)"; done
+
+# 5. The drafter node SIGKILLed mid-run and started again with its name:
+# the leader waits for it, the drafter is restored from the newest
+# checkpoint (its restore point in memory went with the process), and the
+# run ends with an exact ledger and every step's loss bit-equal to the
+# one-process run's (4 epochs, so the kill lands mid-run).
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/one4" --set data.epochs=4 > "$work/one4.log" 2>&1 \
+  || { cat "$work/one4.log"; fail "one-process 4-epoch run"; }
+s4=$(summary "$work/one4/metrics.jsonl")
+steps4=$(field "$s4" steps)
+lead() {  # lead OUT [args...]: a 4-epoch cluster run in the background; sets l_pid and port
+  local out=$1; shift
+  "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" --set data.epochs=4 --listen 127.0.0.1:0 \
+    "${fast[@]}" "${split[@]}" "$@" > "$work/$out.log" 2>&1 &
+  l_pid=$!; pids+=($l_pid)
+  port=$(port_of "$work/$out")
+}
+member() {  # member NAME LOG: sets m_pid
+  "$tandem" node --join "127.0.0.1:$port" --name "$1" --devices cpu "${node_fast[@]}" > "$2" 2>&1 &
+  m_pid=$!; pids+=($m_pid)
+}
+steps_in() { grep -c '"event":"step"' "$1" 2>/dev/null || true; }
+lead killed
+member gpu-a "$work/ka.log"; a_pid=$m_pid
+member gpu-b "$work/kb.log"; b_pid=$m_pid
+for _ in $(seq 1 400); do [[ $(steps_in "$work/killed/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+kill -9 $b_pid
+for _ in $(seq 1 100); do grep -q "node 'gpu-b' is lost" "$work/killed.log" && break; sleep 0.1; done
+check grep -q "node 'gpu-b' is lost" "$work/killed.log"
+member gpu-b "$work/kb2.log"; b2_pid=$m_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/killed.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b2_pid || rc=$?; check test "$rc" = 0
+check grep -q "node 'gpu-b' joined the run again" "$work/killed.log"
+sk=$(summary "$work/killed/metrics.jsonl"); echo "drafter node killed: $sk"
+check test "$(field "$sk" failed)" = 1
+check test "$(field "$sk" restarted)" = 1
+check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert f[0]["restore_from"] == "checkpoint" and "its node was lost" in f[0]["reason"], f' "$work/killed/metrics.jsonl"
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sk"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/killed/metrics.jsonl" "$steps4"
+
+# 6. The drafter node frozen (SIGSTOP) past cluster.timeout_s: the leader
+# declares it lost; woken (SIGCONT), it finds its connection closed and
+# exits 1 — fenced, never merged back — and a fresh gpu-b finishes the run
+# with the same losses.
+lead frozen
+member gpu-a "$work/fa.log"; a_pid=$m_pid
+member gpu-b "$work/fb.log"; b_pid=$m_pid
+for _ in $(seq 1 400); do [[ $(steps_in "$work/frozen/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+kill -STOP $b_pid
+t0=$(date +%s)
+for _ in $(seq 1 150); do grep -q "node 'gpu-b' is lost" "$work/frozen.log" && break; sleep 0.1; done
+took=$(( $(date +%s) - t0 )); echo "frozen node declared lost after ${took} s (cluster.timeout_s = 3)"
+check grep -q "node 'gpu-b' is lost" "$work/frozen.log"
+check test "$took" -le 8
+kill -CONT $b_pid
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 1
+check grep -q "the leader at 127.0.0.1:$port is gone" "$work/fb.log"
+member gpu-b "$work/fb2.log"; b2_pid=$m_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/frozen.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b2_pid || rc=$?; check test "$rc" = 0
+sf=$(summary "$work/frozen/metrics.jsonl"); echo "drafter node frozen: $sf"
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sf"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/frozen/metrics.jsonl" "$steps4"
+
+echo "cluster: $passed checks passed, $failed failed"
+[[ $failed -eq 0 ]]
