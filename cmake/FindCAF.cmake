@@ -4,8 +4,8 @@
 # configuration, so this module finds them by hand.  It honours CAF_ROOT (a
 # prefix such as an unpacked offline bundle) before the system folders.
 #
-# Imported targets:  CAF::core  CAF::io
-# Result variables:  CAF_FOUND  CAF_VERSION  CAF_INCLUDE_DIR
+# Imported targets:  CAF::core  CAF::io  CAF::openssl (when libcaf-openssl is there)
+# Result variables:  CAF_FOUND  CAF_VERSION  CAF_INCLUDE_DIR  CAF_OPENSSL_FOUND
 include(FindPackageHandleStandardArgs)
 
 find_path(CAF_INCLUDE_DIR caf/config.hpp
@@ -15,6 +15,9 @@ find_library(CAF_CORE_LIBRARY NAMES caf_core
   HINTS ${CAF_ROOT} ENV CAF_ROOT
   PATH_SUFFIXES lib lib/x86_64-linux-gnu lib64)
 find_library(CAF_IO_LIBRARY NAMES caf_io
+  HINTS ${CAF_ROOT} ENV CAF_ROOT
+  PATH_SUFFIXES lib lib/x86_64-linux-gnu lib64)
+find_library(CAF_OPENSSL_LIBRARY NAMES caf_openssl
   HINTS ${CAF_ROOT} ENV CAF_ROOT
   PATH_SUFFIXES lib lib/x86_64-linux-gnu lib64)
 
@@ -47,4 +50,13 @@ if(CAF_FOUND)
       INTERFACE_LINK_LIBRARIES CAF::core)
   endif()
 endif()
-mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY)
+if(CAF_FOUND AND CAF_OPENSSL_LIBRARY AND EXISTS "${CAF_INCLUDE_DIR}/caf/openssl/manager.hpp")
+  set(CAF_OPENSSL_FOUND TRUE)
+  if(NOT TARGET CAF::openssl)
+    add_library(CAF::openssl SHARED IMPORTED)
+    set_target_properties(CAF::openssl PROPERTIES
+      IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+      INTERFACE_LINK_LIBRARIES CAF::io)
+  endif()
+endif()
+mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY)

@@ -98,6 +98,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     cs.heartbeat_s = c.cluster.heartbeat_s;
     cs.timeout_s = c.cluster.timeout_s;
     cs.secret = c.cluster.secret.string();
+    cs.certs = c.cluster.certs.string();
     p.cluster = std::move(cs);
   }
   if (!c.control.listen.empty()) {
@@ -300,7 +301,8 @@ std::string to_json(const launch_plan& p) {
     j["cluster"] = {{"host", p.cluster->host},           {"port", p.cluster->port},
                     {"name", p.cluster->name},           {"members", p.cluster->members},
                     {"join_timeout_s", p.cluster->join_timeout_s}, {"heartbeat_s", p.cluster->heartbeat_s},
-                    {"timeout_s", p.cluster->timeout_s}, {"secret", p.cluster->secret}};
+                    {"timeout_s", p.cluster->timeout_s}, {"secret", p.cluster->secret},
+                    {"certs", p.cluster->certs}};
   if (p.control) {
     auto actors = nlohmann::json::array();
     for (const auto& a : p.control->actors)

@@ -111,6 +111,7 @@ struct launch_plan {
     std::vector<std::string> members;  ///< the nodes the placement names
     double join_timeout_s = 0, heartbeat_s = 0, timeout_s = 0;
     std::string secret;        ///< cluster.secret ("" = join tokens not checked)
+    std::string certs;         ///< cluster.certs ("" = plain TCP)
   };
   std::optional<cluster_settings> cluster;
 };

@@ -672,7 +672,7 @@ const field_def fields[] = {
    },
    [](const rc& c) { return w_str(c.cluster.listen); },
    "the leader's address for its members (`tandem node --join HOST:PORT`; `tandem run --listen` sets it);\n"
-   "loopback only until TLS between nodes lands; \"\" = no cluster (a placement naming nodes needs it)"},
+   "off loopback only with cluster.certs (TLS between nodes); \"\" = no cluster (a placement naming nodes needs it)"},
   {"cluster", "name", kind::string, false,
    [](rc& c, const vr& v) {
      const auto n = v.string();
@@ -699,6 +699,12 @@ const field_def fields[] = {
    [](const rc& c) { return w_path(c.cluster.secret); },
    "the cluster secret (`tandem certs DIR` writes DIR/cluster.secret): a member must present its name's\n"
    "join token (DIR/NODE/join.token); \"\" = none checked (loopback only)"},
+  {"cluster", "certs", kind::path, false,
+   [](rc& c, const vr& v) { c.cluster.certs = v.path(true); },
+   [](const rc& c) { return w_path(c.cluster.certs); },
+   "the leader's folder from `tandem certs DIR --nodes ...` (DIR/NAME: cert.pem, key.pem, ca.pem): every\n"
+   "connection between nodes is TLS, and a member must hold a certificate of the same CA; needed off\n"
+   "loopback; \"\" = plain TCP"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -1034,10 +1040,16 @@ run_config read_config(toml::table& root, const fs::path& source,
                        + c.control.listen + ") is not a loopback address: off loopback the endpoint serves only "
                        "TLS; set control.tls_cert and control.tls_key (PEM files), or listen on 127.0.0.1 and reach "
                        "it through an SSH tunnel (ssh -L PORT:127.0.0.1:PORT host)");
-  if (!c.cluster.listen.empty() && !parse_listen(c.cluster.listen)->loopback())
+  if (!c.cluster.listen.empty() && c.cluster.certs.empty() && !parse_listen(c.cluster.listen)->loopback())
     throw config_error((where.count("cluster.listen") ? where["cluster.listen"] : file) + ": 'cluster.listen' ("
-                       + c.cluster.listen + ") is not a loopback address: nodes on other hosts need TLS between "
-                       "them, which is not built yet; listen on 127.0.0.1 (members on this host)");
+                       + c.cluster.listen + ") is not a loopback address: between hosts the nodes speak TLS only; "
+                       "set cluster.certs to the leader's folder of `tandem certs DIR --nodes ...` (and give each "
+                       "member --certs), or listen on 127.0.0.1 (members on this host)");
+  if (!c.cluster.listen.empty() && !c.cluster.certs.empty() && c.cluster.secret.empty())
+    throw config_error((where.count("cluster.certs") ? where["cluster.certs"] : file)
+                       + ": 'cluster.certs' needs 'cluster.secret' too: CAF's TLS checks that a member's certificate "
+                       "is the cluster CA's, not whose it is; the join token binds its name (tandem certs writes "
+                       "DIR/cluster.secret)");
   if (c.cluster.timeout_s <= c.cluster.heartbeat_s)
     throw config_error((where.count("cluster.timeout_s") ? where["cluster.timeout_s"] : file)
                        + ": 'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)

@@ -187,6 +187,8 @@ struct run_config {
     double timeout_s = 10;         ///< timeout_s: a connection silent this long is dead (> heartbeat_s)
     std::filesystem::path secret;  ///< secret: the cluster secret (tandem certs DIR/cluster.secret);
                                    ///< members prove their name with its HMAC (join.token)
+    std::filesystem::path certs;   ///< certs: the leader's folder of `tandem certs` (cert.pem, key.pem,
+                                   ///< ca.pem): TLS between nodes; "" = plain TCP (loopback only)
   } cluster;
 
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.

@@ -10,15 +10,17 @@
 #      wrong join token, none, another build (named on both sides), a name
 #      the placement does not hold; then the leader's join timeout names the
 #      missing node (exit 1);
-#   3. non-loopback addresses refused (no TLS between nodes yet);
+#   3. non-loopback addresses refused without TLS;
 #   4. the leader SIGKILLed mid-run: the members say so and exit 1 within
 #      the connection timeout;
 #   5. the drafter node SIGKILLed mid-run and started again (same name):
 #      restored from the newest checkpoint, exact ledger, losses bit-equal;
 #   6. the drafter node SIGSTOPped: declared lost within the timeout, fenced
 #      after SIGCONT (it exits 1), a fresh one finishes the run, losses
-#      bit-equal.
-# ~75 s on 2 cores.
+#      bit-equal;
+#   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
+#      another CA's certificate and a member without TLS never get in.
+# ~70-100 s on 2 cores (a loaded machine: up to ~2 min).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -100,9 +102,9 @@ check grep -q "refused: a wrong join token" "$work/refuse.log"
 # 3. Off loopback: refused at start, before anything listens.
 rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/wide" --listen 0.0.0.0:47392 "${split[@]}" \
   > "$work/wide.log" 2>&1 || rc=$?
-check test "$rc" = 2; check grep -q "is not a loopback address: nodes on other hosts need TLS" "$work/wide.log"
+check test "$rc" = 2; check grep -q "is not a loopback address: between hosts the nodes speak TLS only" "$work/wide.log"
 rc=0; "$tandem" node --join 10.1.2.3:47392 --name gpu-a > "$work/wide-node.log" 2>&1 || rc=$?
-check test "$rc" = 2; check grep -q "is not a loopback address" "$work/wide-node.log"
+check test "$rc" = 2; check grep -q "is not a loopback address: between hosts the nodes speak TLS only" "$work/wide-node.log"
 
 # 4. The leader killed mid-run: its members notice within the timeout.
 "$tandem" run "$work/run.toml" --set run.output_dir="$work/lost" --listen 127.0.0.1:0 "${fast[@]}" "${split[@]}" \
@@ -188,6 +190,34 @@ rc=0; wait $b2_pid || rc=$?; check test "$rc" = 0
 sf=$(summary "$work/frozen/metrics.jsonl"); echo "drafter node frozen: $sf"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sf"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/frozen/metrics.jsonl" "$steps4"
+
+# 7. TLS between nodes (cluster.certs, --certs): the nodes of the cluster's
+# CA join and train (20 steps, bit-equal); a certificate of another CA, and
+# a member without TLS, never reach the hello (they give up after --wait-s).
+"$tandem" certs "$work/tls" --nodes leader,gpu-a,gpu-b > /dev/null
+"$tandem" certs "$work/other" --nodes gpu-b > /dev/null
+lead tls --set train.max_steps=20 --set cluster.certs="$work/tls/leader" --set cluster.secret="$work/tls/cluster.secret"
+check grep -q "over TLS" "$work/tls.log"
+rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --certs "$work/other/gpu-b" \
+  --token-file "$work/other/gpu-b/join.token" --wait-s 3 > "$work/tls-other.log" 2>&1 || rc=$?
+check test "$rc" = 1; check grep -q "no leader at 127.0.0.1:$port after" "$work/tls-other.log"
+rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --wait-s 3 > "$work/tls-plain.log" 2>&1 || rc=$?
+check test "$rc" = 1
+check test "$(grep -c "said hello" "$work/tls.log")" = 0
+"$tandem" node --join "127.0.0.1:$port" --name gpu-a --devices cpu "${node_fast[@]}" --certs "$work/tls/gpu-a" \
+  --token-file "$work/tls/gpu-a/join.token" > "$work/tls-a.log" 2>&1 &
+a_pid=$!; pids+=($a_pid)
+"$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu "${node_fast[@]}" --certs "$work/tls/gpu-b" \
+  --token-file "$work/tls/gpu-b/join.token" > "$work/tls-b.log" 2>&1 &
+b_pid=$!; pids+=($b_pid)
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/tls.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/tls/metrics.jsonl" 20
+# Off loopback with certs but without a secret: refused (TLS checks the CA, the token the name).
+rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/nosecret" --listen 0.0.0.0:47393 "${split[@]}" \
+  --set cluster.certs="$work/tls/leader" > "$work/nosecret.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "'cluster.certs' needs 'cluster.secret' too" "$work/nosecret.log"
 
 echo "cluster: $passed checks passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -7,7 +7,10 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/expected.hpp>
 
 namespace tandem::cli {
 
@@ -66,7 +69,18 @@ std::vector<std::string> build_hello(const std::string& name, const std::string&
 /// message types, CAF's middleman with heartbeats every `heartbeat_s` and
 /// connections dropped after `timeout_s` of silence, and the wire
 /// protocol's application identifier.
-void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s, double timeout_s);
+/// With `certs` (a node folder of `tandem certs`: cert.pem, key.pem,
+/// ca.pem), CAF's OpenSSL layer too: every connection is TLS with that
+/// certificate, and the peer's must be the same CA's.  Throws
+/// std::runtime_error naming a missing file.
+void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s, double timeout_s,
+                              const std::string& certs = "");
+
+/// The leader's door published on HOST:PORT (TLS with the system's
+/// OpenSSL layer when `tls`), and a member's connection to it.
+caf::expected<uint16_t> publish_door(caf::actor_system& sys, const caf::actor& door, uint16_t port,
+                                     const std::string& host, bool tls);
+caf::expected<caf::actor> connect_to(caf::actor_system& sys, const std::string& host, uint16_t port, bool tls);
 
 /// `tandem shell RUN_DIR|HOST:PORT`: the inspection shell (the control endpoint).
 void add_shell(CLI::App& app, int& exit_code);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,9 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#ifdef TANDEM_HAVE_CAF_OPENSSL
+#include <caf/openssl/all.hpp>
+#endif
 
 #include "actors/cluster.hpp"
 #include "build_info.hpp"
@@ -51,9 +55,24 @@ std::vector<std::string> build_hello(const std::string& name, const std::string&
   return h;
 }
 
-void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s, double timeout_s) {
+void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s, double timeout_s,
+                              const std::string& certs) {
   register_messages(cfg);
   cfg.load<caf::io::middleman>();
+  if (!certs.empty()) {
+    const std::filesystem::path dir(certs);
+    for (const char* f : {"cert.pem", "key.pem", "ca.pem"})
+      if (!std::filesystem::is_regular_file(dir / f))
+        throw std::runtime_error(certs + ": no " + f + " (give a node's folder of `tandem certs DIR --nodes ...`)");
+#ifdef TANDEM_HAVE_CAF_OPENSSL
+    cfg.load<caf::openssl::manager>();
+    cfg.openssl_certificate = (dir / "cert.pem").string();
+    cfg.openssl_key = (dir / "key.pem").string();
+    cfg.openssl_cafile = (dir / "ca.pem").string();
+#else
+    throw std::runtime_error(certs + ": this build has no TLS between nodes (it was built without libcaf-openssl)");
+#endif
+  }
   auto span = [](double s) { return caf::timespan{static_cast<int64_t>(s * 1e9)}; };
   cfg.set("middleman.heartbeat-interval", span(heartbeat_s));
   cfg.set("middleman.connection-timeout", span(timeout_s));
@@ -63,13 +82,32 @@ void configure_cluster_system(caf::actor_system_config& cfg, double heartbeat_s,
   cfg.set("middleman.app-identifiers", std::vector<std::string>{std::string(hello_fields::protocol_name)});
 }
 
+caf::expected<caf::actor> connect_to(caf::actor_system& sys, const std::string& host, uint16_t port, bool tls) {
+#ifdef TANDEM_HAVE_CAF_OPENSSL
+  if (tls)
+    return caf::openssl::remote_actor(sys, host, port);
+#endif
+  (void)tls;
+  return sys.middleman().remote_actor(host, port);
+}
+
+caf::expected<uint16_t> publish_door(caf::actor_system& sys, const caf::actor& door, uint16_t port,
+                                     const std::string& host, bool tls) {
+#ifdef TANDEM_HAVE_CAF_OPENSSL
+  if (tls)
+    return caf::openssl::publish(door, port, host.c_str(), true);
+#endif
+  (void)tls;
+  return sys.middleman().publish(door, port, host.c_str(), true);
+}
+
 namespace {
 
 std::atomic<int> node_signal{0};
 extern "C" void on_node_signal(int sig) { node_signal.store(sig); }
 
 struct node_options {
-  std::string join, name, devices, token_file;
+  std::string join, name, devices, token_file, certs;
   double wait_s = 600, heartbeat_s = 2, timeout_s = 10;
 };
 
@@ -118,9 +156,9 @@ int run_node(const node_options& o) {
                  o.join.c_str());
     return 2;
   }
-  if (!addr->loopback()) {
-    std::fprintf(stderr, "tandem node: --join %s is not a loopback address: nodes on other hosts need TLS between "
-                         "them, which is not built yet\n", o.join.c_str());
+  if (!addr->loopback() && o.certs.empty()) {
+    std::fprintf(stderr, "tandem node: --join %s is not a loopback address: between hosts the nodes speak TLS only; "
+                         "give --certs DIR/%s (tandem certs DIR --nodes ...)\n", o.join.c_str(), o.name.c_str());
     return 2;
   }
   std::string token;
@@ -142,7 +180,12 @@ int run_node(const node_options& o) {
     std::fprintf(stderr, "tandem node: removed %zu shared-memory segment(s) of dead processes\n", n);
 
   caf::actor_system_config cfg;
-  configure_cluster_system(cfg, o.heartbeat_s, o.timeout_s);
+  try {
+    configure_cluster_system(cfg, o.heartbeat_s, o.timeout_s, o.certs);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem node: --certs %s\n", e.what());
+    return 2;
+  }
   caf::actor_system sys{cfg};
   std::signal(SIGINT, on_node_signal);
   std::signal(SIGTERM, on_node_signal);
@@ -157,7 +200,7 @@ int run_node(const node_options& o) {
   for (int attempt = 1;; ++attempt) {
     if (node_signal.load())
       return 128 + node_signal.load();
-    auto d = sys.middleman().remote_actor(addr->host, addr->port);
+    auto d = connect_to(sys, addr->host, addr->port, !o.certs.empty());
     std::string why;
     if (d) {
       bool refused = false;
@@ -185,8 +228,10 @@ int run_node(const node_options& o) {
       return 1;
     }
     if (attempt == 1 || attempt % 10 == 0)
-      std::fprintf(stderr, "tandem node '%s': waiting for the leader at %s (%s); retrying\n", o.name.c_str(),
-                   o.join.c_str(), why.c_str());
+      std::fprintf(stderr, "tandem node '%s': waiting for the leader at %s (%s%s); retrying\n", o.name.c_str(),
+                   o.join.c_str(), why.c_str(),
+                   o.certs.empty() ? "; a leader with cluster.certs needs --certs"
+                                   : "; with --certs, a leader without TLS or of another CA cannot be reached");
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     backoff = std::min(backoff * 2, 5.0);
   }
@@ -269,13 +314,16 @@ void add_node(CLI::App& app, int& exit_code) {
     "node", "Join a cluster run as a member node: connect to the leader (`tandem run --listen`), retrying until it "
             "is up, and host the actors its placement puts on this node (config/cluster.toml)");
   auto o = std::make_shared<node_options>();
-  cmd->add_option("--join", o->join, "The leader's HOST:PORT (loopback until TLS between nodes lands)")->required();
+  cmd->add_option("--join", o->join, "The leader's HOST:PORT (off loopback only with --certs)")->required();
   cmd->add_option("--name", o->name, "This node's name, as the placement names it (\"NAME:cuda:0\")")->required();
   cmd->add_option("--devices", o->devices,
                   "\"cpu\", or cuda:0,cuda:1,... (default: every GPU of this host, else the CPU)");
   cmd->add_option("--token-file", o->token_file,
                   "This node's join token (`tandem certs` writes NODE/join.token); needed when the leader has "
                   "cluster.secret");
+  cmd->add_option("--certs", o->certs,
+                  "This node's folder of `tandem certs DIR --nodes ...` (DIR/NAME: cert.pem, key.pem, ca.pem): TLS "
+                  "to the leader, needed when it has cluster.certs and off loopback");
   cmd->add_option("--wait-s", o->wait_s, "How long to keep retrying the join (default 600)");
   cmd->add_option("--heartbeat-s", o->heartbeat_s, "Seconds between heartbeats to the leader (default 2)");
   cmd->add_option("--timeout-s", o->timeout_s,

@@ -241,7 +241,7 @@ std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_co
   d.listener = caf::actor_cast<caf::actor>(waiter);
   out.door = spawn_door(sys, d);
   const auto a = parse_listen(cfg.cluster.listen);
-  auto port = sys.middleman().publish(out.door, a->port, a->host.c_str(), true);
+  auto port = publish_door(sys, out.door, a->port, a->host, !cfg.cluster.certs.empty());
   if (!port) {
     std::fprintf(stderr, "tandem run: cluster.listen %s: cannot listen: %s\n", cfg.cluster.listen.c_str(),
                  sys.render(port.error()).c_str());
@@ -256,9 +256,10 @@ std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_co
     std::ofstream f(cfg.run.output_dir / "cluster.json");
     f << j.dump(2) << "\n";
   }
-  std::fprintf(stderr, "tandem run: cluster leader '%s' on %s:%u (tandem node --join %s:%u --name NAME)\n",
-               cfg.cluster.name.c_str(), a->host.c_str(), static_cast<unsigned>(out.port), a->host.c_str(),
-               static_cast<unsigned>(out.port));
+  std::fprintf(stderr, "tandem run: cluster leader '%s' on %s:%u%s (tandem node --join %s:%u --name NAME%s)\n",
+               cfg.cluster.name.c_str(), a->host.c_str(), static_cast<unsigned>(out.port),
+               cfg.cluster.certs.empty() ? "" : " over TLS", a->host.c_str(), static_cast<unsigned>(out.port),
+               cfg.cluster.certs.empty() ? "" : " --certs DIR/NAME");
   std::map<std::string, std::pair<int32_t, node_actor>> up;
   const auto t0 = std::chrono::steady_clock::now();
   std::string last_line;
@@ -395,7 +396,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   const bool cluster = !cfg.cluster.listen.empty();
   caf::actor_system_config sys_cfg;
   if (cluster)
-    configure_cluster_system(sys_cfg, cfg.cluster.heartbeat_s, cfg.cluster.timeout_s);
+    configure_cluster_system(sys_cfg, cfg.cluster.heartbeat_s, cfg.cluster.timeout_s, cfg.cluster.certs.string());
   else
     register_messages(sys_cfg);
   caf::actor_system sys{sys_cfg};
@@ -728,8 +729,8 @@ void add_run(CLI::App& app, int& exit_code) {
                 "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
   cmd->add_option("--listen", opts->listen,
-                  "Lead a cluster: take member nodes (tandem node --join) on HOST:PORT (cluster.listen; loopback "
-                  "until TLS between nodes lands) and wait for the nodes the placement names");
+                  "Lead a cluster: take member nodes (tandem node --join) on HOST:PORT (cluster.listen; off "
+                  "loopback only with cluster.certs) and wait for the nodes the placement names");
   cmd->add_option("--name", opts->name, "This leader's node name (cluster.name, default \"leader\")");
   cmd->add_option("--fault", opts->faults,
                   "Inject a fault: drafter=N,kind=K,at_step=S (repeatable; once per run, however many worker "
