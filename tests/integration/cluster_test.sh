@@ -6,6 +6,8 @@
 #      retries) train the tiny config's two epochs: exact ledger, every
 #      step's loss bit-equal to the one-process run, every process exits 0,
 #      no shared-memory segment left behind;
+#   1b. hostile bytes at the leader's port (random, huge lengths, truncated
+#      and over-long answers, 200 idle connections): no crash, no stall;
 #   2. refusals, each with its reason and exit 2, while the leader waits: a
 #      wrong join token, none, another build (named on both sides), a name
 #      the placement does not hold; then the leader's join timeout names the
@@ -20,7 +22,7 @@
 #      bit-equal;
 #   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
 #      another CA's certificate and a member without TLS never get in.
-# ~70-100 s on 2 cores (a loaded machine: up to ~2 min).
+# ~80 s on 2 cores (a loaded machine: up to ~2 min).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,17 +76,41 @@ check "$python" "$here/compare_losses.py" "$work/one/metrics.jsonl" "$work/two/m
 check test -d "$work/two/checkpoints/step-$(printf %08d "$steps")"
 for p in $a_pid $b_pid $l_pid; do check test "$(segments_of $p)" = 0; done
 
-# 2. Refusals.  A secret: tokens are checked.
+# 1b. Hostile bytes at the leader's port while it waits (random data,
+# header-shaped huge lengths, truncated and over-long gate answers, wrong
+# proofs, 200 idle connections, garbage after the nonce): the leader neither
+# crashes nor stalls, then the members join and the run is bit-equal.
 "$tandem" certs "$work/pki" --nodes gpu-a,gpu-b,gpu-c > /dev/null
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/hostile" --listen 127.0.0.1:0 "${fast[@]}" "${split[@]}" \
+  --set supervision.worker_restarts=0 --set cluster.secret="$work/pki/cluster.secret" > "$work/hostile.log" 2>&1 &
+l_pid=$!; pids+=($l_pid)
+port=$(port_of "$work/hostile")
+"$python" "$here/cluster_hostile.py" 127.0.0.1 "$port" 6 > "$work/hostile-probe.log" 2>&1 || { cat "$work/hostile-probe.log"; }
+cat "$work/hostile-probe.log"
+check kill -0 $l_pid
+check grep -q "idle: 200 of 200 closed by the leader" "$work/hostile-probe.log"
+check grep -q "wrong-proof: .*no a wrong join token" "$work/hostile-probe.log"
+"$tandem" node --join "127.0.0.1:$port" --name gpu-a --devices cpu "${node_fast[@]}" \
+  --token-file "$work/pki/gpu-a/join.token" > "$work/ha.log" 2>&1 &
+a_pid=$!; pids+=($a_pid)
+"$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu "${node_fast[@]}" \
+  --token-file "$work/pki/gpu-b/join.token" > "$work/hb.log" 2>&1 &
+b_pid=$!; pids+=($b_pid)
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/hostile.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0
+check "$python" "$here/compare_losses.py" "$work/one/metrics.jsonl" "$work/hostile/metrics.jsonl" "$steps"
+
+# 2. Refusals.  A secret: tokens are checked.
 "$tandem" run "$work/run.toml" --set run.output_dir="$work/refuse" --listen 127.0.0.1:0 "${split[@]}" \
   --set cluster.secret="$work/pki/cluster.secret" --set cluster.join_timeout_s=12 > "$work/refuse.log" 2>&1 &
 l_pid=$!; pids+=($l_pid)
 port=$(port_of "$work/refuse")
 join() { "$tandem" node --join "127.0.0.1:$port" --wait-s 10 "${node_fast[@]}" --devices cpu "$@"; }
 rc=0; join --name gpu-a --token-file "$work/pki/gpu-c/join.token" > "$work/wrong.log" 2>&1 || rc=$?
-check test "$rc" = 2; check grep -q "refused: a wrong join token" "$work/wrong.log"
+check test "$rc" = 2; check grep -q "refused this node: a wrong join token" "$work/wrong.log"
 rc=0; join --name gpu-a > "$work/none.log" 2>&1 || rc=$?
-check test "$rc" = 2; check grep -q "refused: no join token" "$work/none.log"
+check test "$rc" = 2; check grep -q "refused this node: no join token" "$work/none.log"
 rc=0; TANDEM_TEST_HELLO_VERSION=0.0.1 join --name gpu-a --token-file "$work/pki/gpu-a/join.token" \
   > "$work/version.log" 2>&1 || rc=$?
 check test "$rc" = 2; check grep -q "it runs another build: Tandem 0.0.1 (the leader has " "$work/version.log"
@@ -198,11 +224,17 @@ check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/froz
 "$tandem" certs "$work/other" --nodes gpu-b > /dev/null
 lead tls --set train.max_steps=20 --set cluster.certs="$work/tls/leader" --set cluster.secret="$work/tls/cluster.secret"
 check grep -q "over TLS" "$work/tls.log"
+# (With this cluster's join token, so the gate lets them through to TLS.)
 rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --certs "$work/other/gpu-b" \
-  --token-file "$work/other/gpu-b/join.token" --wait-s 3 > "$work/tls-other.log" 2>&1 || rc=$?
+  --token-file "$work/tls/gpu-b/join.token" --wait-s 3 > "$work/tls-other.log" 2>&1 || rc=$?
 check test "$rc" = 1; check grep -q "no leader at 127.0.0.1:$port after" "$work/tls-other.log"
-rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --wait-s 3 > "$work/tls-plain.log" 2>&1 || rc=$?
+rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --token-file "$work/tls/gpu-b/join.token" \
+  --wait-s 3 > "$work/tls-plain.log" 2>&1 || rc=$?
 check test "$rc" = 1
+# Another cluster's token is stopped at the gate.
+rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --certs "$work/other/gpu-b" \
+  --token-file "$work/other/gpu-b/join.token" --wait-s 3 > "$work/tls-token.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "refused this node: a wrong join token" "$work/tls-token.log"
 check test "$(grep -c "said hello" "$work/tls.log")" = 0
 "$tandem" node --join "127.0.0.1:$port" --name gpu-a --devices cpu "${node_fast[@]}" --certs "$work/tls/gpu-a" \
   --token-file "$work/tls/gpu-a/join.token" > "$work/tls-a.log" 2>&1 &

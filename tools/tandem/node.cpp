@@ -24,6 +24,7 @@
 #endif
 
 #include "actors/cluster.hpp"
+#include "actors/cluster_gate.hpp"
 #include "build_info.hpp"
 #include "commands.hpp"
 #include "gpu/device/runtime.hpp"
@@ -190,6 +191,14 @@ int run_node(const node_options& o) {
   std::signal(SIGINT, on_node_signal);
   std::signal(SIGTERM, on_node_signal);
   const auto hello = build_hello(o.name, token, gpus);
+  // CAF connects to a local connector, which passes the leader's gate
+  // (actors/cluster_gate.hpp) and then copies bytes.
+  connector_options co;
+  co.gate_host = addr->host == "localhost" ? "127.0.0.1" : addr->host;
+  co.gate_port = addr->port;
+  co.name = o.name;
+  co.token_hex = token;
+  gate_connector connector(co);
 
   // Join: retry with backoff until the leader is up (or --wait-s).
   const auto t0 = std::chrono::steady_clock::now();
@@ -200,8 +209,12 @@ int run_node(const node_options& o) {
   for (int attempt = 1;; ++attempt) {
     if (node_signal.load())
       return 128 + node_signal.load();
-    auto d = connect_to(sys, addr->host, addr->port, !o.certs.empty());
+    auto d = connect_to(sys, "127.0.0.1", connector.port(), !o.certs.empty());
     std::string why;
+    if (const auto no = connector.refusal(); !no.empty()) {
+      std::fprintf(stderr, "tandem node: the leader at %s refused this node: %s\n", o.join.c_str(), no.c_str());
+      return 2;
+    }
     if (d) {
       bool refused = false;
       self->request(*d, std::chrono::seconds(30), join_atom::value, hello)

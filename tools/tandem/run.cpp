@@ -36,6 +36,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster.hpp"
+#include "actors/cluster_gate.hpp"
 #include "actors/system.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
@@ -196,6 +197,7 @@ int check_checkpoint_space(const launch_plan& plan, bool force) {
 /// cluster.listen, the agents of the nodes that joined, their devices.
 struct leader_side {
   caf::actor door;
+  std::shared_ptr<cluster_gate> gate;  ///< the public port (actors/cluster_gate.hpp)
   uint16_t port = 0;
   cluster_members members;
   std::vector<member_devices> joined;  ///< in the placement's order
@@ -241,14 +243,28 @@ std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_co
   d.listener = caf::actor_cast<caf::actor>(waiter);
   out.door = spawn_door(sys, d);
   const auto a = parse_listen(cfg.cluster.listen);
-  auto port = publish_door(sys, out.door, a->port, a->host, !cfg.cluster.certs.empty());
-  if (!port) {
-    std::fprintf(stderr, "tandem run: cluster.listen %s: cannot listen: %s\n", cfg.cluster.listen.c_str(),
-                 sys.render(port.error()).c_str());
+  // CAF listens on loopback only; the public port is the gate, which lets
+  // a peer's bytes through to CAF once it has answered the gate's nonce.
+  auto inner = publish_door(sys, out.door, 0, "127.0.0.1", !cfg.cluster.certs.empty());
+  if (!inner) {
+    std::fprintf(stderr, "tandem run: cannot publish the cluster's door on loopback: %s\n",
+                 sys.render(inner.error()).c_str());
     caf::anon_send(out.door, shutdown_atom::value, int32_t{1});
     return std::nullopt;
   }
-  out.port = *port;
+  try {
+    gate_options g;
+    g.host = a->host;
+    g.port = a->port;
+    g.inner_port = *inner;
+    g.secret_hex = d.secret_hex;
+    out.gate = std::make_shared<cluster_gate>(g);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem run: cluster.listen %s: %s\n", cfg.cluster.listen.c_str(), e.what());
+    caf::anon_send(out.door, shutdown_atom::value, int32_t{1});
+    return std::nullopt;
+  }
+  out.port = out.gate->port();
   {
     // Where members join (a port 0 in the config is picked here).
     const nlohmann::json j{{"host", a->host}, {"port", out.port}, {"leader", cfg.cluster.name},
