@@ -16,6 +16,10 @@ struct payload {
 #ifdef TANDEM_HAVE_CUDA
   std::shared_ptr<at::cuda::CUDAEvent> ready;  ///< null: valid now
 #endif
+  /// Mapped from another process (shared memory or CUDA IPC): not this
+  /// process's caching allocator's, and already ordered on the stream that
+  /// acquired it.
+  bool foreign = false;
 };
 
 /// Who may acquire a payload: this process only (snapshots, anything a
@@ -26,9 +30,11 @@ enum class scope { process, host };
 
 /// Publishes `p` and returns its handle (never 0).  With scope::host and
 /// sharing on, CPU tensors are copied once into a shared-memory segment and
-/// the payload holds views of it.  CUDA tensors stay process-local (CUDA IPC
-/// between processes is not built yet): another process that acquires them
-/// gets an error saying so.
+/// the payload holds views of it; CUDA tensors (contiguous, one device) are
+/// not copied: a small segment carries their CUDA IPC memory handles and
+/// offsets and an IPC event recorded after `p.ready`, and another process
+/// maps them (each allocation once per process) and waits on the event on
+/// its current stream.
 handle publish(payload p, scope s = scope::process);
 
 /// The payload of `h` as published: no copy, no wait on its event (the

@@ -42,6 +42,17 @@ bool sharing_with_host();
 /// is on; call it before a std::_Exit).
 void unlink_own_segments();
 
+/// What sharing with other processes cost this process so far (host time):
+/// publishing (the copy into shared memory, or the IPC handles and event),
+/// mapping another process's payload (shared memory, or opening IPC handles
+/// and the event), releasing.  For `tandem node`'s report and the bench.
+struct sharing_stats {
+  uint64_t published = 0, mapped = 0, released = 0;
+  double publish_ms = 0, map_ms = 0, release_ms = 0;
+  uint64_t ipc_published = 0, ipc_mapped = 0, ipc_opened = 0;  ///< CUDA IPC payloads; allocations opened
+};
+sharing_stats sharing_cost();
+
 /// Removes the segments of this user's processes that are no longer alive
 /// (a node killed before it released its payloads); returns how many.
 size_t sweep_orphan_segments();

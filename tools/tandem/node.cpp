@@ -298,6 +298,19 @@ int run_node(const node_options& o) {
         }
       });
   }
+  {
+    // What moving payloads between processes cost this node (host time).
+    const auto c = gpu::transport::sharing_cost();
+    auto each = [](double ms, uint64_t n) { return n ? ms / static_cast<double>(n) : 0.0; };
+    std::fprintf(stderr,
+                 "tandem node '%s': shared payloads: %llu published (%.3f ms each), %llu mapped (%.3f ms each), "
+                 "%llu released (%.3f ms each); CUDA IPC: %llu published, %llu mapped, %llu allocations opened\n",
+                 o.name.c_str(), static_cast<unsigned long long>(c.published), each(c.publish_ms, c.published),
+                 static_cast<unsigned long long>(c.mapped), each(c.map_ms, c.mapped),
+                 static_cast<unsigned long long>(c.released), each(c.release_ms, c.released),
+                 static_cast<unsigned long long>(c.ipc_published), static_cast<unsigned long long>(c.ipc_mapped),
+                 static_cast<unsigned long long>(c.ipc_opened));
+  }
   if (ended_by_leader) {
     // The leader closes the connection once every member has said goodbye:
     // leaving earlier could lose this node's goodbye with the connection.

@@ -1,0 +1,84 @@
+# On the GPU host (see tools/gpu-host/pack): issue 18 on one GPU — a leader,
+# a target node and a drafter node as three processes on one host, target
+# and drafter both on cuda:0, features through CUDA IPC.
+#   1. gpu_tests TransportIpc: CUDA payloads between two processes (bit-equal,
+#      each allocation opened once, the cost per payload);
+#   2. the tiny config, two epochs, one process and then three: losses
+#      compared, the nodes' sharing costs;
+#   3. the 8B pipeline (bench/pipeline.py's random Qwen3-8B and 5-layer
+#      drafter, S 3072) as three processes, STEPS8 steps (default 80): the
+#      IPC path's host cost per batch (publish on the target node, map on the
+#      drafter node, release) against the step time; the drafter node
+#      SIGKILLed at step ~30 and started again by name: the run ends with
+#      every sample of its steps committed once.
+# Logs into $OUT: cluster_*.log, cluster.jsonl (one line per part).
+source tools/gpu-host/env.sh
+OUT=${OUT:-/tmp}
+B=$ROOT/build/bin/tandem
+PY=$TANDEM_PYTHON
+W=${W:-/tmp/pipe}
+node() { "$B" node --join "127.0.0.1:$1" --name "$2" --devices cuda:0 --heartbeat-s 0.5 --timeout-s 5 > "$3" 2>&1 & }
+port_of() { for _ in $(seq 1 600); do [[ -s "$1/cluster.json" ]] && { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$1/cluster.json"; return; }; sleep 0.1; done; return 1; }
+cost() { grep -h "shared payloads" "$@" | sed 's/^/  /'; }
+
+echo "== 1. TransportIpc"
+timeout 300 build/bin/gpu_tests --gtest_filter='TransportIpc.*' 2>&1 | tee $OUT/cluster_ipc_test.log | grep -E "cuda ipc|OK|FAILED|PASSED|SKIPPED" | head
+
+echo "== 2. tiny config, one process vs three"
+T=$(mktemp -d)
+$PY tests/integration/make_run_dataset.py $T/data > /dev/null
+sed "s|@TARGET@|$ROOT/build/fixtures/qwen3_tiny|" tests/integration/run_test.toml > $T/run.toml
+timeout 300 "$B" run $T/run.toml --set run.output_dir=$T/one --set placement.targets=cuda:0 \
+  --set placement.drafters=cuda:0 > $OUT/cluster_tiny_one.log 2>&1 || echo "one-process run failed"
+timeout 300 "$B" run $T/run.toml --set run.output_dir=$T/three --listen 127.0.0.1:0 --set placement.targets=gpu-a:cuda:0 \
+  --set placement.drafters=gpu-b:cuda:0 > $OUT/cluster_tiny_leader.log 2>&1 &
+lp=$!
+p=$(port_of $T/three)
+node $p gpu-a $OUT/cluster_tiny_a.log; node $p gpu-b $OUT/cluster_tiny_b.log
+wait $lp; echo "leader exit $?"; wait
+tail -1 $OUT/cluster_tiny_one.log; tail -1 $OUT/cluster_tiny_leader.log
+$PY tests/integration/compare_losses.py $T/one/metrics.jsonl $T/three/metrics.jsonl 80 | tee -a $OUT/cluster_tiny_compare.log
+cost $OUT/cluster_tiny_a.log $OUT/cluster_tiny_b.log
+
+echo "== 3. 8B pipeline as three processes"
+[[ -f $W/run.toml && -f $W/target/config.json ]] || \
+  timeout 400 $PY bench/pipeline.py --tandem $B --size 8b --target-device cuda:0 --drafter-device cuda:0 \
+    --work "$W" --setup-only > /dev/null || { echo "8b setup failed"; exit 1; }
+R=$W/cluster; rm -rf $R
+timeout 420 "$B" run $W/run.toml --set run.output_dir=$R --listen 127.0.0.1:0 --set train.max_steps=${STEPS8:-80} \
+  --set checkpoint.every_steps=20 --set placement.targets=gpu-a:cuda:0 --set placement.drafters=gpu-b:cuda:0 \
+  --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 > $OUT/cluster_8b_leader.log 2>&1 &
+lp=$!
+p=$(port_of $R)
+node $p gpu-a $OUT/cluster_8b_a.log; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
+for _ in $(seq 1 3000); do [[ $(grep -c '"event":"step"' $R/metrics.jsonl 2>/dev/null) -ge 30 ]] && break; sleep 0.1; done
+grep -h "shared payloads" $OUT/cluster_8b_b.log
+kill -9 $bp; echo "drafter node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
+sleep 3
+node $p gpu-b $OUT/cluster_8b_b2.log
+wait $lp; echo "leader exit $?"; wait
+tail -2 $OUT/cluster_8b_leader.log
+cost $OUT/cluster_8b_a.log $OUT/cluster_8b_b2.log
+$PY - "$R/metrics.jsonl" $OUT/cluster_8b_a.log $OUT/cluster_8b_b2.log <<'PYEOF' | tee -a $OUT/cluster.jsonl
+import json, re, sys, statistics
+m = [json.loads(l) for l in open(sys.argv[1])]
+steps = [x for x in m if x["event"] == "step"]
+fails = [x for x in m if x["event"] == "drafter_failed"]
+ends = [x for x in m if x["event"] == "end"]
+cms = [x["compute_ms"] for x in steps[5:] if "compute_ms" in x]
+def cost(path, what):
+    t = open(path).read()
+    g = re.search(r"(\d+) published \(([\d.]+) ms each\), (\d+) mapped \(([\d.]+) ms each\), (\d+) released \(([\d.]+) ms each\)", t)
+    return {"published": int(g[1]), "publish_ms": float(g[2]), "mapped": int(g[3]), "map_ms": float(g[4]),
+            "released": int(g[5]), "release_ms": float(g[6])} if g else None
+a, b = cost(sys.argv[2], "a"), cost(sys.argv[3], "b")
+step = statistics.median(cms) if cms else 0
+# Per batch: the target node publishes a batch and its features and releases them;
+# the drafter node maps both.
+per_batch = (2 * a["publish_ms"] + 2 * a["release_ms"] + 2 * b["map_ms"]) if a and b else None
+print(json.dumps({"case": "cluster_8b_ipc", "steps": len(steps), "failures": len(fails),
+                  "restore_from": [f.get("restore_from") for f in fails],
+                  "end": ends[-1]["reason"] if ends else None, "step_compute_ms_median": step,
+                  "target_node": a, "drafter_node": b, "ipc_host_ms_per_batch": per_batch,
+                  "ipc_share_of_step": (per_batch / step) if per_batch and step else None}))
+PYEOF
