@@ -18,6 +18,7 @@
 #include <openssl/hmac.h>
 #endif
 
+#include "actors/control_http.hpp"  // same_token
 #include "actors/default_handler.hpp"
 #include "actors/spawn.hpp"
 #include "actors/system.hpp"
@@ -52,32 +53,26 @@ std::vector<unsigned char> from_hex(const std::string& text) {
   return out;
 }
 
-/// Constant-time equality of two strings of equal length (the lengths of
-/// tokens are public: 64 hex digits).
-bool same_secret_text(const std::string& a, const std::string& b) {
-  if (a.size() != b.size())
-    return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 } // namespace
 
-std::string join_token(const std::string& secret_hex, const std::string& name) {
-  const auto key = from_hex(secret_hex);
+std::string hmac_sha256_hex(const std::string& key, const std::string& message) {
 #ifdef TANDEM_HAVE_TLS
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(name.data()),
-            name.size(), mac, &len))
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &len))
     throw std::runtime_error("HMAC-SHA256 failed");
   return to_hex(mac, len);
 #else
-  (void)name;
+  (void)key;
+  (void)message;
   throw std::runtime_error("join tokens need OpenSSL (libssl-dev), which this build lacks");
 #endif
+}
+
+std::string join_token(const std::string& secret_hex, const std::string& name) {
+  const auto key = from_hex(secret_hex);
+  return hmac_sha256_hex(std::string(key.begin(), key.end()), name);
 }
 
 std::string hello_mismatch(const std::vector<std::string>& leader, const std::vector<std::string>& member) {
@@ -232,7 +227,7 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
         } catch (const std::exception& e) {
           return make_error(errc::bad_input, std::string("the leader cannot check join tokens: ") + e.what());
         }
-        if (hello[token].empty() || !same_secret_text(want, hello[token])) {
+        if (hello[token].empty() || !same_token(want, hello[token])) {
           spdlog::warn("cluster: node '{}' refused: {} join token", n, hello[token].empty() ? "no" : "a wrong");
           return make_error(errc::bad_input,
                             "node '" + n + "' refused: " + (hello[token].empty() ? "no" : "a wrong")

@@ -18,6 +18,10 @@
 
 namespace tandem {
 
+/// The hex HMAC-SHA256 of `message` under `key` (OpenSSL; throws
+/// std::runtime_error in a build without it).
+std::string hmac_sha256_hex(const std::string& key, const std::string& message);
+
 /// The hex HMAC-SHA256 of `name` under the cluster secret (the hex text of
 /// `tandem certs`' cluster.secret): the node's join token.  Throws
 /// std::runtime_error for a secret that is not hex.

@@ -19,13 +19,8 @@
 #include <boost/asio/write.hpp>
 #include <spdlog/spdlog.h>
 
-#ifdef TANDEM_HAVE_TLS
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#endif
-
 #include "actors/cluster.hpp"
-#include "actors/control_http.hpp"  // random_token
+#include "actors/control_http.hpp"  // random_token, same_token
 #include "launch/run_config.hpp"    // valid_node_name
 
 namespace tandem {
@@ -37,15 +32,6 @@ namespace {
 
 constexpr const char* gate_magic = "tandem-gate/1";
 constexpr size_t max_line = 256;
-
-bool same_text(const std::string& a, const std::string& b) {
-  if (a.size() != b.size())
-    return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 /// Copies bytes between two sockets until either side closes.
 struct splice : std::enable_shared_from_this<splice> {
@@ -122,24 +108,7 @@ std::string take_line(asio::streambuf& buf, size_t n, std::string& rest) {
 } // namespace
 
 std::string gate_proof(const std::string& token_hex, const std::string& nonce_hex) {
-#ifdef TANDEM_HAVE_TLS
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), token_hex.data(), static_cast<int>(token_hex.size()),
-            reinterpret_cast<const unsigned char*>(nonce_hex.data()), nonce_hex.size(), mac, &len))
-    throw std::runtime_error("HMAC-SHA256 failed");
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(digits[mac[i] >> 4]);
-    out.push_back(digits[mac[i] & 0xf]);
-  }
-  return out;
-#else
-  (void)token_hex;
-  (void)nonce_hex;
-  throw std::runtime_error("join proofs need OpenSSL (libssl-dev), which this build lacks");
-#endif
+  return hmac_sha256_hex(token_hex, nonce_hex);
 }
 
 // ------------------------------------------------------------------ gate --
@@ -243,7 +212,7 @@ struct cluster_gate::impl : std::enable_shared_from_this<cluster_gate::impl> {
             finish(std::string("the leader cannot check proofs: ") + x.what());
             return;
           }
-          if (!same_text(want, proof)) {
+          if (!same_token(want, proof)) {
             spdlog::warn("cluster gate: '{}' refused: {} join token", name, proof == "-" ? "no" : "a wrong");
             finish(proof == "-" ? "no join token (the leader checks cluster.secret; give --token-file)"
                                 : "a wrong join token");
