@@ -313,6 +313,12 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
     [self](spawn_ckpt_atom, const std::string& node, int32_t tier) {
       return spawn_via(self, node, spawn_ckpt_atom::value, tier);
     },
+    [self](spawn_target_atom, const std::string& node, int32_t index, const coordinator_actor& c) {
+      return spawn_via(self, node, spawn_target_atom::value, index, c);
+    },
+    [self](spawn_prefetch_atom, const std::string& node, int32_t index, const coordinator_actor& c) {
+      return spawn_via(self, node, spawn_prefetch_atom::value, index, c);
+    },
     [self](expire_atom, uint64_t id) {
       auto& s = self->state;
       auto it = std::find_if(s.pending.begin(), s.pending.end(), [&](const pending_spawn& p) { return p.id == id; });
@@ -488,14 +494,14 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
       if (!mine(p.placement.prefetch, i))
         return not_here(opts->name, "prefetch", i, p.placement.prefetch);
       return keep(spawn_prefetch(self->system(), p.placement.prefetch[static_cast<size_t>(i)].index,
-                                 p.prefetch[static_cast<size_t>(i)], c));
+                                 p.prefetch[static_cast<size_t>(i)], c, self->state.faults));
     },
     [self, opts, mine, keep](spawn_target_atom, int32_t i, const coordinator_actor& c) -> caf::result<target_actor> {
       auto& p = *self->state.plan;
       if (!mine(p.placement.targets, i))
         return not_here(opts->name, "target", i, p.placement.targets);
       return keep(spawn_target(self->system(), p.placement.targets[static_cast<size_t>(i)].index,
-                               p.targets[static_cast<size_t>(i)], c));
+                               p.targets[static_cast<size_t>(i)], c, self->state.faults));
     },
     [self, opts, mine, keep](spawn_drafter_atom, int32_t i, const std::string& from,
                              const coordinator_actor& c) -> caf::result<drafter_actor> {

@@ -54,6 +54,8 @@ struct door_options {
 ///       plan's facts, and so does a member that joins again later;
 ///   (spawn_drafter_atom, node, index, from, coordinator) -> drafter_actor
 ///   (spawn_ckpt_atom, node, tier) -> checkpointer_actor
+///   (spawn_target_atom, node, index, coordinator) -> target_actor
+///   (spawn_prefetch_atom, node, index, coordinator) -> prefetch_actor
 ///       a spawn on `node`, at once when it is up, else when it joins
 ///       again (a lost node restarted with the same --name), or an error
 ///       after rejoin_timeout_s.

@@ -109,6 +109,13 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
     s.idle.push_back(static_cast<int32_t>(d));  // all start from the same restore point (clean)
   }
   s.group.emplace(static_cast<int32_t>(n));
+  const auto sources = s.peers.prefetch.size();
+  s.target_down.assign(sources, false);
+  s.prefetch_down.assign(sources, false);
+  s.target_incarnation.assign(sources, 0);
+  s.fresh_prefetch.assign(sources, false);
+  s.held_features.assign(sources, {});
+  s.held_batches.assign(sources, {});
   // The supervisor watches every worker from here on (first message from
   // this actor to it: every restart request comes after).
   self->send(s.opts.supervisor, supervise_atom::value, caf::actor_cast<coordinator_actor>(self), s.peers);
@@ -155,6 +162,18 @@ std::string status_json(coordinator_state& s) {
   for (const auto& [from, scale] : s.lr_changes)
     j["lr_changes"].push_back({{"from_step", from}, {"scale", scale}});
   j["credits"] = s.opts.credits;
+  // Targets and prefetches being replaced (their index), and whether the
+  // batches in flight then still wait to be issued again.
+  auto down = [](const std::vector<bool>& v) {
+    auto a = nlohmann::json::array();
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i])
+        a.push_back(i);
+    return a;
+  };
+  j["targets_down"] = down(s.target_down);
+  j["prefetch_down"] = down(s.prefetch_down);
+  j["reissue_due"] = s.rewind_due;
   // Per drafter: what the coordinator knows of it (the control endpoint's tree).
   auto drafters = nlohmann::json::array();
   for (size_t d = 0; d < s.drafters.size(); ++d) {
@@ -392,6 +411,11 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](drafter_down_atom, int32_t d, const std::string& why) { on_drafter_down(self, d, why); },
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
     [self](escalate_atom, const std::string& why) { on_escalate(self, why); },
+    [self](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {
+      on_worker_down(self, role, i, why);
+    },
+    [self](worker_up_atom, int32_t i, target_actor& fresh) { on_target_up(self, i, std::move(fresh)); },
+    [self](worker_up_atom, int32_t i, prefetch_actor& fresh) { on_prefetch_up(self, i, std::move(fresh)); },
     [self](tick_atom) { on_tick(self); },
     [self](device_lost_atom, const std::string& why) { on_device_lost(self, why); },
     [self](shutdown_atom) { self->quit(); },  // the supervisor shuts the drafters down

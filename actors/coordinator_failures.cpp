@@ -109,9 +109,13 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
   s.exhausted.assign(s.peers.prefetch.size(), false);
   for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
     self->send(s.peers.prefetch[p], epoch_atom::value, s.epoch, s.data_generation, done);
-    if (credit[p] > 0 && !s.stopping())
-      self->send(s.peers.prefetch[p], credit_atom::value, credit[p]);
+    if (const auto c = credit_after_drop(self, p, credit[p]); c > 0 && !s.stopping())
+      self->send(s.peers.prefetch[p], credit_atom::value, c);
   }
+  // A target or prefetch replaced and back: this rewind re-issued its
+  // batches too (one still down is rewound when it is back).
+  if (!s.workers_down())
+    s.rewind_due = false;
   // The supervisor counts the failure against the restart budget and
   // restarts the drafter from the restore point after its backoff (the new
   // incarnation arrives as drafter_up), or refuses: then the run fails.

@@ -18,19 +18,32 @@ void event(self_ptr self, run_event e) {
 
 void release(self_ptr self, int32_t source, uint64_t batch_handle, uint64_t features_handle) {
   auto& s = self->state;
-  if (batch_handle)
-    self->send(s.peers.prefetch[static_cast<size_t>(source)], release_atom::value, batch_handle);
-  if (features_handle)
-    self->send(s.peers.targets[static_cast<size_t>(source)], release_atom::value, features_handle);
+  const auto i = static_cast<size_t>(source);
+  // One being replaced gets them once its new incarnation is up.
+  if (batch_handle) {
+    if (s.prefetch_down[i])
+      s.held_batches[i].push_back(batch_handle);
+    else
+      self->send(s.peers.prefetch[i], release_atom::value, batch_handle);
+  }
+  if (features_handle) {
+    if (s.target_down[i])
+      s.held_features[i].push_back(features_handle);
+    else
+      self->send(s.peers.targets[i], release_atom::value, features_handle);
+  }
 }
 
 std::vector<int32_t> drop_in_flight(self_ptr self) {
   auto& s = self->state;
   std::vector<int32_t> per_source(s.peers.prefetch.size(), 0);
   for (auto& [id, f] : s.in_flight) {
-    ++per_source[static_cast<size_t>(f.source)];
+    const auto i = static_cast<size_t>(f.source);
+    ++per_source[i];
     if (f.features_handle)
       release(self, f.source, f.batch_handle, f.features_handle);
+    else if (f.target_incarnation != s.target_incarnation[i] || s.target_down[i])
+      release(self, f.source, f.batch_handle, 0);  // held, or at a target that died: never comes back
     else
       s.abandoned.insert(id);  // still at its target: released when it comes back
   }
@@ -51,8 +64,9 @@ bool epoch_tail(self_ptr self) {
 
 void dispatch(self_ptr self) {
   auto& s = self->state;
-  if (s.paused)
+  if (s.holding())
     return;  // the features wait in the queue (within the credits) until resumed
+             // (paused), or until a lost target or prefetch is replaced
   if (s.grouped()) {
     dispatch_group(self);
     return;
@@ -362,6 +376,8 @@ namespace {
 /// Every prefetch is exhausted and nothing of the epoch is left anywhere.
 bool epoch_drained(self_ptr self) {
   auto& s = self->state;
+  if (s.workers_down() || s.rewind_due)
+    return false;  // what was in flight is issued again first
   for (bool e : s.exhausted)
     if (!e)
       return false;
@@ -408,6 +424,7 @@ void after_step(self_ptr self) {
     try_complete(self);
     return;
   }
+  maybe_rewind(self);  // a lost target or prefetch is back: now that no drafter is mid-step
   // An evaluation first: a checkpoint of the same step then follows the
   // moment its snapshot is answered (checkpoint_after_host), at this step.
   if ((s.opts.eval_every > 0 && s.step % s.opts.eval_every == 0) || s.eval_due)
@@ -452,8 +469,15 @@ void on_batch(self_ptr self, batch_desc& batch) {
   batch.batch_id = s.ledger->issue(batch.sample_ids);
   for (auto id : batch.sample_ids)
     s.sample_source[id] = batch.source;
-  s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens};
-  self->send(s.peers.targets[static_cast<size_t>(batch.source)], std::move(batch));
+  const auto i = static_cast<size_t>(batch.source);
+  if (s.target_down[i]) {
+    // Its target is being replaced: held, and issued again by the rewind
+    // that follows (its credit comes back then).
+    s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens, -1};
+    return;
+  }
+  s.in_flight[batch.batch_id] = flight{batch.source, batch.handle, 0, batch.real_tokens, s.target_incarnation[i]};
+  self->send(s.peers.targets[i], std::move(batch));
 }
 
 /// A target's features: queue the work for a drafter.

@@ -11,6 +11,8 @@
 ///                             watchdog and heartbeats, new incarnations
 ///   coordinator_eval.cpp      real τ ([eval]): snapshots to the eval actor,
 ///                             the run's last evaluation before its answer
+///   coordinator_workers.cpp   a target or prefetch lost and restarted: held
+///                             batches and releases, the rewind that re-issues
 ///
 /// The run's phase (run_phase):
 ///
@@ -56,6 +58,10 @@ struct flight {
   uint64_t batch_handle = 0;
   uint64_t features_handle = 0;
   int64_t real_tokens = 0;
+  /// The incarnation of its target it was sent to (coordinator_state::
+  /// target_incarnation); −1: held, never sent (its target was down).  A
+  /// batch sent to an incarnation that died never comes back.
+  int64_t target_incarnation = 0;
 };
 
 /// What the coordinator knows of drafter j (peers.drafters[j] is its handle).
@@ -166,6 +172,15 @@ struct coordinator_state {
   std::set<int64_t> abandoned;                   ///< rolled back while at a target
   int64_t lineage = 0;                           ///< rollbacks to a checkpoint so far (a snapshot older than one is stale)
 
+  // Targets and prefetches lost and restarted (coordinator_workers.cpp), by index.
+  std::vector<bool> target_down, prefetch_down;
+  std::vector<int64_t> target_incarnation;       ///< new incarnations of target i so far
+  std::vector<bool> fresh_prefetch;              ///< a new incarnation: no epoch nor credit yet
+  std::vector<std::vector<uint64_t>> held_features, held_batches;  ///< releases waiting for i's new incarnation
+  /// Every lost one is back: the batches in flight are re-issued once no
+  /// drafter is mid-step (rewind); nothing is dispatched until then.
+  bool rewind_due = false;
+
   /// Data-parallel drafters (more than one): one NCCL group, lockstep steps.
   std::optional<group_step> group;
 
@@ -173,6 +188,17 @@ struct coordinator_state {
   bool stopping() const { return phase == run_phase::stopping || phase == run_phase::stopped; }
   bool checkpointing() const { return checkpoint != checkpoint_phase::none; }
   bool grouped() const { return peers.drafters.size() > 1; }
+  bool workers_down() const {
+    for (bool d : target_down)
+      if (d)
+        return true;
+    for (bool d : prefetch_down)
+      if (d)
+        return true;
+    return false;
+  }
+  /// No work goes to drafters: paused, or a target or prefetch being replaced.
+  bool holding() const { return paused || rewind_due || workers_down(); }
   drafter_slot& slot(int32_t d) { return drafters[static_cast<size_t>(d)]; }
   bool snapshot_pending() const {
     for (const auto& d : drafters)
@@ -239,6 +265,19 @@ void abort_group(self_ptr self, const std::string& why);
 void on_group_report(self_ptr self, const step_report& r);
 void resolve_group_failure(self_ptr self);
 void count_group_step(self_ptr self, int64_t step, const std::vector<step_report>& reports);
+
+// -- coordinator_workers.cpp ---------------------------------------------------
+/// Target or prefetch `index` (`role`) died: held until its new incarnation
+/// is up; the supervisor is asked to restart it.
+void on_worker_down(self_ptr self, const std::string& role, int32_t index, const std::string& why);
+void on_target_up(self_ptr self, int32_t index, target_actor fresh);
+void on_prefetch_up(self_ptr self, int32_t index, prefetch_actor fresh);
+/// Re-issues what was in flight when a worker was lost, once every lost one
+/// is back and no drafter is mid-step (a no-op otherwise).
+void maybe_rewind(self_ptr self);
+/// The credit to grant prefetch `p` after a drop of `dropped` of its batches:
+/// those, or a whole window for a new incarnation (which had none).
+int32_t credit_after_drop(self_ptr self, size_t p, int32_t dropped);
 
 // -- coordinator_failures.cpp --------------------------------------------------
 void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason,

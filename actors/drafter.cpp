@@ -77,7 +77,7 @@ void apply_faults(drafter_state& s, int64_t next_step) {
   if (!s.faults)
     return;
   for (auto& f : s.faults->entries) {
-    if (f->drafter != s.index || is_snapshot_fault(f->kind) || f->at_step != next_step || f->fired.exchange(true))
+    if (f->role != "drafter" || f->drafter != s.index || is_snapshot_fault(f->kind) || f->at_step != next_step || f->fired.exchange(true))
       continue;
     s.faults->record_fired(*f);
     fire_step_fault(s, f->kind, next_step);
@@ -99,7 +99,7 @@ bool apply_snapshot_faults(drafter_state& s) {
   }
   if (s.faults)
     for (auto& f : s.faults->entries) {
-      if (f->drafter != s.index || !is_snapshot_fault(f->kind) || s.engine->step() < f->at_step
+      if (f->role != "drafter" || f->drafter != s.index || !is_snapshot_fault(f->kind) || s.engine->step() < f->at_step
           || f->fired.exchange(true))
         continue;
       s.faults->record_fired(*f);

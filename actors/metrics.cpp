@@ -60,6 +60,17 @@ struct line_writer {
   nlohmann::json operator()(const drafter_restarted_event& x) const {
     return {{"event", "drafter_restarted"}, {"drafter", x.drafter}, {"step", x.step}, {"from", x.from}};
   }
+  nlohmann::json operator()(const actor_failed_event& x) const {
+    return {{"event", "actor_failed"}, {"role", x.role},       {"index", x.index},
+            {"reason", x.reason},      {"step", x.step},       {"restart", x.restart},
+            {"budget", x.budget},      {"backoff_s", x.backoff_s}};
+  }
+  nlohmann::json operator()(const actor_restarted_event& x) const {
+    return {{"event", "actor_restarted"}, {"role", x.role}, {"index", x.index}, {"step", x.step}};
+  }
+  nlohmann::json operator()(const reissued_event& x) const {
+    return {{"event", "reissued"}, {"step", x.step}, {"samples", x.samples}};
+  }
   nlohmann::json operator()(const escalated_event& x) const {
     return {{"event", "escalated"}, {"reason", x.reason}, {"step", x.step}};
   }

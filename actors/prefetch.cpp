@@ -35,11 +35,13 @@ struct prefetch_state {
   int64_t reissued = 0;         ///< samples asked again after a rollback, this epoch
   int64_t batches = 0, samples = 0, real_tokens = 0, batch_tokens = 0;
   std::optional<clock_type::time_point> first_batch;
+  std::shared_ptr<fault_plan> faults;  ///< injected faults (tests)
 };
 
 prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer<prefetch_state> self,
                                                 int32_t index, gpu::prefetch_engine_options opts,
-                                                coordinator_actor coordinator, bool own_thread) {
+                                                coordinator_actor coordinator, std::shared_ptr<fault_plan> faults,
+                                                bool own_thread) {
   install_default_handler(self, prefetch_state::name);
   auto meter = std::make_shared<vitals_meter>(self->system(), "prefetch", index, own_thread);
   meter->figures = [self] {
@@ -63,6 +65,7 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   st.index = index;
   st.coordinator = coordinator;
   st.device = opts.device;
+  st.faults = std::move(faults);
   try {
     st.engine.emplace(opts);  // on this actor's own thread
   } catch (const gpu::error& e) {
@@ -81,13 +84,16 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
   // Packs and sends batches while credit lasts.  A shard that fails its
   // verification (gpu::error(bad_input): a changed byte, a token past the
   // vocabulary) ends this actor with that error before any of its batches
-  // is sent; the supervisor stops the run (prefetch actors are not
-  // restarted: the same bytes would fail again).
+  // is sent; the supervisor stops the run (a bad input is not retried: the
+  // same bytes would fail again).  Any other failure is restarted.
   auto pump = [self] {
     auto& s = self->state;
     while (s.credit > 0 && !s.exhausted) {
       std::optional<gpu::staged_batch> b;
       try {
+        if (s.faults)
+          if (auto kind = s.faults->take("prefetch", s.index, s.batches + 1); !kind.empty())
+            fault_plan::fire("prefetch", s.index, kind);
         b = s.engine->next();
       } catch (const gpu::error& e) {
         self->quit(make_error(e.code(), "prefetch " + std::to_string(s.index) + ": " + e.what()));
@@ -160,15 +166,17 @@ prefetch_actor::behavior_type prefetch_behavior(prefetch_actor::stateful_pointer
 } // namespace
 
 template <caf::spawn_options Os>
-prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
-                              gpu::prefetch_engine_options opts, coordinator_actor coordinator) {
-  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator), Os == caf::detached);
+prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index, gpu::prefetch_engine_options opts,
+                              coordinator_actor coordinator, std::shared_ptr<fault_plan> faults) {
+  return sys.spawn<Os>(prefetch_behavior, index, std::move(opts), std::move(coordinator), std::move(faults),
+                       Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).
-template prefetch_actor spawn_prefetch<caf::detached>(caf::actor_system&, int32_t,
-                                                      gpu::prefetch_engine_options, coordinator_actor);
+template prefetch_actor spawn_prefetch<caf::detached>(caf::actor_system&, int32_t, gpu::prefetch_engine_options,
+                                                      coordinator_actor, std::shared_ptr<fault_plan>);
 template prefetch_actor spawn_prefetch<caf::no_spawn_options>(caf::actor_system&, int32_t,
-                                                              gpu::prefetch_engine_options, coordinator_actor);
+                                                              gpu::prefetch_engine_options, coordinator_actor,
+                                                              std::shared_ptr<fault_plan>);
 
 } // namespace tandem

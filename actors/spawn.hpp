@@ -41,13 +41,18 @@
 
 namespace tandem {
 
+struct fault_plan;
+
+/// `faults`: those naming this prefetch or target (role and index) fire on
+/// their at_step-th batch (fault_plan::take).
 template <caf::spawn_options Os = caf::detached>
 prefetch_actor spawn_prefetch(caf::actor_system& sys, int32_t index,
-                              gpu::prefetch_engine_options opts, coordinator_actor coordinator);
+                              gpu::prefetch_engine_options opts, coordinator_actor coordinator,
+                              std::shared_ptr<fault_plan> faults = nullptr);
 
 template <caf::spawn_options Os = caf::detached>
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
-                          coordinator_actor coordinator);
+                          coordinator_actor coordinator, std::shared_ptr<fault_plan> faults = nullptr);
 
 /// Injected faults (config `[[faults.inject]]`, `--fault`): each fires once
 /// per run, whichever incarnation of its drafter reaches its step first —
@@ -56,7 +61,8 @@ target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_eng
 /// Test and demonstration machinery, shared by the drafter's incarnations.
 struct fault_plan {
   struct entry {
-    int32_t drafter = 0;
+    std::string role = "drafter";  ///< "drafter", "target" or "prefetch"
+    int32_t drafter = 0;           ///< the index within its role
     std::string kind;       ///< launch/run_config.hpp, fault_spec
     int64_t at_step = 0;    ///< fires when the drafter is about to take this step
     std::atomic<bool> fired{false};
@@ -70,6 +76,11 @@ struct fault_plan {
   /// fault acts, so one that kills the process is on record.
   std::string fired_file;
   void record_fired(const entry& e) const;
+  /// The kind of the fault due for target or prefetch `index` (`role`) at
+  /// its `count`-th batch, marked fired and recorded; "" when none.
+  std::string take(const std::string& role, int32_t index, int64_t count);
+  /// Fires it in the calling actor: "throw" throws, "abort" aborts the process.
+  static void fire(const std::string& role, int32_t index, const std::string& kind);
 };
 
 /// `restore_from`: a checkpoint folder to load before the first step ("" = fresh).
@@ -119,6 +130,12 @@ struct supervisor_options : supervisor_settings {
   /// (actors/cluster.hpp), which waits up to `rejoin_timeout_s` for a lost
   /// node to join again; the supervisor does not block meanwhile.
   std::vector<std::string> drafter_nodes;
+  /// Spawns target or prefetch `index` again in this process (stateless:
+  /// the same options as the first).
+  std::function<target_actor(int32_t index)> respawn_target;
+  std::function<prefetch_actor(int32_t index)> respawn_prefetch;
+  /// Target i's node and prefetch i's (the same member: "" = this process).
+  std::vector<std::string> target_nodes;
   caf::actor cluster_door;
   double rejoin_timeout_s = 300;
 };

@@ -23,6 +23,16 @@ namespace tandem {
 
 namespace {
 
+/// A target or prefetch the supervisor restarts (stateless: its new
+/// incarnation is its first again).
+struct worker_slot {
+  caf::actor_addr addr;   ///< the live incarnation (none while down)
+  caf::actor handle;      ///< the same, to shut down at the end
+  bool given_up = false;  ///< budget spent, or a bad input: never restarted again
+  bool respawning = false;
+  std::vector<std::pair<caf::actor_clock::time_point, std::string>> failures;
+};
+
 struct supervisor_state {
   static inline const char* name = "tandem.supervisor";
   supervisor_options opts;
@@ -41,6 +51,7 @@ struct supervisor_state {
   // deterministic clock in protocol tests, like the backoff timer).
   std::vector<std::vector<std::pair<caf::actor_clock::time_point, std::string>>> failures;
   std::map<caf::actor_addr, std::string> others;  ///< watched workers that are not restarted
+  std::map<std::string, std::vector<worker_slot>> workers;  ///< targets and prefetches, by role
 };
 
 using self_ptr = supervisor_actor::stateful_pointer<supervisor_state>;
@@ -49,6 +60,48 @@ int32_t drafter_of(self_ptr self, const caf::actor_addr& a) {
   auto& v = self->state.drafter_addr;
   auto it = std::find(v.begin(), v.end(), a);
   return it == v.end() || !a ? -1 : static_cast<int32_t>(it - v.begin());
+}
+
+/// The role and index of the target or prefetch incarnation `a` (none: "").
+std::pair<std::string, int32_t> worker_of(self_ptr self, const caf::actor_addr& a) {
+  if (!a)
+    return {"", -1};
+  for (auto& [role, slots] : self->state.workers)
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].addr == a)
+        return {role, static_cast<int32_t>(i)};
+  return {"", -1};
+}
+
+/// Counts a failure in `f` (the window of supervision.window_s) and returns
+/// how many it now holds.
+int64_t count_failure(self_ptr self, std::vector<std::pair<caf::actor_clock::time_point, std::string>>& f,
+                      const std::string& why) {
+  const auto now = self->clock().now();
+  f.emplace_back(now, why);
+  f.erase(std::remove_if(f.begin(), f.end(),
+                         [&](const auto& x) {
+                           return std::chrono::duration<double>(now - x.first).count() > self->state.opts.window_s;
+                         }),
+          f.end());
+  return static_cast<int64_t>(f.size());
+}
+
+/// The restart budget's report: `what` failed n times within the window.
+std::string budget_report(self_ptr self, const std::string& what,
+                          const std::vector<std::pair<caf::actor_clock::time_point, std::string>>& f) {
+  const auto& o = self->state.opts;
+  std::string report = what + " failed " + std::to_string(f.size()) + " times within "
+                       + std::to_string(static_cast<int64_t>(o.window_s)) + " s (restart budget "
+                       + std::to_string(o.restart_budget) + "):";
+  for (auto& [t, w] : f)
+    report += "\n  - " + w;
+  return report;
+}
+
+double backoff_for(self_ptr self, int64_t n) {
+  const auto& b = self->state.opts.backoff_s;
+  return b.empty() ? 0.0 : b[std::min(b.size(), static_cast<size_t>(n)) - 1];
 }
 
 /// An exit reason in errc::bad_input: deterministic, not worth a restart.
@@ -112,28 +165,94 @@ caf::result<restart_plan> restart(self_ptr self, int32_t d, const std::string& w
     self->send_exit(s.drafters[di], caf::exit_reason::kill);
   s.drafters[di] = drafter_actor{};
   s.drafter_addr[di] = caf::actor_addr{};
-  const auto now = self->clock().now();
-  auto& f = s.failures[di];
-  f.emplace_back(now, why);
-  f.erase(std::remove_if(f.begin(), f.end(),
-                         [&](const auto& x) {
-                           return std::chrono::duration<double>(now - x.first).count() > s.opts.window_s;
-                         }),
-          f.end());
-  const auto n = static_cast<int64_t>(f.size());
+  const auto n = count_failure(self, s.failures[di], why);
   if (n > s.opts.restart_budget) {
     s.given_up[di] = true;
-    std::string report = "drafter " + std::to_string(d) + " failed " + std::to_string(n)
-                         + " times within " + std::to_string(static_cast<int64_t>(s.opts.window_s))
-                         + " s (restart budget " + std::to_string(s.opts.restart_budget) + "):";
-    for (auto& [t, w] : f)
-      report += "\n  - " + w;
-    return make_error(errc::device_failure, report);
+    return make_error(errc::device_failure, budget_report(self, "drafter " + std::to_string(d), s.failures[di]));
   }
-  const auto& b = s.opts.backoff_s;
-  const double wait = b.empty() ? 0.0 : b[std::min(b.size(), static_cast<size_t>(n)) - 1];
+  const double wait = backoff_for(self, n);
   self->delayed_send(self, seconds_to<std::chrono::milliseconds>(wait), respawn_atom::value, d, from);
   return restart_plan{n, s.opts.restart_budget, wait};
+}
+
+/// Target or prefetch `i` failed (`why`): counted like a drafter's failure;
+/// its new incarnation follows the backoff.
+caf::result<restart_plan> restart_worker(self_ptr self, const std::string& role, int32_t i, const std::string& why) {
+  auto& s = self->state;
+  auto it = s.workers.find(role);
+  if (it == s.workers.end() || i < 0 || static_cast<size_t>(i) >= it->second.size())
+    return make_error(errc::bad_input, "supervisor: no " + role + " " + std::to_string(i));
+  auto& w = it->second[static_cast<size_t>(i)];
+  if (w.given_up)
+    return make_error(errc::device_failure, "supervisor: " + role + " " + std::to_string(i)
+                                              + " is past its restart budget");
+  const auto n = count_failure(self, w.failures, why);
+  if (n > s.opts.restart_budget) {
+    w.given_up = true;
+    return make_error(errc::device_failure, budget_report(self, role + " " + std::to_string(i), w.failures));
+  }
+  const double wait = backoff_for(self, n);
+  self->delayed_send(self, seconds_to<std::chrono::milliseconds>(wait), respawn_atom::value, role, i);
+  return restart_plan{n, s.opts.restart_budget, wait};
+}
+
+/// Watches target or prefetch `i`'s new incarnation and hands it to the coordinator.
+template <class Handle>
+void adopt_worker(self_ptr self, const std::string& role, int32_t i, Handle h) {
+  auto& s = self->state;
+  auto& w = s.workers[role][static_cast<size_t>(i)];
+  w.respawning = false;
+  if (s.stopped || w.addr || w.given_up) {
+    caf::anon_send(h, shutdown_atom::value);
+    return;
+  }
+  self->monitor(h);
+  w.addr = h.address();
+  w.handle = caf::actor_cast<caf::actor>(h);
+  self->send(s.coordinator, worker_up_atom::value, i, std::move(h));
+}
+
+template <class Handle, class Atom>
+void respawn_on_node(self_ptr self, const std::string& role, int32_t i, const std::string& node, Atom atom) {
+  auto& s = self->state;
+  const auto wait = std::chrono::milliseconds(static_cast<int64_t>((s.opts.rejoin_timeout_s + 60) * 1000));
+  self->request(s.opts.cluster_door, wait, atom, node, i, s.coordinator)
+    .then([self, role, i](Handle& fresh) { adopt_worker(self, role, i, std::move(fresh)); },
+          [self, role, i, node](caf::error& e) {
+            auto& s = self->state;
+            auto& w = s.workers[role][static_cast<size_t>(i)];
+            w.respawning = false;
+            if (s.stopped)
+              return;
+            w.given_up = true;
+            auto why = role + " " + std::to_string(i) + " could not be restarted on node '" + node
+                       + "': " + self->system().render(e);
+            spdlog::error("tandem.supervisor: {}", why);
+            self->send(s.coordinator, escalate_atom::value, std::move(why));
+          });
+}
+
+void respawn_worker(self_ptr self, const std::string& role, int32_t i) {
+  auto& s = self->state;
+  auto& w = s.workers[role][static_cast<size_t>(i)];
+  if (s.stopped || w.addr || w.given_up || w.respawning)
+    return;
+  const auto ii = static_cast<size_t>(i);
+  const bool target = role == target_role;
+  if (ii < s.opts.target_nodes.size() && !s.opts.target_nodes[ii].empty() && s.opts.cluster_door) {
+    w.respawning = true;
+    if (target)
+      respawn_on_node<target_actor>(self, role, i, s.opts.target_nodes[ii], spawn_target_atom::value);
+    else
+      respawn_on_node<prefetch_actor>(self, role, i, s.opts.target_nodes[ii], spawn_prefetch_atom::value);
+    return;
+  }
+  if (target && s.opts.respawn_target)
+    adopt_worker(self, role, i, s.opts.respawn_target(i));
+  else if (!target && s.opts.respawn_prefetch)
+    adopt_worker(self, role, i, s.opts.respawn_prefetch(i));
+  else
+    self->send(s.coordinator, escalate_atom::value, role + " " + std::to_string(i) + " cannot be restarted here");
 }
 
 void respawn(self_ptr self, int32_t d, const std::string& from) {
@@ -189,6 +308,9 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
       double restarts = 0;
       for (const auto& f : self->state.failures)
         restarts += static_cast<double>(f.size());
+      for (const auto& [role, slots] : self->state.workers)
+        for (const auto& w : slots)
+          restarts += static_cast<double>(w.failures.size());
       return std::vector<vitals_figure>{{"failures_in_window", restarts}};
     };
     self->set_down_handler([self](caf::down_msg& m) {
@@ -220,11 +342,30 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         self->send(s.coordinator, drafter_down_atom::value, d, std::move(why));
         return;
       }
+      if (auto [role, i] = worker_of(self, m.source); i >= 0) {
+        auto& w = s.workers[role][static_cast<size_t>(i)];
+        w.addr = caf::actor_addr{};
+        w.handle = caf::actor{};
+        auto why = role + " " + std::to_string(i) + " ended: " + self->system().render(m.reason);
+        if (is_bad_input(m.reason)) {
+          // Its weights or data do not load: the same on every restart.
+          w.given_up = true;
+          why = bad_input_text(m.reason, why) + " (bad input is not retried: fix it and run again)";
+          spdlog::error("tandem.supervisor: {}", why);
+          self->send(s.coordinator, escalate_atom::value, std::move(why));
+          return;
+        }
+        if (m.reason == caf::exit_reason::remote_link_unreachable)
+          why = node_lost_prefix + why;
+        spdlog::warn("tandem.supervisor: {}", why);
+        self->send(s.coordinator, worker_down_atom::value, role, i, std::move(why));
+        return;
+      }
       auto it = s.others.find(m.source);
       if (it == s.others.end())
         return;  // an incarnation this supervisor replaced
       auto why = it->second + " ended: " + self->system().render(m.reason)
-                 + " (only drafters are restarted)";
+                 + " (checkpointers and the metrics actor are not restarted)";
       s.others.erase(it);
       spdlog::error("tandem.supervisor: {}", why);
       self->send(s.coordinator, escalate_atom::value, std::move(why));
@@ -243,10 +384,18 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         s.failures.assign(n, {});
         for (size_t d = 0; d < n; ++d)
           adopt(self, d, peers.drafters[d]);
-        for (size_t i = 0; i < peers.targets.size(); ++i)
-          watch(self, peers.targets[i], "target " + std::to_string(i));
-        for (size_t i = 0; i < peers.prefetch.size(); ++i)
-          watch(self, peers.prefetch[i], "prefetch " + std::to_string(i));
+        auto watch_workers = [&](const std::string& role, const auto& handles) {
+          auto& slots = s.workers[role];
+          slots.assign(handles.size(), worker_slot{});
+          for (size_t i = 0; i < handles.size(); ++i)
+            if (handles[i]) {
+              self->monitor(handles[i]);
+              slots[i].addr = handles[i].address();
+              slots[i].handle = caf::actor_cast<caf::actor>(handles[i]);
+            }
+        };
+        watch_workers(target_role, peers.targets);
+        watch_workers(prefetch_role, peers.prefetch);
         watch(self, peers.checkpointer, std::string("the checkpointer"));
         watch(self, peers.host_checkpointer, std::string("the host checkpointer"));
         watch(self, peers.metrics, std::string("the metrics actor"));
@@ -255,12 +404,21 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         return restart(self, d, why, from);
       },
       [self](respawn_atom, int32_t d, const std::string& from) { respawn(self, d, from); },
+      [self](restart_atom, const std::string& role, int32_t i, const std::string& why) {
+        return restart_worker(self, role, i, why);
+      },
+      [self](respawn_atom, const std::string& role, int32_t i) { respawn_worker(self, role, i); },
       [self](shutdown_atom) {
         auto& s = self->state;
         s.stopped = true;
         for (auto& d : s.drafters)
           if (d)
             self->send(d, shutdown_atom::value);
+        // Restarted targets and prefetches are only known here.
+        for (auto& [role, slots] : s.workers)
+          for (auto& w : slots)
+            if (w.handle)
+              caf::anon_send(w.handle, shutdown_atom::value);
         self->quit();
       },
     });

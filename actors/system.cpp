@@ -20,8 +20,9 @@ namespace tandem {
 
 namespace {
 
-std::string fired_line(int32_t drafter, const std::string& kind, int64_t at_step) {
-  return std::to_string(drafter) + "," + kind + "," + std::to_string(at_step);
+std::string fired_line(const std::string& role, int32_t index, const std::string& kind, int64_t at_step) {
+  // A drafter's without its role (the form older runs wrote).
+  return (role == "drafter" ? "" : role + ":") + std::to_string(index) + "," + kind + "," + std::to_string(at_step);
 }
 
 } // namespace
@@ -29,7 +30,7 @@ std::string fired_line(int32_t drafter, const std::string& kind, int64_t at_step
 void fault_plan::record_fired(const entry& e) const {
   if (fired_file.empty())
     return;
-  const auto line = fired_line(e.drafter, e.kind, e.at_step) + "\n";
+  const auto line = fired_line(e.role, e.drafter, e.kind, e.at_step) + "\n";
   const int fd = ::open(fired_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     spdlog::warn("faults: cannot record a fired fault in {}", fired_file);
@@ -38,6 +39,22 @@ void fault_plan::record_fired(const entry& e) const {
   if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) || ::fsync(fd) != 0)
     spdlog::warn("faults: cannot record a fired fault in {}", fired_file);
   ::close(fd);
+}
+
+std::string fault_plan::take(const std::string& role, int32_t index, int64_t count) {
+  for (auto& f : entries)
+    if (f->role == role && f->drafter == index && f->at_step == count && !f->fired.exchange(true)) {
+      record_fired(*f);
+      return f->kind;
+    }
+  return "";
+}
+
+void fault_plan::fire(const std::string& role, int32_t index, const std::string& kind) {
+  spdlog::warn("{} {}: injected fault '{}'", role, index, kind);
+  if (kind == "abort")
+    std::abort();  // the worker process dies (tandem run's parent restarts it)
+  throw std::runtime_error("injected fault '" + kind + "'");
 }
 
 std::shared_ptr<fault_plan> make_fault_plan(const launch_plan& plan) {
@@ -53,10 +70,11 @@ std::shared_ptr<fault_plan> make_fault_plan(const launch_plan& plan) {
   }
   for (const auto& f : plan.faults) {
     auto e = std::make_unique<fault_plan::entry>();
+    e->role = f.role;
     e->drafter = static_cast<int32_t>(f.drafter);
     e->kind = f.kind;
     e->at_step = f.at_step;
-    if (fired_before.count(fired_line(e->drafter, e->kind, e->at_step)))
+    if (fired_before.count(fired_line(e->role, e->drafter, e->kind, e->at_step)))
       e->fired = true;  // an earlier worker process of this run fired it
     faults->entries.push_back(std::move(e));
   }
@@ -203,9 +221,23 @@ void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& 
     return spawn_drafter(sys, index, (*drafter_opts)[static_cast<size_t>(index)], from,
                          *coordinator_handle, faults);
   };
-  // Drafters on members are restarted through the door, without blocking.
+  // Targets and prefetches are stateless: their first options again.
+  auto target_opts = std::make_shared<const std::vector<gpu::target_engine_options>>(plan.targets);
+  auto prefetch_opts = std::make_shared<const std::vector<gpu::prefetch_engine_options>>(plan.prefetch);
+  auto slots = std::make_shared<const placement_plan>(plan.placement);
+  so.respawn_target = [&sys, target_opts, slots, coordinator_handle, faults](int32_t i) {
+    const auto ii = static_cast<size_t>(i);
+    return spawn_target(sys, slots->targets[ii].index, (*target_opts)[ii], *coordinator_handle, faults);
+  };
+  so.respawn_prefetch = [&sys, prefetch_opts, slots, coordinator_handle, faults](int32_t i) {
+    const auto ii = static_cast<size_t>(i);
+    return spawn_prefetch(sys, slots->prefetch[ii].index, (*prefetch_opts)[ii], *coordinator_handle, faults);
+  };
+  // Members' actors are restarted through the door, without blocking.
   for (const auto& d : plan.placement.drafters)
     so.drafter_nodes.push_back(d.node);
+  for (const auto& t : plan.placement.targets)
+    so.target_nodes.push_back(t.node);
   so.cluster_door = members.door;
   so.rejoin_timeout_s = members.rejoin_timeout_s;
   run.supervisor = spawn_supervisor(sys, so);
@@ -259,8 +291,9 @@ void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& 
                                                          spawn_target_atom::value, i32, run.coordinator));
       continue;
     }
-    run.peers.prefetch.push_back(spawn_prefetch(sys, index, plan.prefetch[i], run.coordinator));
-    run.peers.targets.push_back(spawn_target(sys, index, plan.targets[i], run.coordinator));
+    run.peers.prefetch.push_back(spawn_prefetch(sys, plan.placement.prefetch[i].index, plan.prefetch[i],
+                                                run.coordinator, faults));
+    run.peers.targets.push_back(spawn_target(sys, index, plan.targets[i], run.coordinator, faults));
   }
   for (size_t i = 0; i < plan.placement.drafters.size(); ++i) {
     const auto& node = plan.placement.drafters[i].node;

@@ -29,11 +29,13 @@ struct target_state {
   // Vitals figures: forward passes done and their times.
   int64_t batches = 0;
   double forward_ms_last = 0, forward_ms_total = 0;
+  std::shared_ptr<fault_plan> faults;  ///< injected faults (tests)
 };
 
 target_actor::behavior_type target_behavior(target_actor::stateful_pointer<target_state> self,
                                             int32_t index, gpu::target_engine_options opts,
-                                            coordinator_actor coordinator, bool own_thread) {
+                                            coordinator_actor coordinator, std::shared_ptr<fault_plan> faults,
+                                            bool own_thread) {
   install_default_handler(self, target_state::name);
   auto meter = std::make_shared<vitals_meter>(self->system(), "target", index, own_thread);
   meter->figures = [self] {
@@ -46,6 +48,7 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
   };
   self->state.index = index;
   self->state.coordinator = coordinator;
+  self->state.faults = std::move(faults);
   // The engine's own code says what failed: bad_input (weights or config
   // that do not load: deterministic), device_unavailable; anything else
   // (LibTorch, CUDA) is a device failure, not known to be the input's.
@@ -70,6 +73,9 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
       w.features.batch_id = batch.batch_id;
       w.features.target = s.index;
       try {
+        if (s.faults)
+          if (auto kind = s.faults->take("target", s.index, s.batches + 1); !kind.empty())
+            fault_plan::fire("target", s.index, kind);
         w.features.handle = s.engine->forward(batch.handle);
       } catch (const std::exception& e) {
         // The engine's own code where it has one (bad_input: out of memory
@@ -105,14 +111,15 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
 
 template <caf::spawn_options Os>
 target_actor spawn_target(caf::actor_system& sys, int32_t index, gpu::target_engine_options opts,
-                          coordinator_actor coordinator) {
-  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator), Os == caf::detached);
+                          coordinator_actor coordinator, std::shared_ptr<fault_plan> faults) {
+  return sys.spawn<Os>(target_behavior, index, std::move(opts), std::move(coordinator), std::move(faults),
+                       Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).
 template target_actor spawn_target<caf::detached>(caf::actor_system&, int32_t, gpu::target_engine_options,
-                                                  coordinator_actor);
+                                                  coordinator_actor, std::shared_ptr<fault_plan>);
 template target_actor spawn_target<caf::no_spawn_options>(caf::actor_system&, int32_t, gpu::target_engine_options,
-                                                          coordinator_actor);
+                                                          coordinator_actor, std::shared_ptr<fault_plan>);
 
 } // namespace tandem

@@ -177,11 +177,17 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     p.drafters.push_back(o);
   }
   p.faults = c.faults;
-  for (const auto& f : p.faults)
+  for (const auto& f : p.faults) {
+    const auto& slots = f.role == "target" ? p.placement.targets
+                        : f.role == "prefetch" ? p.placement.prefetch : p.placement.drafters;
+    if (f.drafter >= static_cast<int64_t>(slots.size()))
+      throw config_error(at + "fault " + f.to_string() + ": there is no " + f.role + " " + std::to_string(f.drafter)
+                         + " (" + std::to_string(slots.size()) + " in placement)");
     if ((f.kind == "cuda_error" || f.kind == "cuda_sticky")
         && (f.drafter >= static_cast<int64_t>(p.drafters.size()) || p.drafters[static_cast<size_t>(f.drafter)].device < 0))
       throw config_error(at + "fault " + f.to_string() + ": kind " + f.kind + " needs drafter "
                          + std::to_string(f.drafter) + " on a CUDA device (placement.drafters)");
+  }
   p.hang_s = 2 * c.runtime.step_timeout_s + 1;
   p.slow_snapshot_s = 2 * c.runtime.heartbeat_s + 1;
   if (!p.placement.eval.empty()) {

@@ -757,9 +757,22 @@ const section_def sections[] = {
   {"run", "where the run's outputs go"},
 };
 
-const char* const fault_keys[] = {"drafter", "kind", "at_step"};
+const char* const fault_keys[] = {"drafter", "target", "prefetch", "kind", "at_step"};
+const char* const fault_roles[] = {"drafter", "target", "prefetch"};
 constexpr std::string_view fault_usage =
-  "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S";
+  "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, "
+  "or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch)";
+
+/// Exactly one role key; a target's or prefetch's fault is "throw" or "abort".
+void check_fault_role(fault_spec& f, const std::vector<std::string>& roles_given, const std::string& where) {
+  if (roles_given.size() != 1)
+    throw config_error(where + ": name one actor: drafter=N, target=N or prefetch=N (got "
+                       + std::to_string(roles_given.size()) + ")");
+  f.role = roles_given.front();
+  if (f.role != "drafter" && f.kind != "throw" && f.kind != "abort")
+    throw config_error(where + ": kind '" + f.kind + "' applies to drafters only; a " + f.role
+                       + " fault is throw or abort");
+}
 
 const field_def* find_field(std::string_view section, std::string_view key) {
   for (auto& f : fields)
@@ -961,16 +974,27 @@ std::string apply_override(toml::table& root, const std::string& arg,
 fault_spec read_fault(const toml::table& t, size_t index, const std::string& file) {
   std::string prefix = "faults.inject[" + std::to_string(index) + "]";
   fault_spec f;
+  std::vector<std::string> roles;
   for (auto key : fault_keys) {
     auto n = t.get(key);
+    const bool role = std::find(std::begin(fault_roles), std::end(fault_roles), std::string_view(key))
+                      != std::end(fault_roles);
+    if (!n && role)
+      continue;
     if (!n)
       throw config_error(locate(file, t.source()) + ": " + prefix + " is missing '" + key +
                          "' (a fault is " + std::string(fault_usage) + ")");
     value_reader v(*n, prefix + "." + key, file, "", {});
-    if (std::string_view(key) == "drafter") f.drafter = v.non_negative();
-    else if (std::string_view(key) == "kind") f.kind = v.choice(fault_kinds());
-    else f.at_step = v.non_negative();
+    if (role) {
+      f.drafter = v.non_negative();
+      roles.emplace_back(key);
+    } else if (std::string_view(key) == "kind") {
+      f.kind = v.choice(fault_kinds());
+    } else {
+      f.at_step = v.non_negative();
+    }
   }
+  check_fault_role(f, roles, locate(file, t.source()) + ": " + prefix);
   return f;
 }
 
@@ -1074,7 +1098,7 @@ const std::vector<std::string>& fault_kinds() {
 // ------------------------------------------------------------------ public --
 
 std::string fault_spec::to_string() const {
-  return "drafter=" + std::to_string(drafter) + ",kind=" + kind +
+  return role + "=" + std::to_string(drafter) + ",kind=" + kind +
          ",at_step=" + std::to_string(at_step);
 }
 
@@ -1132,11 +1156,16 @@ fault_spec parse_fault(const std::string& spec) {
                          quote(s));
     return x;
   };
-  for (auto key : fault_keys)
+  for (auto key : {"kind", "at_step"})
     if (!values.count(key))
       throw config_error(where + ": missing '" + std::string(key) + "'" + usage);
   fault_spec f;
-  f.drafter = integer("drafter");
+  std::vector<std::string> roles;
+  for (auto role : fault_roles)
+    if (values.count(role)) {
+      roles.emplace_back(role);
+      f.drafter = integer(role);
+    }
   f.at_step = integer("at_step");
   f.kind = values["kind"];
   if (std::find(fault_kinds().begin(), fault_kinds().end(), f.kind) == fault_kinds().end()) {
@@ -1145,6 +1174,7 @@ fault_spec parse_fault(const std::string& spec) {
       list += (list.empty() ? "" : ", ") + quote(k);
     throw config_error(where + ": 'kind' must be one of " + list + ", got " + quote(f.kind));
   }
+  check_fault_role(f, roles, where);
   return f;
 }
 
@@ -1281,7 +1311,7 @@ std::string to_toml(const run_config& c) {
               "at_step (global step)");
       if (c.faults.empty()) out << "# (none)\n";
       for (auto& f : c.faults)
-        out << "[[faults.inject]]\ndrafter = " << f.drafter << "\nkind = " << quote(f.kind)
+        out << "[[faults.inject]]\n" << f.role << " = " << f.drafter << "\nkind = " << quote(f.kind)
             << "\nat_step = " << f.at_step << "\n";
       continue;
     }

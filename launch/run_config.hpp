@@ -42,7 +42,11 @@ public:
 /// One injected failure, for the fault-injection tests (DESIGN.md §7):
 /// TOML `[[faults.inject]]`, or `--fault drafter=0,kind=nan,at_step=5`.
 struct fault_spec {
-  int64_t drafter = 0;  ///< index of the drafter that fails (placement.drafters order)
+  /// Which actor fails: "drafter", or "target"/"prefetch" (kinds "throw"
+  /// and "abort" only; `at_step` then counts the batches that incarnation
+  /// handled: it fails on its at_step-th).  `--fault target=0,...`.
+  std::string role = "drafter";
+  int64_t drafter = 0;  ///< its index (placement order within its role)
   std::string kind;     ///< "throw" (an exception), "nan" (a non-finite loss),
                         ///< "hang" (its step never ends; step_timeout_s catches it),
                         ///< "slow_snapshot" (the first snapshot taken at or after
@@ -252,7 +256,8 @@ run_config parse_run_config(std::string_view toml_text, const std::filesystem::p
                             const std::vector<std::string>& overrides = {});
 
 /// A `--fault` argument: "drafter=N,kind=throw|nan|hang|slow_snapshot,at_step=S" (all
-/// three, any order).  Throws config_error.
+/// three, any order; "target=N" or "prefetch=N" instead of "drafter=N" for
+/// those actors, kinds throw and abort).  Throws config_error.
 fault_spec parse_fault(const std::string& spec);
 
 /// The kinds of fault_spec (--fault, [[faults.inject]], POST /v1/fault).

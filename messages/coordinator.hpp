@@ -56,11 +56,24 @@
 /// messages/drafter.hpp).  A checkpoint written from a snapshot taken
 /// before a rollback to an older checkpoint is discarded (neither restore
 /// point nor commit).  When the supervisor refuses (the restart budget is
-/// spent) the run request is answered with that error.  When it escalates
-/// the death of a worker it does not restart (a target, prefetch,
-/// checkpointer or metrics actor), the run stops as for a signal — steps in
-/// progress finish, a checkpoint is written — and then the run request is
-/// answered with an error naming the worker and the checkpoint.
+/// spent) the run request is answered with that error.
+///
+/// A target or prefetch that dies (exception, CUDA error, its node lost) is
+/// stateless: the supervisor's worker_down marks it down — no work is
+/// dispatched meanwhile, batches of its source are held, releases for it
+/// wait — and the coordinator asks the supervisor to restart it (the same
+/// budget and window as a drafter's); its new incarnation arrives as
+/// worker_up.  Once none is down and no drafter is mid-step, the batches in
+/// flight are re-issued by rewinding every prefetch to the ledger's step
+/// (as a rollback does, without rolling back any training): the steps that
+/// follow are the batches an uninterrupted run trains.  A bad input (the
+/// target's weights do not load) is not retried.
+///
+/// When the supervisor escalates the death of a worker it does not restart
+/// (a checkpointer or the metrics actor, a bad input, a target past its
+/// budget), the run stops as for a signal — steps in progress finish, a
+/// checkpoint is written — and then the run request is answered with an
+/// error naming the worker and the checkpoint.
 /// The other messages come from the actors named above, asynchronously,
 /// and may arrive at any time; a report from a replaced incarnation is
 /// ignored.
@@ -91,6 +104,13 @@ using drafter_down_atom = caf::atom_constant<caf::atom("down")>;
 using drafter_up_atom = caf::atom_constant<caf::atom("up")>;
 using escalate_atom = caf::atom_constant<caf::atom("escalate")>;
 using device_lost_atom = caf::atom_constant<caf::atom("devlost")>;
+using worker_down_atom = caf::atom_constant<caf::atom("wdown")>;
+using worker_up_atom = caf::atom_constant<caf::atom("wup")>;
+
+/// The stateless workers the supervisor restarts besides drafters
+/// (worker_down, restart, worker_up): "target" or "prefetch".
+inline constexpr const char* target_role = "target";
+inline constexpr const char* prefetch_role = "prefetch";
 
 /// How a run ended.
 struct run_summary {
@@ -172,6 +192,10 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<drafter_up_atom, int32_t, drafter_actor>,  ///< supervisor: j's new incarnation
   caf::reacts_to<escalate_atom, std::string>,               ///< supervisor: a worker it does not
                                                             ///< restart ended (why)
+  /// supervisor: target or prefetch `index` died (role, index, why)
+  caf::reacts_to<worker_down_atom, std::string, int32_t, std::string>,
+  caf::reacts_to<worker_up_atom, int32_t, target_actor>,    ///< supervisor: target i's new incarnation
+  caf::reacts_to<worker_up_atom, int32_t, prefetch_actor>,  ///< supervisor: prefetch i's new incarnation
   caf::reacts_to<shutdown_atom>,
   /// supervisor: a worker ended with errc::device_lost (why): its device's
   /// context is poisoned, so nothing on it (a restart, a last snapshot) can

@@ -139,6 +139,36 @@ struct drafter_restarted_event {
   std::string from;
 };
 
+/// "actor_failed": target or prefetch `index` (`role`) died (`reason`) at
+/// `step`; the supervisor's plan: the `restart`-th restart of `budget`,
+/// after `backoff_s` (its batches are re-issued once it is back).
+struct actor_failed_event {
+  std::string role;
+  int32_t index = 0;
+  std::string reason;
+  int64_t step = 0;
+  int64_t restart = 0;
+  int64_t budget = 0;
+  double backoff_s = 0;
+};
+
+/// "actor_restarted": the new incarnation of target or prefetch `index` is
+/// up at `step`.
+struct actor_restarted_event {
+  std::string role;
+  int32_t index = 0;
+  int64_t step = 0;
+};
+
+/// "reissued": the batches in flight when a target or prefetch failed were
+/// dropped and every prefetch rewound to `step` (nothing trained is rolled
+/// back): `samples` samples go out again, in the batches an uninterrupted
+/// run packs.
+struct reissued_event {
+  int64_t step = 0;
+  int64_t samples = 0;
+};
+
 /// "escalated": a worker that is not restarted ended (`reason`) at `step`;
 /// the run stops as for a signal.
 struct escalated_event {
@@ -246,7 +276,8 @@ using run_event = caf::variant<epoch_event, checkpoint_event, checkpoint_discard
                                drafter_failed_event, budget_exhausted_event,
                                drafter_restarted_event, escalated_event, end_event,
                                checkpoint_skipped_event, restore_point_event, eval_event,
-                               control_event, resumed_event, worker_restarted_event>;
+                               control_event, resumed_event, worker_restarted_event,
+                               actor_failed_event, actor_restarted_event, reissued_event>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
@@ -289,6 +320,22 @@ typename Inspector::result_type inspect(Inspector& f, budget_exhausted_event& x)
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, drafter_restarted_event& x) {
   return f(caf::meta::type_name("tandem.drafter_restarted_event"), x.drafter, x.step, x.from);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, actor_failed_event& x) {
+  return f(caf::meta::type_name("tandem.actor_failed_event"), x.role, x.index, x.reason, x.step, x.restart,
+           x.budget, x.backoff_s);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, actor_restarted_event& x) {
+  return f(caf::meta::type_name("tandem.actor_restarted_event"), x.role, x.index, x.step);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, reissued_event& x) {
+  return f(caf::meta::type_name("tandem.reissued_event"), x.step, x.samples);
 }
 
 template <class Inspector>

@@ -16,7 +16,12 @@
 ///     |         or an error: budget spent    |                          |
 ///     |                     after backoff_s: |  spawns j from `from` -> |
 ///     | <------------- drafter_up(j, handle) |                          |
-///     |  a target, prefetch, checkpointer or metrics actor ended:       |
+///     |  a target or prefetch died:          |                          |
+///     | <---- worker_down(role, i, why) ---- |                          |
+///     | -- restart(role, i, why) ----------> |                          |
+///     | <------ restart_plan                 |  after backoff_s:        |
+///     | <------ worker_up(i, handle) ------- |  spawns it again  -----> |
+///     |  a checkpointer or metrics actor ended, a bad input:            |
 ///     | <-------------------- escalate(why) -|                          |
 ///
 /// supervise_atom: once, from the coordinator when its run starts (so every
@@ -34,7 +39,14 @@
 ///   (errc::device_failure) naming j and every failure in the window, and no
 ///   restart.  A death the supervisor reported is restarted only when the
 ///   coordinator asks, so every failure is counted once.
-/// respawn_atom:   the supervisor's own backoff timer.
+/// restart_atom (role, i, why): target or prefetch i (role "target" or
+///   "prefetch") died; restart it.  Counted in its own window like a
+///   drafter's, with the same budget and backoff; past the budget an error.
+///   Stateless, so the new incarnation is the first one again: on this
+///   process's device, or on its cluster member (asked through the door,
+///   which waits for a lost node to join again).
+/// respawn_atom:   the supervisor's own backoff timer (a drafter; a worker
+///   by role and index).
 /// shutdown_atom:  shuts the drafters' current incarnations down, then quits.
 
 #include <cstdint>
@@ -80,6 +92,8 @@ using supervisor_actor = caf::typed_actor<
   caf::reacts_to<supervise_atom, coordinator_actor, coordinator_peers>,
   caf::replies_to<restart_atom, int32_t, std::string, std::string>::with<restart_plan>,
   caf::reacts_to<respawn_atom, int32_t, std::string>,
+  caf::replies_to<restart_atom, std::string, int32_t, std::string>::with<restart_plan>,
+  caf::reacts_to<respawn_atom, std::string, int32_t>,
   caf::reacts_to<shutdown_atom>,
   vitals_protocol>;
 

@@ -11,8 +11,10 @@
 #   no-parent   supervision.worker_restarts = 0: the abort ends the run (134),
 #               and `--resume` continues from the restore point;
 #   budget      worker_restarts = 1 and two aborts: the second ends the run
-#               (exit 1, "giving up"), each fault firing once.
-# ~15 s on 2 cores.
+#               (exit 1, "giving up"), each fault firing once;
+#   actors      a target and a prefetch throw: restarted in the process, their
+#               batches issued again, the same result bit for bit.
+# ~20 s on 2 cores.
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +52,21 @@ check test "$(first "$r" tier)" = host
 check test "$(first "$r" step)" = 8
 check grep -q "starting a new one (restart 1 of 3)" "$work/abort.log"
 same_as_reference "$work/abort"
+
+# A target and a prefetch fail in the process (an exception each): each is
+# restarted, the batches in flight are issued again, and nothing else moves:
+# the drafter keeps its state, the run ends as the reference did, bit for bit.
+rc=0; run actors --fault target=0,kind=throw,at_step=12 --fault prefetch=0,kind=throw,at_step=30 \
+  > "$work/actors.log" 2>&1 || rc=$?
+check test "$rc" = 0
+m="$work/actors/metrics.jsonl"
+echo "actors: $(lines "$m" actor_failed) $(lines "$m" reissued)"
+check test "$(lines "$m" actor_failed | "$python" -c 'import json,sys; print(sorted(x["role"] for x in json.load(sys.stdin)))')" = "['prefetch', 'target']"
+check test "$(lines "$m" actor_restarted | "$python" -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 2
+check test "$(lines "$m" reissued)" != "[]"
+check test "$(lines "$m" drafter_failed)" = "[]"
+check test "$(lines "$m" worker_restarted)" = "[]"
+same_as_reference "$work/actors"
 
 # The worker is SIGKILLed after step 13 (tandem itself is not).  No checkpoint
 # before the end here: the kill lands after step 13 but, on a loaded machine,

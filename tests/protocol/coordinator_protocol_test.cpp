@@ -107,6 +107,27 @@ struct fixture : test_coordinator_fixture<config> {
       }
       return drafter_actor{spawn_drafter_incarnation(index, step, std::move(weights))};
     };
+    // Targets and prefetches spawned again start as a new process would:
+    // nothing held, no credit (the world's records outlive incarnations).
+    s.sup.respawn_target = [this, coord_handle](int32_t i) {
+      auto& t = w->targets[static_cast<size_t>(i)];
+      t.hold = false;
+      t.held.clear();
+      ++w->target_respawns;
+      targets[static_cast<size_t>(i)] = sys.spawn(fake_target, i, *coord_handle, w);
+      everyone.push_back(caf::actor_cast<caf::actor>(targets[static_cast<size_t>(i)]));
+      return target_actor{targets[static_cast<size_t>(i)]};
+    };
+    s.sup.respawn_prefetch = [this, coord_handle](int32_t i) {
+      auto& p = w->prefetch[static_cast<size_t>(i)];
+      p.credit = 0;
+      p.queue.clear();
+      p.exhausted = true;
+      ++w->prefetch_respawns;
+      auto fresh = sys.spawn(fake_prefetch, i, *coord_handle, w);
+      everyone.push_back(caf::actor_cast<caf::actor>(fresh));
+      return prefetch_actor{fresh};
+    };
     supervisor = spawn_supervisor(sys, s.sup);
     everyone.push_back(caf::actor_cast<caf::actor>(supervisor));
     s.opts.supervisor = supervisor;
@@ -806,10 +827,22 @@ CAF_TEST(a stop that arrives while an epoch-end checkpoint is being written ends
   check_handles_released();
 }
 
-CAF_TEST(a target that dies stops the run with a checkpoint and then an error naming it) {
-  // The supervisor escalates (targets are not restarted); the step in
-  // progress finishes, its weights are written, and only then does the run
-  // request get the error: nothing trained is lost.
+/// Steps 1..n trained the samples of a fault-free run, in its order: step k
+/// the k-th pair of the one prefetch's share.
+void check_fault_free_order(const peer_world& w, int64_t n) {
+  std::map<int64_t, std::vector<int64_t>> final_steps;  // the last incarnation's step k
+  for (const auto& st : w.steps)
+    final_steps[st.step] = st.work.batch.sample_ids;
+  CAF_REQUIRE_EQUAL(static_cast<int64_t>(final_steps.size()), n);
+  for (auto& [k, ids] : final_steps)
+    CAF_CHECK_EQUAL(ids, (std::vector<int64_t>{2 * k - 2, 2 * k - 1}));
+}
+
+CAF_TEST(a target that dies is restarted and its batches issued again so the run trains what a fault-free run trains) {
+  // The supervisor reports it (worker_down); nothing is dispatched while it
+  // is down; its new incarnation comes after the backoff; once the step in
+  // progress ends, every prefetch is rewound to that step (no training is
+  // rolled back) and the rest of the epoch is the fault-free run's.
   setup s;
   w->script = {act::ok, act::ok, act::hang};
   start(s);
@@ -817,27 +850,82 @@ CAF_TEST(a target that dies stops the run with a checkpoint and then an error na
   CAF_REQUIRE_EQUAL(w->steps.size(), 2u);  // the third item hangs at the drafter
   caf::anon_send_exit(targets[0], caf::exit_reason::kill);
   sched.run();
-  CAF_CHECK_EQUAL(w->events_named("escalated").size(), 1u);
-  CAF_CHECK(!w->error);  // waiting for the step in progress
+  auto failed = w->events_named("actor_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["role"], "target");
+  CAF_CHECK_EQUAL(failed[0]["index"], 0);
+  CAF_CHECK_EQUAL(failed[0]["restart"], 1);
+  CAF_CHECK(w->events_named("escalated").empty());
+  CAF_CHECK_EQUAL(w->target_respawns, 0);
+  advance_time(500ms);  // the backoff
+  sched.run();
+  CAF_CHECK_EQUAL(w->target_respawns, 1);
+  CAF_CHECK_EQUAL(w->events_named("actor_restarted").size(), 1u);
+  CAF_CHECK(w->events_named("reissued").empty());  // step 3 is still in progress
   self->send(drafter(), go_atom::value);
   sched.run();
-  CAF_REQUIRE(w->error.has_value());
-  CAF_CHECK(!w->summary);
-  CAF_CHECK(is(*w->error, errc::device_failure));
-  const auto text = sys.render(*w->error);
-  CAF_MESSAGE(text);
-  CAF_CHECK(contains(text, "target 0 ended"));
-  CAF_CHECK(contains(text, "only drafters are restarted"));
-  CAF_CHECK(contains(text, "stopped after step 3, checkpoint ckpt/step-3"));
-  CAF_CHECK(contains(text, "--resume"));
-  CAF_REQUIRE_EQUAL(w->written.size(), 1u);
-  CAF_CHECK_EQUAL(w->written[0].step, 3);
-  auto end = w->events_named("end");
-  CAF_REQUIRE_EQUAL(end.size(), 1u);
-  CAF_CHECK_EQUAL(end[0]["reason"], "escalated");
-  CAF_CHECK_EQUAL(w->respawns.size(), 0u);
+  auto reissued = w->events_named("reissued");
+  CAF_REQUIRE_EQUAL(reissued.size(), 1u);
+  CAF_CHECK_EQUAL(reissued[0]["step"], 3);
+  // The rewind: the epoch again minus what steps 1-3 hold.
+  CAF_REQUIRE_EQUAL(w->prefetch[0].starts.size(), 2u);
+  CAF_CHECK_EQUAL(std::set<int64_t>(w->prefetch[0].starts[1].begin(), w->prefetch[0].starts[1].end()),
+                  (std::set<int64_t>{0, 1, 2, 3, 4, 5}));
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
+  check_exactly(12, 1);
+  check_fault_free_order(*w, 6);
+  check_handles_released();
+  CAF_CHECK_EQUAL(w->respawns.size(), 0u);  // the drafter kept its state
 }
 
+CAF_TEST(a prefetch that dies is restarted with a whole window of credit and the run ends exact) {
+  setup s;
+  w->script = {act::ok, act::ok, act::ok, act::hang};
+  start(s);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->steps.size(), 3u);
+  caf::anon_send_exit(peers.prefetch[0], caf::exit_reason::kill);
+  sched.run();
+  auto failed = w->events_named("actor_failed");
+  CAF_REQUIRE_EQUAL(failed.size(), 1u);
+  CAF_CHECK_EQUAL(failed[0]["role"], "prefetch");
+  self->send(drafter(), go_atom::value);  // step 4 ends while the prefetch is down: nothing dispatched
+  sched.run();
+  CAF_CHECK_EQUAL(w->steps.size(), 4u);
+  CAF_CHECK(!w->summary);
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(w->prefetch_respawns, 1);
+  auto reissued = w->events_named("reissued");
+  CAF_REQUIRE_EQUAL(reissued.size(), 1u);
+  CAF_CHECK_EQUAL(reissued[0]["step"], 4);
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  check_exactly(12, 1);
+  check_fault_free_order(*w, 6);
+  check_handles_released();
+  CAF_CHECK(w->prefetch[0].max_outstanding <= 2u);  // never past runtime.credits
+}
+
+CAF_TEST(a target that cannot be restarted within its budget fails the run naming it) {
+  setup s;
+  s.sup.restart_budget = 0;
+  w->script = {act::ok, act::hang};
+  start(s);
+  sched.run();
+  caf::anon_send_exit(targets[0], caf::exit_reason::kill);
+  sched.run();
+  CAF_REQUIRE(w->error.has_value());
+  const auto text = sys.render(*w->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, "target 0 failed 1 times"));
+  CAF_CHECK(contains(text, "restart budget 0"));
+  CAF_CHECK_EQUAL(w->target_respawns, 0);
+}
 CAF_TEST(batches still at a target when a run stops are released when they come back) {
   setup s;
   start(s);

@@ -121,6 +121,7 @@ struct peer_world {
   std::vector<armed_fault> faults_armed;  ///< fault_atom messages the drafters received
   int64_t log_every = 0;                  ///< the last log_every_atom the metrics actor received
   int64_t work_received = 0;
+  int target_respawns = 0, prefetch_respawns = 0;  ///< supervisor respawns (coordinator tests)
   std::vector<std::pair<int32_t, std::string>> respawns;  ///< (index, checkpoint)
   std::vector<int64_t> final_weights; ///< the newest incarnation's, kept up to date
   std::map<uint64_t, std::pair<int64_t, std::vector<int64_t>>> snapshots;  ///< handle -> (step, weights)

@@ -214,6 +214,9 @@ CAF_TEST(every kind of run_event round trips) {
     {budget_exhausted_event{0, "budget spent"}, "tandem.budget_exhausted_event"},
     {drafter_restarted_event{1, 4, "fresh weights"}, "tandem.drafter_restarted_event"},
     {escalated_event{"target 0 ended", 5}, "tandem.escalated_event"},
+    {actor_failed_event{"target", 0, "died", 7, 1, 3, 0.5}, "tandem.actor_failed_event"},
+    {actor_restarted_event{"prefetch", 1, 7}, "tandem.actor_restarted_event"},
+    {reissued_event{7, 12}, "tandem.reissued_event"},
     {end_event{"signal", 10, "ckpt/step-10"}, "tandem.end_event"},
     {end_event{"max_steps", 30, "ckpt/step-20", 20, "steps 21..30 are lost"}, "tandem.end_event"},
     {checkpoint_skipped_event{40, 20}, "tandem.checkpoint_skipped_event"},
@@ -353,10 +356,15 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(drafter_up_atom::value, int32_t{1}, drafter_actor{}));
   check(caf::make_message(escalate_atom::value, std::string("target 0 ended")));
   check(caf::make_message(device_lost_atom::value, std::string("illegal memory access")));
+  check(caf::make_message(worker_down_atom::value, std::string("target"), int32_t{0}, std::string("died")));
+  check(caf::make_message(worker_up_atom::value, int32_t{0}, target_actor{}));
+  check(caf::make_message(worker_up_atom::value, int32_t{0}, prefetch_actor{}));
   // supervisor
   check(caf::make_message(supervise_atom::value, coordinator_actor{}, coordinator_peers{}));
   check(caf::make_message(restart_atom::value, int32_t{0}, std::string("nan"), std::string("ckpt/step-4")));
   check(caf::make_message(respawn_atom::value, int32_t{0}, std::string("ckpt/step-4")));
+  check(caf::make_message(restart_atom::value, std::string("prefetch"), int32_t{1}, std::string("died")));
+  check(caf::make_message(respawn_atom::value, std::string("target"), int32_t{1}));
   // checkpointer, metrics
   check(caf::make_message(snapshot_desc{0, 5, 9}, std::string("{\"ledger\":{}}")));
   check(caf::make_message(event_atom::value, std::string("{\"event\":\"x\"}")));

@@ -7,7 +7,9 @@
 // the budget counts failures within window_s and refuses past it with a
 // report; a drafter that ended with errc::bad_input (deterministic: a
 // truncated target file) is refused its restart at once; the other workers'
-// deaths are escalated; after shutdown nothing happens.  (The coordinator's side, with this supervisor in the loop, is
+// deaths are escalated; after shutdown nothing happens.  A target or
+// prefetch that dies is reported (worker_down) and restarted when asked,
+// under the same budget; one that ends with bad input is escalated.  (The coordinator's side, with this supervisor in the loop, is
 // coordinator_protocol_test.cpp.)
 #define CAF_SUITE supervisor_protocol
 
@@ -54,6 +56,7 @@ struct fixture : test_coordinator_fixture<config> {
   std::shared_ptr<coordinator_log> log = std::make_shared<coordinator_log>();
   coordinator_actor coord = sys.spawn(recording_coordinator, log);
   std::vector<std::pair<int32_t, std::string>> respawns;  ///< (index, checkpoint) asked of the spawner
+  int worker_respawns = 0;                                ///< targets and prefetches spawned again
   supervisor_actor sup;
   coordinator_peers peers;
   std::vector<caf::actor> everyone;
@@ -79,6 +82,19 @@ struct fixture : test_coordinator_fixture<config> {
     o.respawn_drafter = [this](int32_t index, const std::string& from) {
       respawns.emplace_back(index, from);
       return drafter_actor{sys.spawn(idle_drafter)};
+    };
+    auto sink = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
+    o.respawn_target = [this, sink](int32_t) {
+      ++worker_respawns;
+      auto a = sys.spawn(sink);
+      everyone.push_back(a);
+      return caf::actor_cast<target_actor>(a);
+    };
+    o.respawn_prefetch = [this, sink](int32_t) {
+      ++worker_respawns;
+      auto a = sys.spawn(sink);
+      everyone.push_back(a);
+      return caf::actor_cast<prefetch_actor>(a);
     };
     return o;
   }
@@ -274,18 +290,59 @@ CAF_TEST(a worker that ends with a lost device context is reported as device_los
   CAF_CHECK(respawns.empty());
 }
 
-CAF_TEST(the death of a worker that is not restarted is escalated) {
-  start(options());
+CAF_TEST(a target or prefetch that dies is reported and restarted when asked and watched again) {
+  start(options(1, {0.5}));
   end_with(peers.targets[0], make_error(errc::device_failure, "out of memory"));
   sched.run();
+  CAF_REQUIRE_EQUAL(log->workers_down.size(), 1u);
+  CAF_CHECK(contains(log->workers_down[0], "target 0: target 0 ended"));
+  CAF_CHECK(contains(log->workers_down[0], "out of memory"));
+  CAF_CHECK(log->escalated.empty());
+  advance_time(10s);
+  sched.run();
+  CAF_CHECK_EQUAL(worker_respawns, 0);  // only when the coordinator asks
+  auto plan = ask<restart_plan>(sys, sup, restart_atom::value, std::string("target"), int32_t{0},
+                                std::string("target 0 died"));
+  sched.run();
+  CAF_REQUIRE(plan->value.has_value());
+  CAF_CHECK_EQUAL(plan->value->restart, 1);
+  CAF_CHECK_EQUAL(plan->value->backoff_s, 0.5);
+  advance_time(500ms);
+  sched.run();
+  CAF_CHECK_EQUAL(worker_respawns, 1);
+  CAF_REQUIRE_EQUAL(log->workers_up.size(), 1u);
+  CAF_CHECK_EQUAL(log->workers_up[0], "target 0");
+  // The prefetch likewise; a second target failure within the window is
+  // past the budget of 1: refused with a report naming it.
+  end_with(peers.prefetch[0], make_error(errc::device_failure, "pinned memory"));
+  sched.run();
+  CAF_REQUIRE_EQUAL(log->workers_down.size(), 2u);
+  CAF_CHECK(contains(log->workers_down[1], "prefetch 0"));
+  auto again = ask<restart_plan>(sys, sup, restart_atom::value, std::string("target"), int32_t{0},
+                                 std::string("target 0 died again"));
+  sched.run();
+  CAF_REQUIRE(again->error.has_value());
+  CAF_CHECK(contains(sys.render(*again->error), "target 0 failed 2 times"));
+  auto none = ask<restart_plan>(sys, sup, restart_atom::value, std::string("target"), int32_t{5},
+                                std::string("?"));
+  sched.run();
+  CAF_REQUIRE(none->error.has_value());
+  CAF_CHECK(log->escalated.empty());
+}
+
+CAF_TEST(a target with bad input or a checkpointer or the metrics actor that ends is escalated) {
+  start(options());
+  end_with(peers.targets[0], make_error(errc::bad_input, "target 0: model.safetensors is truncated"));
+  sched.run();
   CAF_REQUIRE_EQUAL(log->escalated.size(), 1u);
-  CAF_CHECK(contains(log->escalated[0], "target 0 ended"));
-  CAF_CHECK(contains(log->escalated[0], "out of memory"));
-  CAF_CHECK(contains(log->escalated[0], "only drafters are restarted"));
+  CAF_CHECK(contains(log->escalated[0], "truncated"));
+  CAF_CHECK(contains(log->escalated[0], "bad input is not retried"));
+  CAF_CHECK(log->workers_down.empty());
   end_with(peers.checkpointer, make_error(errc::bad_input, "disk full"));
   sched.run();
   CAF_REQUIRE_EQUAL(log->escalated.size(), 2u);
   CAF_CHECK(contains(log->escalated[1], "the checkpointer ended"));
+  CAF_CHECK(contains(log->escalated[1], "not restarted"));
   CAF_CHECK(log->down.empty());
 }
 

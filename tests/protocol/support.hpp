@@ -231,6 +231,7 @@ struct coordinator_log {
   std::vector<std::pair<int32_t, std::string>> down;   ///< supervisor: (drafter, why)
   std::vector<std::pair<int32_t, drafter_actor>> up;   ///< supervisor: (drafter, new incarnation)
   std::vector<std::string> escalated;                  ///< supervisor: why
+  std::vector<std::string> workers_down, workers_up;   ///< supervisor: "role i: why", "role i"
   std::vector<std::string> device_lost;                ///< supervisor: why
   int vitals_asked = 0;                                ///< vitals_all requests answered
   std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate",
@@ -307,6 +308,18 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
     [log](escalate_atom, const std::string& why) {
       log->escalated.push_back(why);
       log->order.push_back("escalate");
+    },
+    [log](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {
+      log->workers_down.push_back(role + " " + std::to_string(i) + ": " + why);
+      log->order.push_back("worker_down");
+    },
+    [log](worker_up_atom, int32_t i, target_actor&) {
+      log->workers_up.push_back("target " + std::to_string(i));
+      log->order.push_back("worker_up");
+    },
+    [log](worker_up_atom, int32_t i, prefetch_actor&) {
+      log->workers_up.push_back("prefetch " + std::to_string(i));
+      log->order.push_back("worker_up");
     },
     [self](shutdown_atom) { self->quit(); },
     [log](device_lost_atom, const std::string& why) {

@@ -132,6 +132,8 @@ TEST(plan, every_config_key_changes_the_plan_or_a_named_observable) {
       // [[faults.inject]] tables: no --set; vary the base table's field.
       const std::map<std::string, std::pair<std::string, std::string>> edit{
         {"faults.inject.drafter", {"drafter = 0", "drafter = 1"}},
+        {"faults.inject.target", {"drafter = 0", "target = 0"}},
+        {"faults.inject.prefetch", {"drafter = 0", "prefetch = 0"}},
         {"faults.inject.kind", {"kind = \"throw\"", "kind = \"nan\""}},
         {"faults.inject.at_step", {"at_step = 5", "at_step = 6"}}};
       auto it = edit.find(key);

@@ -363,7 +363,8 @@ TEST_F(run_config_test, override_errors) {
             "--set train.lr: expected SECTION.KEY=VALUE (e.g. --set train.lr=3e-4)");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"faults.inject=1"}); }),
             "--set faults.inject=1: faults cannot be set with --set; use --fault "
-            "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S");
+            "drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, "
+            "or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch)");
 }
 
 TEST_F(run_config_test, unknown_keys_name_file_line_column_and_suggest) {
@@ -604,12 +605,29 @@ TEST_F(run_config_test, faults_from_toml_and_command_line) {
             "got \"x\"");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kind=nan"); }),
             "--fault drafter=0,kind=nan: missing 'at_step' "
-            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
+            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch))");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kidn=nan,at_step=1"); }),
             "--fault drafter=0,kidn=nan,at_step=1: unknown key 'kidn' (did you mean 'kind'?) "
-            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
+            "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch))");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,drafter=1,kind=nan,at_step=1"); }),
             "--fault drafter=0,drafter=1,kind=nan,at_step=1: 'drafter' given twice");
+
+  // A target's or prefetch's fault: one role, kinds throw and abort.
+  f = parse_fault("target=1,kind=throw,at_step=4");
+  EXPECT_EQ(f.role, "target");
+  EXPECT_EQ(f.drafter, 1);
+  EXPECT_EQ(f.to_string(), "target=1,kind=throw,at_step=4");
+  EXPECT_EQ(parse_fault("prefetch=0,kind=abort,at_step=2").role, "prefetch");
+  EXPECT_EQ(error_of([] { parse_fault("target=0,kind=nan,at_step=1"); }),
+            "--fault target=0,kind=nan,at_step=1: kind 'nan' applies to drafters only; a target fault is throw or abort");
+  EXPECT_EQ(error_of([] { parse_fault("target=0,drafter=0,kind=throw,at_step=1"); }),
+            "--fault target=0,drafter=0,kind=throw,at_step=1: name one actor: drafter=N, target=N or prefetch=N (got 2)");
+  EXPECT_EQ(error_of([] { parse_fault("kind=throw,at_step=1"); }),
+            "--fault kind=throw,at_step=1: name one actor: drafter=N, target=N or prefetch=N (got 0)");
+  c = load_run_config(write("t.toml", minimal + "[[faults.inject]]\nprefetch = 0\nkind = \"throw\"\nat_step = 3\n"));
+  ASSERT_EQ(c.faults.size(), 1u);
+  EXPECT_EQ(c.faults[0].role, "prefetch");
+  EXPECT_EQ(c.faults[0].at_step, 3);
 
   auto p = write("bad.toml", minimal + "[[faults.inject]]\ndrafter = 0\nkind = \"boom\"\nat_step = 1\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
@@ -618,7 +636,7 @@ TEST_F(run_config_test, faults_from_toml_and_command_line) {
   p = write("bad.toml", minimal + "[[faults.inject]]\ndrafter = 0\nkind = \"nan\"\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
             p.string() + ":7:1: faults.inject[0] is missing 'at_step' "
-                         "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S)");
+                         "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch))");
 }
 
 TEST_F(run_config_test, placement_8_gpus_5_targets_3_drafters) {
