@@ -17,12 +17,15 @@
 #      the connection timeout;
 #   5. the drafter node SIGKILLed mid-run and started again (same name):
 #      restored from the newest checkpoint, exact ledger, losses bit-equal;
+#   5b. the target node SIGKILLed mid-run and started again: its target and
+#      prefetch restarted, the batches in flight issued again, no rollback,
+#      losses bit-equal;
 #   6. the drafter node SIGSTOPped: declared lost within the timeout, fenced
 #      after SIGCONT (it exits 1), a fresh one finishes the run, losses
 #      bit-equal;
 #   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
 #      another CA's certificate and a member without TLS never get in.
-# ~80 s on 2 cores (a loaded machine: up to ~2 min).
+# ~90 s on 2 cores (a loaded machine: up to ~2 min).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -191,6 +194,27 @@ check test "$(field "$sk" restarted)" = 1
 check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert f[0]["restore_from"] == "checkpoint" and "its node was lost" in f[0]["reason"], f' "$work/killed/metrics.jsonl"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sk"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/killed/metrics.jsonl" "$steps4"
+
+# 5b. The target node SIGKILLed mid-run and started again: its target and
+# prefetch are restarted on it (stateless), the batches in flight issued
+# again; the drafter keeps its state (no rollback) and the losses are the
+# one-process run's.
+lead tkilled
+member gpu-a "$work/ta.log"; a_pid=$m_pid
+member gpu-b "$work/tb.log"; b_pid=$m_pid
+for _ in $(seq 1 400); do [[ $(steps_in "$work/tkilled/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+kill -9 $a_pid
+for _ in $(seq 1 100); do grep -q "node 'gpu-a' is lost" "$work/tkilled.log" && break; sleep 0.1; done
+check grep -q "node 'gpu-a' is lost" "$work/tkilled.log"
+member gpu-a "$work/ta2.log"; a2_pid=$m_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/tkilled.log"
+rc=0; wait $a2_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0
+st=$(summary "$work/tkilled/metrics.jsonl"); echo "target node killed: $st"
+check test "$(field "$st" failed)" = 0
+check "$python" -c 'import json,sys; e=[j for j in map(json.loads, open(sys.argv[1]))]; f=sorted(j["role"] for j in e if j["event"] == "actor_failed"); r=[j for j in e if j["event"] == "actor_restarted"]; q=[j for j in e if j["event"] == "reissued"]; assert f == ["prefetch", "target"] and len(r) == 2 and len(q) >= 1, (f, r, q)' "$work/tkilled/metrics.jsonl"
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$st"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/tkilled/metrics.jsonl" "$steps4"
 
 # 6. The drafter node frozen (SIGSTOP) past cluster.timeout_s: the leader
 # declares it lost; woken (SIGCONT), it finds its connection closed and
