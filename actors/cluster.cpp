@@ -369,7 +369,40 @@ struct router_state {
   int32_t tier = 0;
   caf::actor door;
   int64_t routed = 0;
+  /// Writes asked of each node's checkpointer, not yet answered: a node lost
+  /// mid-write never answers (CAF 0.17), so its down message fails them.
+  std::map<caf::actor_addr, std::map<uint64_t, caf::typed_response_promise<std::string>>> pending;
+  uint64_t next_write = 1;
 };
+
+/// Asks checkpointer `c` to write `snap` and answers `rp` with its answer,
+/// or with a node-lost error when `c` goes down first.
+void route_write(checkpointer_actor::stateful_pointer<router_state> self, const checkpointer_actor& c,
+                 caf::typed_response_promise<std::string> rp, const snapshot_desc& snap, const std::string& extra) {
+  auto& s = self->state;
+  const auto id = s.next_write++;
+  const auto addr = c.address();
+  s.pending[addr].emplace(id, rp);
+  auto settle = [self, addr, id]() -> std::optional<caf::typed_response_promise<std::string>> {
+    auto& p = self->state.pending;
+    auto it = p.find(addr);
+    if (it == p.end() || !it->second.count(id))
+      return std::nullopt;  // already failed by the down message
+    auto out = std::move(it->second.at(id));
+    it->second.erase(id);
+    return out;
+  };
+  self->request(c, std::chrono::minutes(30), snap, extra)
+    .then(
+      [settle](const std::string& dir) mutable {
+        if (auto rp = settle())
+          rp->deliver(dir);
+      },
+      [settle](caf::error& e) mutable {
+        if (auto rp = settle())
+          rp->deliver(std::move(e));
+      });
+}
 
 checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_pointer<router_state> self,
                                                   std::vector<checkpointer_actor> by_drafter,
@@ -386,9 +419,23 @@ checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_p
   // A checkpointer lost with its node: the next snapshot of its drafters
   // asks the door for a new one on that node (once it is back).
   self->set_down_handler([self](caf::down_msg& m) {
-    for (auto& c : self->state.by_drafter)
-      if (c && c.address() == m.source)
-        c = checkpointer_actor{};
+    auto& s = self->state;
+    std::string node;
+    for (size_t i = 0; i < s.by_drafter.size(); ++i)
+      if (s.by_drafter[i] && s.by_drafter[i].address() == m.source) {
+        s.by_drafter[i] = checkpointer_actor{};
+        if (i < s.nodes.size())
+          node = s.nodes[i];
+      }
+    // Its writes in progress never finish: say so, as a lost node (the
+    // coordinator drops such a checkpoint and goes on).
+    if (auto it = s.pending.find(m.source); it != s.pending.end()) {
+      for (auto& [id, rp] : it->second)
+        rp.deliver(make_error(errc::device_failure,
+                              std::string(node_lost_prefix) + "the checkpointer of node '" + node
+                                + "' ended while writing: " + self->system().render(m.reason)));
+      s.pending.erase(it);
+    }
   });
   auto meter = std::make_shared<vitals_meter>(self->system(), "checkpoint_router", tier, false);
   meter->figures = [self] {
@@ -402,12 +449,15 @@ checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_p
       if (snap.drafter < 0 || d >= s.by_drafter.size())
         return make_error(errc::bad_input, "checkpoint: no checkpointer for drafter " + std::to_string(snap.drafter));
       ++s.routed;
-      if (s.by_drafter[d])  // the node's checkpointer answers the coordinator directly
-        return self->delegate(s.by_drafter[d], snap, extra);
-      if (d >= s.nodes.size() || s.nodes[d].empty() || !s.door)
+      if (!s.by_drafter[d] && (d >= s.nodes.size() || s.nodes[d].empty() || !s.door))
         return make_error(errc::bad_input, "checkpoint: drafter " + std::to_string(snap.drafter)
                                              + "'s checkpointer is gone");
+      // (A response promise takes the answer over: made only once one is coming.)
       auto rp = self->make_response_promise<std::string>();
+      if (s.by_drafter[d]) {
+        route_write(self, s.by_drafter[d], rp, snap, extra);
+        return rp;
+      }
       const auto node = s.nodes[d];
       self->request(s.door, std::chrono::seconds(120), spawn_ckpt_atom::value, node, s.tier)
         .then(
@@ -417,7 +467,7 @@ checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_p
             for (size_t i = 0; i < s.by_drafter.size() && i < s.nodes.size(); ++i)
               if (s.nodes[i] == node && !s.by_drafter[i])
                 s.by_drafter[i] = c;
-            rp.delegate(c, snap, extra);
+            route_write(self, c, rp, snap, extra);
           },
           [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
       return rp;

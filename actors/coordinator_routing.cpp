@@ -133,7 +133,9 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   s.durable_step = snap.step;
   s.discarded_to = 0;  // this checkpoint holds the state training continues from
   s.summary.checkpoint = dir;
-  event(self, checkpoint_event{snap.step, dir, committed, s.ledger->state_counts().committed});
+  const auto src = static_cast<size_t>(snap.drafter);
+  event(self, checkpoint_event{snap.step, dir, committed, s.ledger->state_counts().committed,
+                               src < s.opts.drafter_nodes.size() ? s.opts.drafter_nodes[src] : std::string()});
   auto todo = std::move(s.after_checkpoint);
   s.after_checkpoint.clear();
   for (auto& f : todo)
@@ -222,7 +224,22 @@ void checkpoint(self_ptr self, std::function<void()> then) {
         self->state.checkpoint = checkpoint_phase::writing;
         self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
           .then([self, snap, lineage](const std::string& dir) { on_checkpoint_written(self, snap, lineage, dir); },
-                [self](const caf::error& err) { fail(self, err); });
+                [self, snap](const caf::error& err) {
+                  const auto why = self->system().render(err);
+                  if (why.find(node_lost_prefix) == std::string::npos) {
+                    fail(self, err);
+                    return;
+                  }
+                  // Its node was lost mid-write (with the drafter: its
+                  // failure rolls back): nothing became durable; the
+                  // continuations wait for the next checkpoint.
+                  auto& s = self->state;
+                  s.checkpoint = checkpoint_phase::none;
+                  spdlog::warn("checkpoint of step {} not written: {}", snap.step, why);
+                  event(self, checkpoint_discarded_event{snap.step, ""});
+                  try_complete(self);
+                  maybe_end_epoch(self);
+                });
       },
       [self, answered](const caf::error& err) {
         // The drafter died before answering (supervision restarts it) or
@@ -272,8 +289,13 @@ void host_restore_point(self_ptr self) {
             [self, step = snap.step](const caf::error& err) {
               auto& s = self->state;
               s.host_busy = false;
-              s.host_off = true;
               const auto why = self->system().render(err);
+              if (why.find(node_lost_prefix) != std::string::npos) {
+                // Lost with its node (a new one comes with the node): not the tier's fault.
+                event(self, restore_point_event{"host", step, "", why});
+                return;
+              }
+              s.host_off = true;
               spdlog::warn("restore point in shared memory at step {} failed: {} (the tier is off for the rest "
                            "of this process; checkpoints go on)",
                            step, why);

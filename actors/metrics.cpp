@@ -33,8 +33,11 @@ struct line_writer {
             {"already_committed", x.already_committed}};
   }
   nlohmann::json operator()(const checkpoint_event& x) const {
-    return {{"event", "checkpoint"}, {"step", x.step}, {"dir", x.dir},
-            {"committed_now", x.committed_now}, {"committed", x.committed}};
+    nlohmann::json j{{"event", "checkpoint"}, {"step", x.step}, {"dir", x.dir},
+                     {"committed_now", x.committed_now}, {"committed", x.committed}};
+    if (!x.node.empty())
+      j["node"] = x.node;  // a cluster member's file system holds it
+    return j;
   }
   nlohmann::json operator()(const checkpoint_discarded_event& x) const {
     return {{"event", "checkpoint_discarded"}, {"step", x.step}, {"dir", x.dir}};

@@ -35,6 +35,9 @@ struct coordinator_settings {
   /// The learning-rate multiplier's changes (from step, scale) the resumed
   /// checkpoint holds (set through the control endpoint).
   std::vector<std::pair<int64_t, double>> resume_lr_scale;
+  /// Drafter j's cluster member ("" = the leader's process): where its
+  /// checkpoints are written (the checkpoint event names it).
+  std::vector<std::string> drafter_nodes;
   // Failure detection (config [runtime]); restarts are the supervisor's.
   double step_timeout_s = 120;       ///< a step longer than this is a hang
   double heartbeat_s = 0;            ///< an idle drafter is asked this often and must answer

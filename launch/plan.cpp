@@ -51,6 +51,8 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
   p.run_name = c.run.name;
   p.output_dir = c.run.output_dir;
   p.placement = resolve_placement(c, devices.nodes.front().gpus, members);
+  for (const auto& d : p.placement.drafters)
+    p.coordinator.drafter_nodes.push_back(d.node);
   p.schedule_steps = schedule_steps(c, data);
 
   auto& co = p.coordinator;

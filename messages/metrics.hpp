@@ -82,6 +82,7 @@ struct checkpoint_event {
   std::string dir;
   int64_t committed_now = 0;
   int64_t committed = 0;
+  std::string node;  ///< the cluster member whose file system holds `dir` ("" = the leader's)
 };
 
 /// "checkpoint_discarded": written, but a drafter failure rolled training
@@ -287,7 +288,7 @@ typename Inspector::result_type inspect(Inspector& f, epoch_event& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, checkpoint_event& x) {
   return f(caf::meta::type_name("tandem.checkpoint_event"), x.step, x.dir, x.committed_now,
-           x.committed);
+           x.committed, x.node);
 }
 
 template <class Inspector>

@@ -17,6 +17,9 @@
 #      the connection timeout;
 #   5. the drafter node SIGKILLed mid-run and started again (same name):
 #      restored from the newest checkpoint, exact ledger, losses bit-equal;
+#   4b. the leader SIGKILLed mid-run, then --resume with the same nodes:
+#      exact ledger, losses bit-equal; a newest checkpoint on a member that
+#      this machine cannot read is named (node, path), exit 2;
 #   5b. the target node SIGKILLed mid-run and started again: its target and
 #      prefetch restarted, the batches in flight issued again, no rollback,
 #      losses bit-equal;
@@ -25,7 +28,7 @@
 #      bit-equal;
 #   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
 #      another CA's certificate and a member without TLS never get in.
-# ~90 s on 2 cores (a loaded machine: up to ~2 min).
+# ~100 s on 2 cores (a loaded machine: up to ~2.5 min).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -194,6 +197,37 @@ check test "$(field "$sk" restarted)" = 1
 check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert f[0]["restore_from"] == "checkpoint" and "its node was lost" in f[0]["reason"], f' "$work/killed/metrics.jsonl"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sk"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/killed/metrics.jsonl" "$steps4"
+
+# 4b. The leader SIGKILLed mid-run (its members exit 1), then `tandem run
+# --resume` with the same nodes: it picks up from the newest checkpoint (on
+# the drafter node's file system: here the same machine) and ends with an
+# exact ledger and the one-process run's losses.  A newest checkpoint that
+# metrics.jsonl places on a member and this machine cannot read is named,
+# node and path, and nothing starts (exit 2).
+lead lkilled --set supervision.worker_restarts=0
+member gpu-a "$work/lka.log"; a_pid=$m_pid
+member gpu-b "$work/lkb.log"; b_pid=$m_pid
+for _ in $(seq 1 400); do [[ $(steps_in "$work/lkilled/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+kill -9 $l_pid
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 1
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 1
+check grep -q '"node":"gpu-b"' "$work/lkilled/metrics.jsonl"  # where each checkpoint lives
+mv "$work/lkilled.log" "$work/lkilled-1.log"; rm "$work/lkilled/cluster.json"  # the killed leader's port
+lead lkilled --resume
+member gpu-a "$work/lka2.log"; a_pid=$m_pid
+member gpu-b "$work/lkb2.log"; b_pid=$m_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/lkilled.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0
+check grep -q "resuming from $work/lkilled/checkpoints/step-" "$work/lkilled.log"
+sl=$(summary "$work/lkilled/metrics.jsonl"); echo "leader killed, resumed: $sl"
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sl"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/lkilled/metrics.jsonl" "$steps4"
+echo '{"event":"checkpoint","step":9999,"dir":"/nonexistent/step-00009999","node":"gpu-b"}' >> "$work/lkilled/metrics.jsonl"
+rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/lkilled" --set data.epochs=4 --resume \
+  --listen 127.0.0.1:0 "${split[@]}" > "$work/lmissing.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "step 9999, was written on node 'gpu-b' at /nonexistent/step-00009999, which this machine cannot read" "$work/lmissing.log"
 
 # 5b. The target node SIGKILLed mid-run and started again: its target and
 # prefetch are restarted on it (stateless), the batches in flight issued

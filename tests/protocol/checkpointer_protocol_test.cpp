@@ -5,9 +5,12 @@
 // Qwen3, through its torch-free facade).  A write is answered with its
 // folder, holds the runtime's JSON verbatim, releases the snapshot, and
 // keeps only the newest `keep`; a failed write is answered with bad_input
-// naming the folder and the checkpointer carries on.
+// naming the folder and the checkpointer carries on.  The cluster's
+// checkpoint router hands each snapshot to its drafter's checkpointer and
+// answers a write lost with its node with node_lost_prefix's error.
 #define CAF_SUITE checkpointer_protocol
 
+#include "actors/cluster.hpp"
 #include "workers.hpp"  // before dsl.hpp (its `inject` macro)
 
 #include "dsl.hpp"
@@ -111,6 +114,49 @@ CAF_TEST(shutdown ends the checkpointer) {
   run();
   CAF_REQUIRE_EQUAL(ex->reasons.size(), 1u);
   CAF_CHECK(ex->reasons[0] == caf::exit_reason::normal);
+}
+
+CAF_TEST(the checkpoint router answers with the node checkpointer answer or with its loss when it dies mid-write) {
+  // A node's checkpointer that never answers (its node is about to be
+  // lost); the router's request must not hang on it (CAF 0.17 never
+  // answers a request to a remote actor that is gone).
+  auto silent = sys.spawn([](checkpointer_actor::pointer me) -> checkpointer_actor::behavior_type {
+    return {
+      [me](const snapshot_desc&, const std::string&) -> caf::result<std::string> {
+        return me->make_response_promise<std::string>();  // never delivered
+      },
+      [me](shutdown_atom) { me->quit(); },
+      [](vitals_atom) { return actor_vitals{}; },
+    };
+  });
+  auto local = spawn();
+  auto router = spawn_checkpoint_router(sys, {local, silent}, {"", "gpu-b"}, 0, caf::actor{});
+  sched.run();  // messages only: the 30 min write deadline never fires here
+  // Drafter 0's snapshot goes to this process's checkpointer.
+  snapshot_desc snap0{0, 3, engine.snapshot()};
+  auto a = ask<std::string>(sys, router, snap0, std::string(R"({"step":3})"));
+  sched.run();
+  CAF_REQUIRE(a->value.has_value());
+  CAF_CHECK_EQUAL(*a->value, (dir / "step-00000003").string());
+  // Drafter 1's goes to gpu-b's, which dies before answering.
+  snapshot_desc snap1{1, 4, 0};
+  auto b = ask<std::string>(sys, router, snap1, std::string(R"({"step":4})"));
+  sched.run();
+  CAF_CHECK(!b->value && !b->error);  // waiting
+  caf::anon_send_exit(silent, caf::exit_reason::remote_link_unreachable);
+  sched.run();
+  CAF_REQUIRE(b->error.has_value());
+  const auto text = sys.render(*b->error);
+  CAF_MESSAGE(text);
+  CAF_CHECK(contains(text, node_lost_prefix));
+  CAF_CHECK(contains(text, "gpu-b"));
+  // No door: the next snapshot of drafter 1 has no checkpointer and says so.
+  auto c = ask<std::string>(sys, router, snap1, std::string(R"({"step":4})"));
+  sched.run();
+  CAF_REQUIRE(c->error.has_value());
+  CAF_CHECK(contains(sys.render(*c->error), "checkpointer is gone"));
+  self->send(router, shutdown_atom::value);
+  sched.run();
 }
 
 CAF_TEST_FIXTURE_SCOPE_END()

@@ -56,6 +56,10 @@ grep -h "shared payloads" $OUT/cluster_8b_b.log
 kill -9 $bp; echo "drafter node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
 sleep 3
 node $p gpu-b $OUT/cluster_8b_b2.log
+# What the run is doing after the restart, every 15 s (a stall shows here).
+( while kill -0 $lp 2>/dev/null; do
+    { date +%T; timeout 10 "$B" shell $R -c status 2>&1 | head -40; } >> $OUT/cluster_8b_status.log; sleep 15
+  done ) &
 wait $lp; echo "leader exit $?"; wait
 tail -2 $OUT/cluster_8b_leader.log
 cost $OUT/cluster_8b_a.log $OUT/cluster_8b_b2.log

@@ -129,6 +129,45 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+/// A cluster run's newest checkpoint, as metrics.jsonl records it, when
+/// it was written on a member's file system and cannot be read here while
+/// the newest found here (`found`, "" = none) is older: the sentence that
+/// names the node and the path --resume needs.  Resuming from the older one
+/// would silently drop steps the run committed.
+std::optional<std::string> missing_member_checkpoint(const run_config& cfg, const std::filesystem::path& found) {
+  const auto jsonl = cfg.metrics_file();
+  std::ifstream in(jsonl);
+  if (jsonl.empty() || !in)
+    return std::nullopt;
+  int64_t step = -1;
+  std::string dir, node;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"checkpoint\"") == std::string::npos)
+      continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || j.value("event", "") != "checkpoint")
+      continue;
+    if (j.value("step", int64_t{-1}) >= step) {
+      step = j.value("step", int64_t{-1});
+      dir = j.value("dir", "");
+      node = j.value("node", "");
+    }
+  }
+  std::error_code ec;
+  if (node.empty() || dir.empty() || std::filesystem::exists(dir, ec))
+    return std::nullopt;
+  int64_t found_step = -1;
+  if (!found.empty())
+    found_step = nlohmann::json::parse(gpu::read_checkpoint_extra(found)).at("step").get<int64_t>();
+  if (found_step >= step)
+    return std::nullopt;
+  return "the newest checkpoint, step " + std::to_string(step) + ", was written on node '" + node + "' at " + dir
+         + ", which this machine cannot read" + (found.empty() ? std::string(" (none is here)") :
+            " (the newest here, " + found.string() + ", holds step " + std::to_string(found_step) + ")")
+         + ": copy that folder to the same path here, or put checkpoint.dir on a file system both share, "
+           "and run --resume again";
+}
+
 /// The restore points in shared memory of `plan`, if their folder can be
 /// made: else the tier is turned off with a warning.
 void prepare_host_tier(launch_plan& plan, bool fresh_start) {
@@ -372,6 +411,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
     const auto found = gpu::find_resume_checkpoint(roots);
     for (const auto& w : found.warnings)
       std::fprintf(stderr, "tandem run --resume: warning: %s\n", w.c_str());
+    if (auto missing = missing_member_checkpoint(cfg, found.dir)) {
+      std::fprintf(stderr, "tandem run --resume: %s\n", missing->c_str());
+      return 2;
+    }
     if (found.dir.empty() && !wc.resume_if_any) {
       std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s%s\n", ckpt_dir.c_str(),
                    roots.size() > 1 ? (" nor in " + host_dir.string()).c_str() : "");
