@@ -10,7 +10,9 @@
 #      IPC path's host cost per batch (publish on the target node, map on the
 #      drafter node, release) against the step time; the drafter node
 #      SIGKILLed at step ~30 and started again by name: the run ends with
-#      every sample of its steps committed once.
+#      every sample of its steps committed once: the final checkpoint's
+#      ledger and every step's batch equal a one-process run of the same
+#      steps (ONLY3=1 runs only this part).
 # Logs into $OUT: cluster_*.log, cluster.jsonl (one line per part).
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
@@ -21,6 +23,7 @@ node() { "$B" node --join "127.0.0.1:$1" --name "$2" --devices cuda:0 --heartbea
 port_of() { for _ in $(seq 1 600); do [[ -s "$1/cluster.json" ]] && { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$1/cluster.json"; return; }; sleep 0.1; done; return 1; }
 cost() { grep -h "shared payloads" "$@" | sed 's/^/  /'; }
 
+if [[ -z "${ONLY3:-}" ]]; then
 echo "== 1. TransportIpc"
 timeout 300 build/bin/gpu_tests --gtest_filter='TransportIpc.*' 2>&1 | tee $OUT/cluster_ipc_test.log | grep -E "cuda ipc|OK|FAILED|PASSED|SKIPPED" | head
 
@@ -40,18 +43,30 @@ tail -1 $OUT/cluster_tiny_one.log; tail -1 $OUT/cluster_tiny_leader.log
 $PY tests/integration/compare_losses.py $T/one/metrics.jsonl $T/three/metrics.jsonl 80 | tee -a $OUT/cluster_tiny_compare.log
 cost $OUT/cluster_tiny_a.log $OUT/cluster_tiny_b.log
 
+fi
 echo "== 3. 8B pipeline as three processes"
 [[ -f $W/run.toml && -f $W/target/config.json ]] || \
   timeout 400 $PY bench/pipeline.py --tandem $B --size 8b --target-device cuda:0 --drafter-device cuda:0 \
     --work "$W" --setup-only > /dev/null || { echo "8b setup failed"; exit 1; }
+# The one-process reference of the same steps (ONLY3=1: parts 1-2 skipped).
+R1=$W/one; rm -rf $R1
+timeout 300 "$B" run $W/run.toml --set run.output_dir=$R1 --set train.max_steps=${STEPS8:-80} \
+  --set checkpoint.every_steps=20 --set placement.targets=cuda:0 --set placement.drafters=cuda:0 \
+  --set checkpoint.keep=1 > $OUT/cluster_8b_one.log 2>&1 || echo "8b one-process run failed"
+# Its final ledger is all the comparison needs: the disk holds few 8B checkpoints.
+cp "$(ls -d $R1/checkpoints/step-* | tail -1)/state.json" $R1/final_state.json && rm -rf $R1/checkpoints
 R=$W/cluster; rm -rf $R
 timeout 420 "$B" run $W/run.toml --set run.output_dir=$R --listen 127.0.0.1:0 --set train.max_steps=${STEPS8:-80} \
-  --set checkpoint.every_steps=20 --set placement.targets=gpu-a:cuda:0 --set placement.drafters=gpu-b:cuda:0 \
-  --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 > $OUT/cluster_8b_leader.log 2>&1 &
+  --set checkpoint.every_steps=20 --set checkpoint.keep=1 --set placement.targets=gpu-a:cuda:0 \
+  --set placement.drafters=gpu-b:cuda:0 --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 > $OUT/cluster_8b_leader.log 2>&1 &
 lp=$!
 p=$(port_of $R)
 node $p gpu-a $OUT/cluster_8b_a.log; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
-for _ in $(seq 1 3000); do [[ $(grep -c '"event":"step"' $R/metrics.jsonl 2>/dev/null) -ge 30 ]] && break; sleep 0.1; done
+for _ in $(seq 1 3000); do
+  [[ $(grep -c '"event":"step"' $R/metrics.jsonl 2>/dev/null) -ge 30 ]] && break
+  kill -0 $lp 2>/dev/null || { echo "the 8B leader ended early: $(tail -2 $OUT/cluster_8b_leader.log)"; exit 1; }
+  sleep 0.1
+done
 grep -h "shared payloads" $OUT/cluster_8b_b.log
 kill -9 $bp; echo "drafter node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
 sleep 3
@@ -85,4 +100,22 @@ print(json.dumps({"case": "cluster_8b_ipc", "steps": len(steps), "failures": len
                   "end": ends[-1]["reason"] if ends else None, "step_compute_ms_median": step,
                   "target_node": a, "drafter_node": b, "ipc_host_ms_per_batch": per_batch,
                   "ipc_share_of_step": (per_batch / step) if per_batch and step else None}))
+PYEOF
+# Exact: the final checkpoints commit the same samples, and every step
+# 1..N (its last incarnation) trained the same batch as the one-process run.
+$PY - "$R1" "$R" <<'PYEOF' | tee -a $OUT/cluster.jsonl
+import json, sys, os
+def load(d):
+    m = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+    steps = {x["step"]: x for x in m if x["event"] == "step"}
+    ck = [x for x in m if x["event"] == "checkpoint"][-1]
+    kept = os.path.join(d, "final_state.json")
+    extra = json.load(open(kept if os.path.exists(kept) else os.path.join(ck["dir"], "state.json")))["extra"]
+    return steps, json.loads(extra) if isinstance(extra, str) else extra
+(s1, e1), (s2, e2) = load(sys.argv[1]), load(sys.argv[2])
+same_batches = sorted(s1) == sorted(s2) and all(
+    (s1[k]["tokens"], s1[k]["scored_tokens"]) == (s2[k]["tokens"], s2[k]["scored_tokens"]) for k in s1)
+dl = max(abs(s1[k]["loss"] - s2[k]["loss"]) for k in s1 if k in s2)
+print(json.dumps({"case": "cluster_8b_exact", "steps": len(s2), "same_ledger": e1["ledger"] == e2["ledger"],
+                  "ledger": e2["ledger"], "same_batches": same_batches, "max_loss_diff": dl}))
 PYEOF
