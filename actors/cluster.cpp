@@ -122,6 +122,8 @@ struct door_state {
   std::set<std::string> ready;                   ///< agent up and holding the run's plan
   std::map<caf::actor_addr, std::string> by_addr;
   std::map<std::string, int32_t> gpus;
+  std::string actors_host;                       ///< the host of the run's actors ("" = none yet)
+  std::string actors_host_of;                    ///< who set it ("the leader", "node 'x'")
   std::optional<node_setup> setup;               ///< the run's plan's facts, once the leader has them
   std::vector<pending_spawn> pending;
   uint64_t next_pending = 1;
@@ -253,9 +255,29 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
                                                + std::to_string(s.setup->node_gpus[static_cast<size_t>(at)])
                                                + " GPU(s) of it");
       }
+      if (s.actors_host.empty() && opts->leader_holds_actors) {
+        s.actors_host = opts->hello[host];
+        s.actors_host_of = "the leader";
+      }
+      if (!s.actors_host.empty() && hello[host] != s.actors_host) {
+        // Payloads cross processes through shared memory and CUDA IPC: one
+        // host only.  Between hosts they would need NCCL, not built yet.
+        const auto why = "node '" + n + "' refused: it runs on host '" + hello[host] + "' but " + s.actors_host_of
+                         + " runs on '" + s.actors_host + "': batches and features cross processes through "
+                         + (g > 0 ? "CUDA IPC" : "shared memory (the CPU path is for tests and demos)")
+                         + ", which needs one host; between hosts they would travel by NCCL, which Tandem "
+                           "does not do yet: start the nodes on one machine";
+        spdlog::warn("cluster: {}", why);
+        return make_error(errc::bad_input, why);
+      }
+      if (s.actors_host.empty()) {
+        s.actors_host = hello[host];
+        s.actors_host_of = "node '" + n + "'";
+      }
       s.joined.insert(n);
       s.gpus[n] = g;
-      spdlog::info("cluster: node '{}' (pid {}, {}) said hello", n, hello[pid], hello[devices]);
+      spdlog::info("cluster: node '{}' (pid {}, {}) said hello", n, hello[pid],
+                   g == 0 ? std::string("CPU") : std::to_string(g) + " GPU" + (g > 1 ? "s" : ""));
       auto mine = opts->hello;
       return mine;
     },

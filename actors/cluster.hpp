@@ -39,6 +39,9 @@ struct door_options {
   std::vector<std::string> hello;     ///< the leader's hello (messages/node.hpp, hello_fields)
   std::vector<std::string> expected;  ///< the member names the placement names
   std::string secret_hex;             ///< "" = join tokens not checked
+  /// The placement puts actors on the leader's process: its host is the
+  /// run's (else the first member's); a member on another host is refused.
+  bool leader_holds_actors = false;
   /// Told `(node_up_atom, name, gpus, node_actor)` when a member's agent
   /// has joined, and `(node_up_atom, name, -1, node_actor{})` when it is
   /// lost (its agent ended or its connection dropped).

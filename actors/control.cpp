@@ -312,7 +312,7 @@ std::optional<int64_t> query_int(const target_parts& t, const std::string& key, 
 const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"GET /v1", "this list"},
   {"GET /v1/status", "the run: step, epoch, paused, ledger, credits, queues, the drafters' states"},
-  {"GET /v1/tree", "every actor: role, index, device, state, incarnation, thread, uptime, messages handled, last message, its role's figures"},
+  {"GET /v1/tree", "every actor: role, index, device (and node, in a cluster), state, incarnation, thread, uptime, messages handled, last message, its role's figures"},
   {"GET /v1/actors/ROLE/INDEX", "one actor in detail (a drafter: last report, step-time histogram)"},
   {"GET /v1/ledger", "epoch, samples pending / issued / trained / committed, durable checkpoint, each prefetch's cursor"},
   {"GET /v1/steps?n=N", "the last N step reports (default 20)"},
@@ -417,6 +417,8 @@ json tree_json(control_state& s, const json& status, const std::vector<actor_vit
       coord_drafters[d.value("index", -1)] = d;
   for (const auto& a : s.opts.actors) {
     json e{{"role", a.role}, {"index", a.index}, {"device", a.device}, {"name", a.role + " " + std::to_string(a.index)}};
+    if (!a.node.empty())
+      e["node"] = a.node;  // a cluster run: the member holding it
     if (a.role == "drafter") {
       const auto& v = s.drafters[a.index];
       auto it = coord_drafters.find(a.index);

@@ -88,6 +88,7 @@ struct control_options {
     std::string role;
     int32_t index = 0;
     std::string device;
+    std::string node;  ///< the cluster member holding it ("" = not a cluster run)
   };
   std::vector<actor_entry> actors;
   size_t steps_kept = 1000;        ///< the last step reports kept (GET /v1/steps)

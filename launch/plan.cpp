@@ -111,14 +111,16 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     co.tls_cert = c.control.tls_cert.string();
     co.tls_key = c.control.tls_key.string();
     co.run_name = c.run.name;
-    co.actors.push_back({"coordinator", 0, "cpu"});
-    co.actors.push_back({"supervisor", 0, "cpu"});
+    // In a cluster run every actor names its node (the leader's own: cluster.name).
+    const auto leader = p.placement.nodes().empty() ? std::string() : c.cluster.name;
+    co.actors.push_back({"coordinator", 0, "cpu", leader});
+    co.actors.push_back({"supervisor", 0, "cpu", leader});
     for (const auto* role : {&p.placement.prefetch, &p.placement.targets, &p.placement.drafters, &p.placement.eval})
       for (const auto& slot : *role)
-        co.actors.push_back({slot.role, slot.index, device_string(slot.device)});
-    co.actors.push_back({"checkpointer", 0, "cpu"});
-    co.actors.push_back({"metrics", 0, "cpu"});
-    co.actors.push_back({"control", 0, "cpu"});
+        co.actors.push_back({slot.role, slot.index, device_string(slot.device), slot.node.empty() ? leader : slot.node});
+    co.actors.push_back({"checkpointer", 0, "cpu", leader});
+    co.actors.push_back({"metrics", 0, "cpu", leader});
+    co.actors.push_back({"control", 0, "cpu", leader});
     p.control = std::move(co);
   }
 
@@ -314,7 +316,7 @@ std::string to_json(const launch_plan& p) {
   if (p.control) {
     auto actors = nlohmann::json::array();
     for (const auto& a : p.control->actors)
-      actors.push_back(a.role + " " + std::to_string(a.index) + " " + a.device);
+      actors.push_back(a.role + " " + std::to_string(a.index) + " " + (a.node.empty() ? "" : a.node + ":") + a.device);
     j["control"] = {{"host", p.control->host}, {"port", p.control->port}, {"tls_cert", p.control->tls_cert},
                     {"tls_key", p.control->tls_key}, {"actors", actors}};
   }

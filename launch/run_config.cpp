@@ -1372,6 +1372,14 @@ std::vector<std::string> placement_nodes(const run_config& c) {
   return out;
 }
 
+bool placement_uses_leader(const run_config& c) {
+  for (auto* list : {&c.placement.targets, &c.placement.drafters})
+    for (auto& text : *list)
+      if (auto d = parse_device(text); d && (d->node.empty() || d->node == c.cluster.name))
+        return true;
+  return false;
+}
+
 placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
   return resolve_placement(c, gpus_available, {});
 }

@@ -300,6 +300,10 @@ struct placement_plan {
 /// first appearance, without the leader (cluster.name).
 std::vector<std::string> placement_nodes(const run_config& c);
 
+/// Whether [placement] puts a target or drafter on the leader's own process
+/// (an entry without a node, or naming cluster.name).
+bool placement_uses_leader(const run_config& c);
+
 /// A cluster member's devices, as it reported them when it joined.
 struct member_devices {
   std::string name;

@@ -24,9 +24,12 @@
 /// The hello strings, in order (hello_fields): "tandem-node-hello/1", the
 /// Tandem version, its git commit, the LibTorch, CUDA and NCCL versions, the
 /// node's name, its join token (hex; "" without one), its devices ("cpu" or
-/// "cuda:N" count), its process id.  The leader answers with the same
-/// fields, its name and no token.  A refusal is an error whose text says why
-/// (another version, a wrong token, a name already joined or not placed).
+/// "cuda:N": N GPUs, cuda:0..N-1), its process id, its host ("HOSTNAME boot
+/// BOOT_ID": processes of one machine share it).  The leader answers with
+/// the same fields, its name and no token.  A refusal is an error whose text
+/// says why (another version, a wrong token, a name already joined or not
+/// placed, another host than the run's actors: payloads cross processes
+/// through shared memory and CUDA IPC, which need one host).
 ///
 /// The agent answers every spawn with the handle, or an error (the plan has
 /// no such slot on this node, or the engine could not be built); the leader
@@ -64,8 +67,8 @@ using spawn_ckpt_atom = caf::atom_constant<caf::atom("spawn_ck")>;
 /// The hello strings' positions.
 namespace hello_fields {
 constexpr size_t protocol = 0, version = 1, commit = 2, torch = 3, cuda = 4, nccl = 5, name = 6, token = 7,
-                 devices = 8, pid = 9, count = 10;
-constexpr const char* protocol_name = "tandem-node-hello/1";
+                 devices = 8, pid = 9, host = 10, count = 11;
+constexpr const char* protocol_name = "tandem-node-hello/2";
 } // namespace hello_fields
 
 /// What a member needs to compute the run's plan (launch/plan.hpp make_plan)

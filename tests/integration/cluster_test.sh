@@ -10,8 +10,8 @@
 #      and over-long answers, 200 idle connections): no crash, no stall;
 #   2. refusals, each with its reason and exit 2, while the leader waits: a
 #      wrong join token, none, another build (named on both sides), a name
-#      the placement does not hold; then the leader's join timeout names the
-#      missing node (exit 1);
+#      the placement does not hold, a node on another host; then the
+#      leader's join timeout names the missing node (exit 1);
 #   3. non-loopback addresses refused without TLS;
 #   4. the leader SIGKILLed mid-run: the members say so and exit 1 within
 #      the connection timeout;
@@ -125,6 +125,14 @@ check test "$rc" = 2; check grep -q "the placement names no such node (it names:
 # gpu-a with its token joins; gpu-b never comes: the leader names it.
 join --name gpu-a --token-file "$work/pki/gpu-a/join.token" > "$work/a2.log" 2>&1 &
 a_pid=$!; pids+=($a_pid)
+# Once gpu-a is in, a gpu-b on another host is refused: payloads cross
+# processes through shared memory, one host only.
+for _ in $(seq 1 100); do grep -q "node 'gpu-a' (pid" "$work/refuse.log" && break; sleep 0.1; done
+rc=0; TANDEM_TEST_HELLO_HOST="elsewhere boot 12345678" join --name gpu-b --token-file "$work/pki/gpu-b/join.token" \
+  > "$work/host.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "it runs on host 'elsewhere boot 12345678' but node 'gpu-a' runs on" "$work/host.log"
+check grep -q "the CPU path is for tests and demos" "$work/host.log"
 rc=0; wait $l_pid || rc=$?
 check test "$rc" = 1
 check grep -q "nodes gpu-b did not join within 12 s (cluster.join_timeout_s)" "$work/refuse.log"
@@ -237,7 +245,12 @@ lead tkilled
 member gpu-a "$work/ta.log"; a_pid=$m_pid
 member gpu-b "$work/tb.log"; b_pid=$m_pid
 for _ in $(seq 1 400); do [[ $(steps_in "$work/tkilled/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+# The shell's tree names each actor's node.
+"$tandem" shell "$work/tkilled" -c tree > "$work/tree.txt" 2>&1 || true
 kill -9 $a_pid
+check grep -qE "^target 0 +gpu-a:cpu" "$work/tree.txt"
+check grep -qE "^drafter 0 +gpu-b:cpu" "$work/tree.txt"
+check grep -qE "^coordinator 0 +leader:cpu" "$work/tree.txt"
 for _ in $(seq 1 100); do grep -q "node 'gpu-a' is lost" "$work/tkilled.log" && break; sleep 0.1; done
 check grep -q "node 'gpu-a' is lost" "$work/tkilled.log"
 member gpu-a "$work/ta2.log"; a2_pid=$m_pid

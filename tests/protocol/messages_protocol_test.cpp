@@ -291,7 +291,7 @@ CAF_TEST(the node protocol round trips) {
     CAF_CHECK_EQUAL(tested_types.count(t), 1u);
   // The hello: plain strings only, whatever the build.
   const std::vector<std::string> hello{hello_fields::protocol_name, "0.4.0", "abc", "2.11.0", "13.0", "2.28.9",
-                                       "gpu-a", "", "cpu", "42"};
+                                       "gpu-a", "", "cpu", "42", "node-7 boot 1a2b3c4d"};
   auto back = through_message(hello);
   CAF_CHECK(back == hello);
   CAF_CHECK_EQUAL(hello.size(), hello_fields::count);

@@ -35,6 +35,18 @@
 
 namespace tandem::cli {
 
+/// "HOSTNAME boot BOOT_ID": one machine's processes share it (the kernel's
+/// boot id tells apart machines that share a host name).
+std::string host_identity() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0)
+    std::snprintf(name, sizeof(name), "unknown");
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  return std::string(name) + " boot " + (boot.empty() ? std::string("unknown") : boot.substr(0, 8));
+}
+
 std::vector<std::string> build_hello(const std::string& name, const std::string& token, int32_t gpus) {
   const auto rt = gpu::query_runtime();
   std::vector<std::string> h(hello_fields::count);
@@ -50,9 +62,13 @@ std::vector<std::string> build_hello(const std::string& name, const std::string&
   h[hello_fields::token] = token;
   h[hello_fields::devices] = gpus > 0 ? "cuda:" + std::to_string(gpus) : "cpu";
   h[hello_fields::pid] = std::to_string(::getpid());
+  h[hello_fields::host] = host_identity();
   // integration.cluster's refusal of another build: this process poses as one.
   if (const char* v = std::getenv("TANDEM_TEST_HELLO_VERSION"))
     h[hello_fields::version] = v;
+  // ... and its refusal of a node on another host: posing as one.
+  if (const char* v = std::getenv("TANDEM_TEST_HELLO_HOST"))
+    h[hello_fields::host] = v;
   return h;
 }
 

@@ -262,6 +262,7 @@ std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_co
   door_options d;
   d.hello = build_hello(cfg.cluster.name, "", local_gpus);
   d.expected = expected;
+  d.leader_holds_actors = placement_uses_leader(cfg);
   if (!cfg.cluster.secret.empty()) {
     std::ifstream in(cfg.cluster.secret);
     std::string hex;

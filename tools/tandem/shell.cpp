@@ -293,8 +293,10 @@ void print_tree(const json& t) {
     auto detail = role_detail(a);
     if (a.contains("vitals"))
       detail += (detail.empty() ? "" : "; ") + a["vitals"].get<std::string>();
+    // In a cluster: NODE:DEVICE (the member holding it).
+    const auto where = a.contains("node") ? a.value("node", "") + ":" + a.value("device", "") : a.value("device", "");
     std::printf("%s %s %s %s %s %s %s %s\n", pad(a.value("name", ""), 14).c_str(),
-                pad(a.value("device", ""), 8).c_str(), pad(a.value("state", ""), 13).c_str(),
+                pad(where, 8).c_str(), pad(a.value("state", ""), 13).c_str(),
                 pad(thread, 12).c_str(), pad(num(a, "uptime_s", 0), 7).c_str(), pad(num(a, "messages_handled"), 8).c_str(),
                 pad(num(a, "last_message"), 22).c_str(), detail.c_str());
   }
