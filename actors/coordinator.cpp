@@ -25,6 +25,20 @@ namespace tandem {
 
 namespace coord {
 
+/// Stop as for a signal (the steps in progress finish: their features stay
+/// valid until released), write a checkpoint, then answer the run request
+/// with the error: nothing trained is lost.
+void on_escalate(self_ptr self, const std::string& why) {
+  auto& s = self->state;
+  if (!s.running())
+    return;
+  event(self, escalated_event{why, s.step});
+  if (s.stopping())
+    return;  // already ending (a signal, the last epoch): it ends as it would
+  s.escalated = why;
+  finish(self, "escalated");
+}
+
 namespace {
 
 /// Checks the run request; the error to answer it with, or none.
@@ -289,20 +303,6 @@ void on_drafter_down(self_ptr self, int32_t d, const std::string& why) {
   on_drafter_failure(self, d, "drafter " + std::to_string(d) + " died at step " + std::to_string(s.step + 1)
                                 + ": " + why,
                      group_at_rest(self));
-}
-
-/// Stop as for a signal (the steps in progress finish: their features stay
-/// valid until released), write a checkpoint, then answer the run request
-/// with the error: nothing trained is lost.
-void on_escalate(self_ptr self, const std::string& why) {
-  auto& s = self->state;
-  if (!s.running())
-    return;
-  event(self, escalated_event{why, s.step});
-  if (s.stopping())
-    return;  // already ending (a signal, the last epoch): it ends as it would
-  s.escalated = why;
-  finish(self, "escalated");
 }
 
 /// A device's context is lost (messages/coordinator.hpp): fail now, saying

@@ -32,6 +32,13 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
   // Forget the failed incarnation: its late messages no longer match (the
   // supervisor kills it if it is still alive).
   slot.addr = caf::actor_addr{};
+  if (s.checkpoint == checkpoint_phase::snapshot && s.checkpoint_src == d) {
+    // Its snapshot will not come (a drafter lost with its node is never
+    // answered for): the checkpoint is given up now, so the next one, an
+    // end's included, need not wait for that request's deadline.
+    s.checkpoint = checkpoint_phase::none;
+    ++s.checkpoint_seq;
+  }
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
   if (s.grouped() && !peers_hold_state && s.group->in_step()) {
@@ -94,28 +101,7 @@ void roll_back_and_restart(self_ptr self, int32_t d, const std::string& reason, 
   if (lost_steps > 0)
     s.discarded_to = std::max(s.discarded_to, s.step);
   s.step = restore_step;
-  auto credit = drop_in_flight(self);
-  for (auto id : back)
-    s.sample_source.erase(id);
-  (void)s.ledger->take_reissue(back.size());  // the prefetches pack them again
-  // Rewind every prefetch to the restore point: the epoch again, minus the
-  // samples the restored weights hold, as a new data generation.  Its packer
-  // then makes the batches an uninterrupted run makes after that step, so the
-  // steps trained again are the same steps (re-packing only the lost samples
-  // would batch them differently, and the weights would differ).  Batches
-  // packed before a prefetch sees this are dropped on arrival (on_batch).
-  ++s.data_generation;
-  const auto done = s.ledger->consumed();
-  s.exhausted.assign(s.peers.prefetch.size(), false);
-  for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
-    self->send(s.peers.prefetch[p], epoch_atom::value, s.epoch, s.data_generation, done);
-    if (const auto c = credit_after_drop(self, p, credit[p]); c > 0 && !s.stopping())
-      self->send(s.peers.prefetch[p], credit_atom::value, c);
-  }
-  // A target or prefetch replaced and back: this rewind re-issued its
-  // batches too (one still down is rewound when it is back).
-  if (!s.workers_down())
-    s.rewind_due = false;
+  rewind_prefetches(self, back);
   // The supervisor counts the failure against the restart budget and
   // restarts the drafter from the restore point after its backoff (the new
   // incarnation arrives as drafter_up), or refuses: then the run fails.

@@ -45,7 +45,7 @@ std::vector<int32_t> drop_in_flight(self_ptr self) {
     else if (f.target_incarnation != s.target_incarnation[i] || s.target_down[i])
       release(self, f.source, f.batch_handle, 0);  // held, or at a target that died: never comes back
     else
-      s.abandoned.insert(id);  // still at its target: released when it comes back
+      s.abandoned.emplace(id, f);  // still at its target: released when it comes back
   }
   s.in_flight.clear();
   s.queue.clear();
@@ -209,6 +209,8 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   }
   s.checkpoint = checkpoint_phase::snapshot;
   s.checkpoint_step = s.step;
+  s.checkpoint_src = src;
+  const auto seq = ++s.checkpoint_seq;
   s.checkpoint_due = false;
   const auto extra = ledger_json(self);
   const auto lineage = s.lineage;
@@ -219,8 +221,15 @@ void checkpoint(self_ptr self, std::function<void()> then) {
   auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
-      [self, extra, lineage, answered](const snapshot_desc& snap) {
+      [self, extra, lineage, answered, seq](const snapshot_desc& snap) {
         answered();
+        if (self->state.checkpoint_seq != seq) {
+          // Given up when its drafter failed (abandon_checkpoint): another
+          // checkpoint may be in progress now.  (A drafter that failed while
+          // copying does not answer; this is a late answer of one that did.)
+          spdlog::warn("checkpoint: a snapshot of step {} came after its drafter failed: not written", snap.step);
+          return;
+        }
         self->state.checkpoint = checkpoint_phase::writing;
         self->request(self->state.peers.checkpointer, std::chrono::minutes(30), snap, extra)
           .then([self, snap, lineage](const std::string& dir) { on_checkpoint_written(self, snap, lineage, dir); },
@@ -241,12 +250,14 @@ void checkpoint(self_ptr self, std::function<void()> then) {
                   maybe_end_epoch(self);
                 });
       },
-      [self, answered](const caf::error& err) {
+      [self, answered, seq](const caf::error& err) {
         // The drafter died before answering (supervision restarts it) or
         // overran the deadline (heartbeats judge it from here on); the
-        // continuations wait for the next checkpoint.
+        // continuations wait for the next checkpoint, which an end in
+        // progress asks for again.
         answered();
-        self->state.checkpoint = checkpoint_phase::none;
+        if (self->state.checkpoint_seq == seq)
+          self->state.checkpoint = checkpoint_phase::none;
         spdlog::warn("checkpoint: snapshot failed: {}", self->system().render(err));
       });
 }
@@ -467,8 +478,7 @@ void retire(self_ptr self, int64_t batch_id, int64_t step) {
   if (it != s.in_flight.end()) {
     release(self, it->second.source, it->second.batch_handle, it->second.features_handle);
     if (!s.stopping())
-      self->send(s.peers.prefetch[static_cast<size_t>(it->second.source)], credit_atom::value,
-                 int32_t{1});
+      grant_credit(self, static_cast<size_t>(it->second.source), 1);
     s.in_flight.erase(it);
   }
   s.ledger->trained(batch_id, step);
@@ -485,7 +495,7 @@ void on_batch(self_ptr self, batch_desc& batch) {
     // Packed before its prefetch saw a rollback: the rewound packer packs
     // these samples again, in the uninterrupted run's batches.
     release(self, batch.source, batch.handle, 0);
-    self->send(s.peers.prefetch[static_cast<size_t>(batch.source)], credit_atom::value, int32_t{1});
+    grant_credit(self, static_cast<size_t>(batch.source), 1);
     return;
   }
   batch.batch_id = s.ledger->issue(batch.sample_ids);

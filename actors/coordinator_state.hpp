@@ -147,6 +147,8 @@ struct coordinator_state {
                                         ///< and no checkpoint has been written since
   checkpoint_phase checkpoint = checkpoint_phase::none;
   int64_t checkpoint_step = -1;         ///< the step of the checkpoint in progress
+  int32_t checkpoint_src = -1;          ///< the drafter its snapshot was asked of
+  int64_t checkpoint_seq = 0;           ///< checkpoints begun (or given up) so far: a late answer compares
   bool checkpoint_due = false;          ///< one came due meanwhile: taken after the next step
   std::vector<std::function<void()>> after_checkpoint;
   /// A checkpoint asked for while its drafter was copying a restore point
@@ -169,7 +171,8 @@ struct coordinator_state {
   // Failures.
   std::vector<drafter_slot> drafters;            ///< by drafter index
   std::map<int64_t, int32_t> sample_source;      ///< issued, not yet committed: which prefetch
-  std::set<int64_t> abandoned;                   ///< rolled back while at a target
+  std::map<int64_t, flight> abandoned;           ///< rolled back while at a target: released when it
+                                                 ///< comes back, or when that target's new incarnation is up
   int64_t lineage = 0;                           ///< rollbacks to a checkpoint so far (a snapshot older than one is stale)
 
   // Targets and prefetches lost and restarted (coordinator_workers.cpp), by index.
@@ -266,6 +269,12 @@ void on_group_report(self_ptr self, const step_report& r);
 void resolve_group_failure(self_ptr self);
 void count_group_step(self_ptr self, int64_t step, const std::vector<step_report>& reports);
 
+// -- coordinator.cpp -----------------------------------------------------------
+/// A worker that is not restarted ended (`why`): stop as for a signal (the
+/// steps in progress finish, a checkpoint is written), then answer the run
+/// request with the error.
+void on_escalate(self_ptr self, const std::string& why);
+
 // -- coordinator_workers.cpp ---------------------------------------------------
 /// Target or prefetch `index` (`role`) died: held until its new incarnation
 /// is up; the supervisor is asked to restart it.
@@ -275,6 +284,13 @@ void on_prefetch_up(self_ptr self, int32_t index, prefetch_actor fresh);
 /// Re-issues what was in flight when a worker was lost, once every lost one
 /// is back and no drafter is mid-step (a no-op otherwise).
 void maybe_rewind(self_ptr self);
+/// After the ledger's rollback returned `back` to pending: drops every batch
+/// in flight and rewinds every prefetch to what the ledger holds, as a new
+/// data generation (a drafter's rollback, or a replaced target or prefetch).
+void rewind_prefetches(self_ptr self, const std::vector<int64_t>& back);
+/// Grants prefetch `p` `n` more credits, unless it is down or a new
+/// incarnation (its whole window comes with the rewind).
+void grant_credit(self_ptr self, size_t p, int32_t n);
 /// The credit to grant prefetch `p` after a drop of `dropped` of its batches:
 /// those, or a whole window for a new incarnation (which had none).
 int32_t credit_after_drop(self_ptr self, size_t p, int32_t dropped);

@@ -18,24 +18,12 @@ bool valid(const std::vector<bool>& v, int32_t i) {
 }
 
 /// The batches in flight are dropped and every prefetch rewound to the
-/// ledger's step, as a new data generation; the samples issued and not
+/// ledger's step (no training rolled back); the samples issued and not
 /// trained go out again.
 void rewind(self_ptr self) {
   auto& s = self->state;
-  s.rewind_due = false;
   auto back = s.ledger->rollback(s.step);
-  for (auto id : back)
-    s.sample_source.erase(id);
-  (void)s.ledger->take_reissue(back.size());  // the prefetches pack them again
-  auto credit = drop_in_flight(self);
-  ++s.data_generation;
-  const auto done = s.ledger->consumed();
-  s.exhausted.assign(s.peers.prefetch.size(), false);
-  for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
-    self->send(s.peers.prefetch[p], epoch_atom::value, s.epoch, s.data_generation, done);
-    if (const auto c = credit_after_drop(self, p, credit[p]); c > 0 && !s.stopping())
-      self->send(s.peers.prefetch[p], credit_atom::value, c);
-  }
+  rewind_prefetches(self, back);
   spdlog::info("re-issuing {} samples from step {} (a target or prefetch was replaced)", back.size(), s.step);
   event(self, reissued_event{s.step, static_cast<int64_t>(back.size())});
 }
@@ -51,6 +39,39 @@ void worker_back(self_ptr self, const std::string& role, int32_t index) {
 }
 
 } // namespace
+
+void rewind_prefetches(self_ptr self, const std::vector<int64_t>& back) {
+  auto& s = self->state;
+  auto credit = drop_in_flight(self);
+  for (auto id : back)
+    s.sample_source.erase(id);
+  (void)s.ledger->take_reissue(back.size());  // the prefetches pack them again
+  // Every prefetch starts the epoch again, minus the samples the weights
+  // hold, as a new data generation.  Its packer then makes the batches an
+  // uninterrupted run makes after that step, so the steps trained again are
+  // the same steps (re-packing only the lost samples would batch them
+  // differently, and the weights would differ).  Batches packed before a
+  // prefetch sees this are dropped on arrival (on_batch).
+  ++s.data_generation;
+  const auto done = s.ledger->consumed();
+  s.exhausted.assign(s.peers.prefetch.size(), false);
+  for (size_t p = 0; p < s.peers.prefetch.size(); ++p) {
+    self->send(s.peers.prefetch[p], epoch_atom::value, s.epoch, s.data_generation, done);
+    if (const auto c = credit_after_drop(self, p, credit[p]); c > 0 && !s.stopping())
+      self->send(s.peers.prefetch[p], credit_atom::value, c);
+  }
+  // A target or prefetch replaced and back: this re-issued its batches too
+  // (one still down is rewound when it is back).
+  if (!s.workers_down())
+    s.rewind_due = false;
+}
+
+void grant_credit(self_ptr self, size_t p, int32_t n) {
+  auto& s = self->state;
+  if (s.prefetch_down[p] || s.fresh_prefetch[p])
+    return;  // its batches were dropped with it: the rewind grants the whole window
+  self->send(s.peers.prefetch[p], credit_atom::value, n);
+}
 
 int32_t credit_after_drop(self_ptr self, size_t p, int32_t dropped) {
   auto& s = self->state;
@@ -98,9 +119,12 @@ void on_worker_down(self_ptr self, const std::string& role, int32_t index, const
         event(self, std::move(ev));
       },
       [self, ev](const caf::error& err) mutable {
+        // Past its budget: the run stops as for a signal (the drafters are
+        // healthy: their steps finish and a checkpoint keeps them), then
+        // answers with the error.
         ev.restart = -1;
         event(self, std::move(ev));
-        fail(self, err);
+        on_escalate(self, self->system().render(err));
       });
 }
 
@@ -116,6 +140,16 @@ void on_target_up(self_ptr self, int32_t index, target_actor fresh) {
   // another process (they went with it), the memory freed in this one.
   for (auto h : std::exchange(s.held_features[i], {}))
     self->send(s.peers.targets[i], release_atom::value, h);
+  // Batches abandoned at the incarnation that died never come back: their
+  // batch handles are released here.
+  for (auto it = s.abandoned.begin(); it != s.abandoned.end();) {
+    if (it->second.source == index && it->second.target_incarnation < s.target_incarnation[i]) {
+      release(self, index, it->second.batch_handle, 0);
+      it = s.abandoned.erase(it);
+    } else {
+      ++it;
+    }
+  }
   worker_back(self, target_role, index);
 }
 

@@ -220,7 +220,9 @@ kill -9 $l_pid
 rc=0; wait $a_pid || rc=$?; check test "$rc" = 1
 rc=0; wait $b_pid || rc=$?; check test "$rc" = 1
 check grep -q '"node":"gpu-b"' "$work/lkilled/metrics.jsonl"  # where each checkpoint lives
-mv "$work/lkilled.log" "$work/lkilled-1.log"; rm "$work/lkilled/cluster.json"  # the killed leader's port
+# (The new leader replaces the killed one's cluster.json; removed here so
+# that port_of cannot read the stale port before the new leader starts.)
+mv "$work/lkilled.log" "$work/lkilled-1.log"; rm "$work/lkilled/cluster.json"
 lead lkilled --resume
 member gpu-a "$work/lka2.log"; a_pid=$m_pid
 member gpu-b "$work/lkb2.log"; b_pid=$m_pid

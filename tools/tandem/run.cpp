@@ -78,6 +78,16 @@ struct worker_context {
   std::optional<worker_restarted_event> restarted;  ///< the worker_restarted event (none: the first worker)
 };
 
+/// Writes `text` to `path` whole or not at all (a reader never sees half of
+/// it): a temporary file of mode `mode`, fsynced, renamed over it.
+void write_atomically(const std::filesystem::path& path, const std::string& text, mode_t mode) {
+  const auto tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0 || ::fchmod(fd, mode) != 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())
+      || ::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+}
+
 /// RUN_DIR/control.json: where the control endpoint listens and its token,
 /// readable by this user only (mode 0600, set before anything is written).
 void write_control_file(const std::filesystem::path& path, const std::string& listen_host, uint16_t port,
@@ -92,12 +102,7 @@ void write_control_file(const std::filesystem::path& path, const std::string& li
                          {"token", token},
                          {"pid", static_cast<int64_t>(::getpid())},
                          {"run", run_name}};
-  const auto text = j.dump(2) + "\n";
-  const auto tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || ::fchmod(fd, 0600) != 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())
-      || ::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+  write_atomically(path, j.dump(2) + "\n", 0600);
 }
 
 /// The learning-rate multiplier's schedule kept in `file` by the metrics
@@ -157,15 +162,18 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
   if (node.empty() || dir.empty() || std::filesystem::exists(dir, ec))
     return std::nullopt;
   int64_t found_step = -1;
-  if (!found.empty())
-    found_step = nlohmann::json::parse(gpu::read_checkpoint_extra(found)).at("step").get<int64_t>();
+  if (!found.empty()) {
+    const auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found), nullptr, false);
+    if (extra.is_object() && extra.contains("step") && extra["step"].is_number_integer())
+      found_step = extra["step"].get<int64_t>();
+  }
   if (found_step >= step)
     return std::nullopt;
   return "the newest checkpoint, step " + std::to_string(step) + ", was written on node '" + node + "' at " + dir
          + ", which this machine cannot read" + (found.empty() ? std::string(" (none is here)") :
             " (the newest here, " + found.string() + ", holds step " + std::to_string(found_step) + ")")
          + ": copy that folder to the same path here, or put checkpoint.dir on a file system both share, "
-           "and run --resume again";
+           "and run --resume again (--force resumes from the older one, training the steps after it again)";
 }
 
 /// The restore points in shared memory of `plan`, if their folder can be
@@ -259,6 +267,11 @@ struct leader_side {
 std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_config& cfg,
                                             const std::vector<std::string>& expected, int32_t local_gpus) {
   leader_side out;
+  {
+    // A killed leader's: its port is not this one's.
+    std::error_code ec;
+    std::filesystem::remove(cfg.run.output_dir / "cluster.json", ec);
+  }
   door_options d;
   d.hello = build_hello(cfg.cluster.name, "", local_gpus);
   d.expected = expected;
@@ -309,8 +322,13 @@ std::optional<leader_side> wait_for_members(caf::actor_system& sys, const run_co
     // Where members join (a port 0 in the config is picked here).
     const nlohmann::json j{{"host", a->host}, {"port", out.port}, {"leader", cfg.cluster.name},
                            {"pid", static_cast<int64_t>(::getpid())}, {"members", expected}};
-    std::ofstream f(cfg.run.output_dir / "cluster.json");
-    f << j.dump(2) << "\n";
+    try {
+      write_atomically(cfg.run.output_dir / "cluster.json", j.dump(2) + "\n", 0644);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem run: %s\n", e.what());
+      caf::anon_send(out.door, shutdown_atom::value, int32_t{1});
+      return std::nullopt;
+    }
   }
   std::fprintf(stderr, "tandem run: cluster leader '%s' on %s:%u%s (tandem node --join %s:%u --name NAME%s)\n",
                cfg.cluster.name.c_str(), a->host.c_str(), static_cast<unsigned>(out.port),
@@ -413,8 +431,9 @@ int run_training(const run_options& ro, const worker_context& wc) {
     for (const auto& w : found.warnings)
       std::fprintf(stderr, "tandem run --resume: warning: %s\n", w.c_str());
     if (auto missing = missing_member_checkpoint(cfg, found.dir)) {
-      std::fprintf(stderr, "tandem run --resume: %s\n", missing->c_str());
-      return 2;
+      std::fprintf(stderr, "tandem run --resume: %s%s\n", ro.force ? "warning (--force): " : "", missing->c_str());
+      if (!ro.force)
+        return 2;
     }
     if (found.dir.empty() && !wc.resume_if_any) {
       std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s%s\n", ckpt_dir.c_str(),
@@ -786,7 +805,8 @@ void add_run(CLI::App& app, int& exit_code) {
                 "shared memory (checkpoint.host_dir) when that is newer (each one is verified; a corrupt one is "
                 "moved aside as <name>.corrupt and the previous one is used, with a warning)");
   cmd->add_flag("--force", opts->force,
-                "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints");
+                "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints; with --resume, "
+                "also when the newest checkpoint is on a cluster member's disk this machine cannot read");
   cmd->add_option("--set", opts->overrides, "Override a field: section.key=value (repeatable)");
   cmd->add_option("--listen", opts->listen,
                   "Lead a cluster: take member nodes (tandem node --join) on HOST:PORT (cluster.listen; off "
