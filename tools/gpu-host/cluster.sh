@@ -12,7 +12,8 @@
 #      SIGKILLed at step ~30 and started again by name: the run ends with
 #      every sample of its steps committed once: the final checkpoint's
 #      ledger and every step's batch equal a one-process run of the same
-#      steps (ONLY3=1 runs only this part).
+#      steps (ONLY3=1 runs only this part; KILL=target kills the target
+#      node instead: its target and prefetch are restarted, no rollback).
 # Logs into $OUT: cluster_*.log, cluster.jsonl (one line per part).
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
@@ -61,28 +62,36 @@ timeout 420 "$B" run $W/run.toml --set run.output_dir=$R --listen 127.0.0.1:0 --
   --set placement.drafters=gpu-b:cuda:0 --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 > $OUT/cluster_8b_leader.log 2>&1 &
 lp=$!
 p=$(port_of $R)
-node $p gpu-a $OUT/cluster_8b_a.log; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
+node $p gpu-a $OUT/cluster_8b_a.log; ap=$!; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
+# KILL=target: the target node is killed instead (its target and prefetch
+# are restarted when it joins again; the drafter keeps its state).
+if [[ "${KILL:-drafter}" == target ]]; then victim=$ap; vname=gpu-a; else victim=$bp; vname=gpu-b; fi
 for _ in $(seq 1 3000); do
   [[ $(grep -c '"event":"step"' $R/metrics.jsonl 2>/dev/null) -ge 30 ]] && break
   kill -0 $lp 2>/dev/null || { echo "the 8B leader ended early: $(tail -2 $OUT/cluster_8b_leader.log)"; exit 1; }
   sleep 0.1
 done
 grep -h "shared payloads" $OUT/cluster_8b_b.log
-kill -9 $bp; echo "drafter node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
+kill -9 $victim; echo "${KILL:-drafter} node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
 sleep 3
-node $p gpu-b $OUT/cluster_8b_b2.log
+node $p $vname $OUT/cluster_8b_${vname#gpu-}2.log
+# The cost lines: the target node's and the drafter node's that ran to the end.
+if [[ $vname == gpu-a ]]; then la=$OUT/cluster_8b_a2.log; lb=$OUT/cluster_8b_b.log
+else la=$OUT/cluster_8b_a.log; lb=$OUT/cluster_8b_b2.log; fi
 # What the run is doing after the restart, every 15 s (a stall shows here).
 ( while kill -0 $lp 2>/dev/null; do
     { date +%T; timeout 10 "$B" shell $R -c status 2>&1 | head -40; } >> $OUT/cluster_8b_status.log; sleep 15
   done ) &
 wait $lp; echo "leader exit $?"; wait
 tail -2 $OUT/cluster_8b_leader.log
-cost $OUT/cluster_8b_a.log $OUT/cluster_8b_b2.log
-$PY - "$R/metrics.jsonl" $OUT/cluster_8b_a.log $OUT/cluster_8b_b2.log <<'PYEOF' | tee -a $OUT/cluster.jsonl
+cost $la $lb
+$PY - "$R/metrics.jsonl" $la $lb "${KILL:-drafter}" <<'PYEOF' | tee -a $OUT/cluster.jsonl
 import json, re, sys, statistics
 m = [json.loads(l) for l in open(sys.argv[1])]
 steps = [x for x in m if x["event"] == "step"]
 fails = [x for x in m if x["event"] == "drafter_failed"]
+actors = [(x["role"], x["index"]) for x in m if x["event"] == "actor_failed"]
+reissued = [x["samples"] for x in m if x["event"] == "reissued"]
 ends = [x for x in m if x["event"] == "end"]
 cms = [x["compute_ms"] for x in steps[5:] if "compute_ms" in x]
 def cost(path, what):
@@ -95,7 +104,8 @@ step = statistics.median(cms) if cms else 0
 # Per batch: the target node publishes a batch and its features and releases them;
 # the drafter node maps both.
 per_batch = (2 * a["publish_ms"] + 2 * a["release_ms"] + 2 * b["map_ms"]) if a and b else None
-print(json.dumps({"case": "cluster_8b_ipc", "steps": len(steps), "failures": len(fails),
+print(json.dumps({"case": "cluster_8b_ipc", "killed": sys.argv[4], "steps": len(steps), "failures": len(fails),
+                  "actors_failed": actors, "reissued": reissued,
                   "restore_from": [f.get("restore_from") for f in fails],
                   "end": ends[-1]["reason"] if ends else None, "step_compute_ms_median": step,
                   "target_node": a, "drafter_node": b, "ipc_host_ms_per_batch": per_batch,
