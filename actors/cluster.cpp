@@ -552,6 +552,11 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
         if (!setup.resume_checkpoint.empty())
           resume = resume_point{setup.resume_checkpoint, setup.resume_step, setup.resume_ledger, {}};
         auto plan = make_plan(cfg, inv, {setup.num_samples, setup.num_tokens}, resume);
+        // Injected faults fire once per run: this node's are recorded beside
+        // the run's outputs, so a restarted member (same name) does not fire
+        // them again (the leader removes these files on a fresh start).
+        if (!plan.faults.empty())
+          plan.faults_fired_file = (cfg.run.output_dir / ("faults-fired-" + opts->name)).string();
         self->state.faults = make_fault_plan(plan);
         self->state.plan = std::move(plan);
       } catch (const std::exception& e) {

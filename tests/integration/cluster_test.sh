@@ -23,6 +23,8 @@
 #   5b. the target node SIGKILLed mid-run and started again: its target and
 #      prefetch restarted, the batches in flight issued again, no rollback,
 #      losses bit-equal;
+#   5c. the target node aborted by an injected fault: started again, the
+#      fault does not fire twice, the run ends exact;
 #   6. the drafter node SIGSTOPped: declared lost within the timeout, fenced
 #      after SIGCONT (it exits 1), a fresh one finishes the run, losses
 #      bit-equal;
@@ -264,6 +266,22 @@ check test "$(field "$st" failed)" = 0
 check "$python" -c 'import json,sys; e=[j for j in map(json.loads, open(sys.argv[1]))]; f=sorted(j["role"] for j in e if j["event"] == "actor_failed"); r=[j for j in e if j["event"] == "actor_restarted"]; q=[j for j in e if j["event"] == "reissued"]; assert f == ["prefetch", "target"] and len(r) == 2 and len(q) >= 1, (f, r, q)' "$work/tkilled/metrics.jsonl"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$st"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/tkilled/metrics.jsonl" "$steps4"
+
+# 5c. The target node aborts by an injected fault on its 40th batch: once
+# started again it does not fire again (faults fire once per run, recorded
+# beside the run's outputs), and the run ends exact.
+lead tabort --fault target=0,kind=abort,at_step=40
+member gpu-a "$work/tba.log"; a_pid=$m_pid
+member gpu-b "$work/tbb.log"; b_pid=$m_pid
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 134
+member gpu-a "$work/tba2.log"; a2_pid=$m_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/tabort.log"
+rc=0; wait $a2_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $b_pid || rc=$?; check test "$rc" = 0
+check test -s "$work/tabort/faults-fired-gpu-a"
+sa=$(summary "$work/tabort/metrics.jsonl"); echo "target node aborted: $sa"
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sa"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/tabort/metrics.jsonl" "$steps4"
 
 # 6. The drafter node frozen (SIGSTOP) past cluster.timeout_s: the leader
 # declares it lost; woken (SIGCONT), it finds its connection closed and

@@ -466,9 +466,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
   }
   if (!ro.resume && !wc.resume_if_any) {
-    // A fresh start: a schedule kept by an earlier run in this folder is not this run's.
+    // A fresh start: a schedule kept by an earlier run in this folder is not
+    // this run's, nor are the faults its cluster members fired.
     std::error_code ec;
     std::filesystem::remove(cfg.lr_schedule_file(), ec);
+    for (const auto& e : std::filesystem::directory_iterator(cfg.run.output_dir, ec))
+      if (e.path().filename().string().rfind("faults-fired-", 0) == 0)
+        std::filesystem::remove(e.path(), ec);
   }
   // The actor system comes before the plan: a cluster's leader needs it to
   // take its members' joins, and the plan their devices.
