@@ -30,7 +30,7 @@
 #      bit-equal;
 #   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
 #      another CA's certificate and a member without TLS never get in.
-# ~100 s on 2 cores (a loaded machine: up to ~2.5 min).
+# ~130 s alone on 2 cores (~185 s beside the rest of ctest -j2).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
