@@ -23,6 +23,7 @@
 #include "actors/spawn.hpp"
 #include "actors/system.hpp"
 #include "actors/vitals.hpp"
+#include "gpu/transport/link.hpp"
 #include "launch/plan.hpp"
 #include "messages/errors.hpp"
 
@@ -122,8 +123,14 @@ struct door_state {
   std::set<std::string> ready;                   ///< agent up and holding the run's plan
   std::map<caf::actor_addr, std::string> by_addr;
   std::map<std::string, int32_t> gpus;
-  std::string actors_host;                       ///< the host of the run's actors ("" = none yet)
-  std::string actors_host_of;                    ///< who set it ("the leader", "node 'x'")
+  /// Where every node that holds actors runs ("the leader", "node 'x'" →
+  /// its host, and whether it offers only the CPU): CPU payloads do not
+  /// cross hosts (shared memory), GPU payloads do (NCCL links).
+  struct host_entry {
+    std::string host;
+    bool cpu = false;
+  };
+  std::map<std::string, host_entry> hosts;
   std::optional<node_setup> setup;               ///< the run's plan's facts, once the leader has them
   std::vector<pending_spawn> pending;
   uint64_t next_pending = 1;
@@ -255,25 +262,22 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
                                                + std::to_string(s.setup->node_gpus[static_cast<size_t>(at)])
                                                + " GPU(s) of it");
       }
-      if (s.actors_host.empty() && opts->leader_holds_actors) {
-        s.actors_host = opts->hello[host];
-        s.actors_host_of = "the leader";
-      }
-      if (!s.actors_host.empty() && hello[host] != s.actors_host) {
-        // Payloads cross processes through shared memory and CUDA IPC: one
-        // host only.  Between hosts they would need NCCL, not built yet.
-        const auto why = "node '" + n + "' refused: it runs on host '" + hello[host] + "' but " + s.actors_host_of
-                         + " runs on '" + s.actors_host + "': batches and features cross processes through "
-                         + (g > 0 ? "CUDA IPC" : "shared memory (the CPU path is for tests and demos)")
-                         + ", which needs one host; between hosts they would travel by NCCL, which Tandem "
-                           "does not do yet: start the nodes on one machine";
+      if (opts->leader_holds_actors && !s.hosts.count("the leader"))
+        s.hosts["the leader"] = {opts->hello[host], hello_gpus(opts->hello[devices]) == 0};
+      const auto who = "node '" + n + "'";
+      for (const auto& [other, h] : s.hosts) {
+        if (other == who || h.host == hello[host] || (!h.cpu && g > 0))
+          continue;
+        // CPU payloads cross processes through shared memory: one host only.
+        const auto why = who + " refused: it runs on host '" + hello[host] + "' but " + other + " runs on '"
+                         + h.host + "', and " + (g == 0 ? who : other)
+                         + " offers only the CPU: CPU processes exchange batches and features through shared "
+                           "memory, which needs one host (the CPU path is for tests and demos); between hosts "
+                           "they travel over NCCL, which needs GPUs at both ends";
         spdlog::warn("cluster: {}", why);
         return make_error(errc::bad_input, why);
       }
-      if (s.actors_host.empty()) {
-        s.actors_host = hello[host];
-        s.actors_host_of = "node '" + n + "'";
-      }
+      s.hosts[who] = {hello[host], g == 0};
       s.joined.insert(n);
       s.gpus[n] = g;
       spdlog::info("cluster: node '{}' (pid {}, {}) said hello", n, hello[pid],
@@ -557,6 +561,12 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
         // them again (the leader removes these files on a fresh start).
         if (!plan.faults.empty())
           plan.faults_fired_file = (cfg.run.output_dir / ("faults-fired-" + opts->name)).string();
+        if (plan.cluster) {
+          gpu::transport::force_links(plan.cluster->force_links);
+          gpu::transport::name_nccl_host(opts->name, plan.cluster->force_links);
+          gpu::transport::set_link_timeout(
+            std::chrono::milliseconds(static_cast<int64_t>(plan.cluster->link_timeout_s * 1000)));
+        }
         self->state.faults = make_fault_plan(plan);
         self->state.plan = std::move(plan);
       } catch (const std::exception& e) {

@@ -542,6 +542,19 @@ void on_step_report(self_ptr self, const step_report& r) {
     on_group_report(self, r);
     return;
   }
+  if (r.lost_input) {
+    // Its payloads never arrived over its link (the target died, or the
+    // link failed): nothing was trained.  The batches in flight go out
+    // again, as when a target is replaced: at once, or once every lost
+    // target or prefetch is back (actors/coordinator_workers.cpp).
+    spdlog::warn("drafter {}: the payloads of batch {} never arrived; the batches in flight are issued again",
+                 r.drafter, r.batch_id);
+    s.busy.erase(r.drafter);
+    s.idle.push_back(r.drafter);
+    s.rewind_due = true;
+    maybe_rewind(self);
+    return;
+  }
   if (!r.finite) {
     self->send(s.peers.metrics, r);
     on_drafter_failure(self, r.drafter, "drafter " + std::to_string(r.drafter)

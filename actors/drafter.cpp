@@ -4,6 +4,9 @@
 // behaviour, on its own thread.
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -18,8 +21,10 @@
 #include "actors/vitals.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/nccl/communicator.hpp"
+#include "gpu/transport/link.hpp"
 #include "messages/errors.hpp"
 #include "messages/supervisor.hpp"
+#include "messages/target.hpp"
 
 namespace tandem {
 
@@ -39,6 +44,17 @@ struct drafter_state {
   /// step (0: the next) or, for the snapshot kinds, the first snapshot at or
   /// after it.  This incarnation's only: fired once, then dropped.
   std::vector<std::pair<std::string, int64_t>> armed;
+  /// Work items in arrival order; the front one may be waiting for its
+  /// payloads from another process (`pulling`, gpu/transport/link.hpp).
+  std::deque<work_item> queue;
+  bool pulling = false;
+  int lost_inputs = 0;  ///< work items in a row whose payloads did not arrive
+  /// NCCL links to targets, by target index, with the incarnation they join.
+  struct target_link {
+    caf::actor_addr producer;
+    std::unique_ptr<gpu::transport::link> link;
+  };
+  std::map<int32_t, target_link> links;
 };
 
 bool is_snapshot_fault(const std::string& kind) {
@@ -159,6 +175,232 @@ void fail_step(drafter_actor::stateful_pointer<drafter_state> self, errc code, c
   self->quit(make_error(c.code, "step " + std::to_string(step) + ": " + what + c.suffix));
 }
 
+/// Trains `w` on the payloads behind `batch_h` and `features_h` (its own, or
+/// the ones received over a link); false when the actor failed and quit.
+bool train(drafter_actor::stateful_pointer<drafter_state> self, const work_item& w, uint64_t batch_h,
+           uint64_t features_h) {
+  auto& s = self->state;
+  const double wait = ms_since(s.idle_since);
+  apply_faults(s, s.engine->step() + 1);
+  // A failed step ends the actor with the reason; the coordinator
+  // (its supervisor) restarts it from the newest checkpoint.
+  gpu::step_result r;
+  try {
+    r = s.engine->train_step(batch_h, features_h, w.contribute, w.lr_scale);
+  } catch (const gpu::error& e) {
+    if (s.engine->group_broken()) {
+      // The step's collective did not complete: a peer failed, not this
+      // drafter.  Leave the group and wait for the next one; the
+      // coordinator decides from the reported step whether these
+      // weights are where training continues.
+      spdlog::warn("drafter {}: step {}: {} (leaving the group)", s.index, s.engine->step() + 1, e.what());
+      s.engine->leave_group(std::chrono::seconds(2));
+      step_report rep;
+      rep.drafter = s.index;
+      // Where this drafter's state is: the update skipped (the step
+      // before) or applied (the collective had completed).
+      try {
+        rep.step = s.engine->sync_step();
+      } catch (const std::exception& x) {
+        self->quit(make_error(errc::device_failure, "step " + std::to_string(s.engine->step() + 1)
+                                                      + ": reading the update count after the group failed: "
+                                                      + x.what()));
+        return false;
+      }
+      rep.batch_id = w.batch.batch_id;
+      rep.finite = false;
+      rep.contributed = w.contribute;
+      rep.group_failed = true;
+      s.idle_since = clock_type::now();
+      self->send(s.coordinator, rep);
+      return true;
+    }
+    fail_step(self, e.code(), e.what());
+    return false;
+  } catch (const std::exception& e) {
+    fail_step(self, errc::device_failure, e.what());
+    return false;
+  }
+  step_report rep;
+  rep.drafter = s.index;
+  rep.step = r.step;
+  rep.batch_id = w.batch.batch_id;
+  rep.loss = r.loss;
+  rep.accuracy = r.accuracy;
+  rep.sim_accept = r.sim_accept;
+  rep.grad_norm = r.grad_norm;
+  rep.lr = r.lr;
+  rep.scored_tokens = r.scored_tokens;
+  rep.real_tokens = w.batch.real_tokens;
+  rep.finite = r.finite;
+  rep.compute_ms = r.compute_ms;
+  rep.tflop = r.tflop;
+  rep.wait_ms = wait;
+  rep.contributed = w.contribute;
+  const auto mem = s.engine->device_memory();
+  rep.mem_allocated = mem.allocated;
+  rep.mem_reserved = mem.reserved;
+  rep.mem_peak = mem.peak;
+  std::tie(rep.graphs, rep.graph_pool_bytes) = s.engine->graph_pools();
+  if (r.finite) {
+    try {
+      rep.restore_point = s.engine->keep_restore_point();
+    } catch (const std::exception& e) {
+      const auto c = classify_failure(errc::device_failure, s.engine->info().device);
+      self->quit(make_error(c.code, "step " + std::to_string(r.step) + ": keeping the restore point in device memory: "
+                                      + e.what() + c.suffix));
+      return false;
+    }
+  }
+  s.idle_since = clock_type::now();
+  self->send(s.coordinator, rep);
+  return true;
+}
+
+/// Where `w`'s payloads are: acquirable in this process (its own, or
+/// another process's of this host through shared memory or CUDA IPC, unless
+/// cluster.transport = "nccl"), to be pulled over a link from its target,
+/// or out of reach (another host's, without a target to pull from).
+enum class route { local, pull, unreachable };
+
+route route_of(drafter_actor::stateful_pointer<drafter_state> self, const work_item& w) {
+  const auto& f = w.features;
+  const bool same_host = f.host.empty() || f.host == gpu::transport::host_identity();
+  if (!f.producer)
+    return same_host ? route::local : route::unreachable;
+  if (f.producer.node() == self->node())
+    return route::local;
+  return same_host && !gpu::transport::forcing_links() ? route::local : route::pull;
+}
+
+void pull(drafter_actor::stateful_pointer<drafter_state> self);
+
+/// The front work item's payloads did not arrive (`why`): nothing is
+/// trained.  A single drafter reports it (the coordinator issues the
+/// batches in flight again) and goes on; one in a data-parallel group, or
+/// one whose pulls keep failing, fails its step instead.
+/// False when the actor failed and quit.
+bool lose_input(drafter_actor::stateful_pointer<drafter_state> self, const std::string& why) {
+  auto& s = self->state;
+  auto w = std::move(s.queue.front());
+  s.queue.pop_front();
+  s.pulling = false;
+  s.links.erase(w.features.target);  // a new link next time (this one aborted)
+  constexpr int in_a_row = 3;
+  if (s.engine->group_world() > 1 || ++s.lost_inputs >= in_a_row) {
+    fail_step(self, errc::device_failure,
+              why + (s.lost_inputs >= in_a_row ? " (" + std::to_string(in_a_row) + " work items in a row)" : ""));
+    return false;
+  }
+  spdlog::warn("drafter {}: {}: nothing trained, the coordinator issues it again", s.index, why);
+  step_report rep;
+  rep.drafter = s.index;
+  rep.step = s.engine->step();
+  rep.batch_id = w.batch.batch_id;
+  rep.contributed = w.contribute;
+  rep.lost_input = true;
+  s.idle_since = clock_type::now();
+  self->send(s.coordinator, rep);
+  return true;
+}
+
+/// Trains the queued work items in their order; one whose payloads must be
+/// pulled waits for them (the mailbox stays open meanwhile).
+void advance(drafter_actor::stateful_pointer<drafter_state> self) {
+  auto& s = self->state;
+  while (!s.pulling && !s.queue.empty()) {
+    const auto r = route_of(self, s.queue.front());
+    if (r == route::unreachable) {
+      const auto& f = s.queue.front().features;
+      if (!lose_input(self, "batch " + std::to_string(f.batch_id) + ": its features are on host '" + f.host
+                              + "' and name no target to pull them from"))
+        return;
+      continue;
+    }
+    if (r == route::pull) {
+      s.pulling = true;
+      pull(self);
+      return;
+    }
+    auto w = std::move(s.queue.front());
+    s.queue.pop_front();
+    if (!train(self, w, w.batch.handle, w.features.handle))
+      return;
+  }
+}
+
+/// The front work item's batch and features, over the link to their target
+/// (asked for first when there is none, or its target is a new incarnation).
+void pull(drafter_actor::stateful_pointer<drafter_state> self) {
+  auto& s = self->state;
+  const auto& w = s.queue.front();
+  const auto t = w.features.target;
+  const auto producer = w.features.producer;
+  const auto target = caf::actor_cast<target_actor>(producer);
+  const auto timeout = gpu::transport::link_timeout();
+  const auto from = "batch " + std::to_string(w.batch.batch_id) + " from target " + std::to_string(t);
+  auto& l = s.links[t];
+  if (!l.link || l.producer != producer.address() || !l.link->usable()) {
+    l.link.reset();  // aborted
+    self->request(target, timeout, link_atom::value, s.index)
+      .then(
+        [self, t, producer, timeout, from](std::vector<uint8_t>& id) {
+          auto& s = self->state;
+          try {
+            auto link = std::make_unique<gpu::transport::link>(
+              id, 1, s.engine->info().device, timeout,
+              "features from target " + std::to_string(t) + " to drafter " + std::to_string(s.index));
+            spdlog::info("drafter {}: {}", s.index, link->describe());
+            s.links[t] = {producer.address(), std::move(link)};
+          } catch (const std::exception& e) {
+            if (lose_input(self, from + ": joining the link: " + e.what()))
+              advance(self);
+            return;
+          }
+          pull(self);
+        },
+        [self, from](caf::error& err) {
+          if (lose_input(self, from + ": no link: " + self->system().render(err)))
+            advance(self);
+        });
+    return;
+  }
+  self->request(target, timeout, pull_atom::value, s.index, std::vector<uint64_t>{w.batch.handle, w.features.handle})
+    .then(
+      [self, t, from](pulled& p) {
+        auto& s = self->state;
+        std::vector<uint64_t> got;
+        try {
+          got = s.links[t].link->receive(p.payloads);
+        } catch (const std::exception& e) {
+          if (lose_input(self, from + ": " + e.what()))
+            advance(self);
+          return;
+        }
+        if (got.size() != 2) {
+          for (auto h : got)
+            gpu::transport::release(h);
+          if (lose_input(self, from + ": the target sent " + std::to_string(got.size())
+                             + " payloads, expected {batch, features}"))
+            advance(self);
+          return;
+        }
+        auto w = std::move(s.queue.front());
+        s.queue.pop_front();
+        s.pulling = false;
+        s.lost_inputs = 0;
+        const bool ok = train(self, w, got[0], got[1]);
+        for (auto h : got)
+          gpu::transport::release(h);
+        if (ok)
+          advance(self);
+      },
+      [self, from](caf::error& err) {
+        if (lose_input(self, from + ": pull refused: " + self->system().render(err)))
+          advance(self);
+      });
+}
+
 drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<drafter_state> self,
                                               int32_t index, gpu::drafter_engine_options opts,
                                               std::string restore_from,
@@ -211,82 +453,9 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   st.idle_since = clock_type::now();
   return counted(meter, drafter_actor::behavior_type{
     vitals_handler(self, meter),
-    [self](const work_item& w) {
-      auto& s = self->state;
-      const double wait = ms_since(s.idle_since);
-      apply_faults(s, s.engine->step() + 1);
-      // A failed step ends the actor with the reason; the coordinator
-      // (its supervisor) restarts it from the newest checkpoint.
-      gpu::step_result r;
-      try {
-        r = s.engine->train_step(w.batch.handle, w.features.handle, w.contribute, w.lr_scale);
-      } catch (const gpu::error& e) {
-        if (s.engine->group_broken()) {
-          // The step's collective did not complete: a peer failed, not this
-          // drafter.  Leave the group and wait for the next one; the
-          // coordinator decides from the reported step whether these
-          // weights are where training continues.
-          spdlog::warn("drafter {}: step {}: {} (leaving the group)", s.index, s.engine->step() + 1, e.what());
-          s.engine->leave_group(std::chrono::seconds(2));
-          step_report rep;
-          rep.drafter = s.index;
-          // Where this drafter's state is: the update skipped (the step
-          // before) or applied (the collective had completed).
-          try {
-            rep.step = s.engine->sync_step();
-          } catch (const std::exception& x) {
-            self->quit(make_error(errc::device_failure, "step " + std::to_string(s.engine->step() + 1)
-                                                          + ": reading the update count after the group failed: "
-                                                          + x.what()));
-            return;
-          }
-          rep.batch_id = w.batch.batch_id;
-          rep.finite = false;
-          rep.contributed = w.contribute;
-          rep.group_failed = true;
-          s.idle_since = clock_type::now();
-          self->send(s.coordinator, rep);
-          return;
-        }
-        fail_step(self, e.code(), e.what());
-        return;
-      } catch (const std::exception& e) {
-        fail_step(self, errc::device_failure, e.what());
-        return;
-      }
-      step_report rep;
-      rep.drafter = s.index;
-      rep.step = r.step;
-      rep.batch_id = w.batch.batch_id;
-      rep.loss = r.loss;
-      rep.accuracy = r.accuracy;
-      rep.sim_accept = r.sim_accept;
-      rep.grad_norm = r.grad_norm;
-      rep.lr = r.lr;
-      rep.scored_tokens = r.scored_tokens;
-      rep.real_tokens = w.batch.real_tokens;
-      rep.finite = r.finite;
-      rep.compute_ms = r.compute_ms;
-      rep.tflop = r.tflop;
-      rep.wait_ms = wait;
-      rep.contributed = w.contribute;
-      const auto mem = s.engine->device_memory();
-      rep.mem_allocated = mem.allocated;
-      rep.mem_reserved = mem.reserved;
-      rep.mem_peak = mem.peak;
-      std::tie(rep.graphs, rep.graph_pool_bytes) = s.engine->graph_pools();
-      if (r.finite) {
-        try {
-          rep.restore_point = s.engine->keep_restore_point();
-        } catch (const std::exception& e) {
-          const auto c = classify_failure(errc::device_failure, s.engine->info().device);
-          self->quit(make_error(c.code, "step " + std::to_string(r.step) + ": keeping the restore point in device memory: "
-                                          + e.what() + c.suffix));
-          return;
-        }
-      }
-      s.idle_since = clock_type::now();
-      self->send(s.coordinator, rep);
+    [self](work_item& w) {
+      self->state.queue.push_back(std::move(w));
+      advance(self);
     },
     [self](group_id_atom) -> caf::result<std::vector<uint8_t>> {
       try {

@@ -2,6 +2,7 @@
 // forward pass; sends the batch with its tapped features' descriptor to the
 // coordinator.  Detached; its engine is built inside the behaviour, on its
 // own thread.
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "actors/time.hpp"
 #include "actors/vitals.hpp"
 #include "gpu/device/error.hpp"
+#include "gpu/nccl/communicator.hpp"
+#include "gpu/transport/link.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem {
@@ -30,6 +33,16 @@ struct target_state {
   int64_t batches = 0;
   double forward_ms_last = 0, forward_ms_total = 0;
   std::shared_ptr<fault_plan> faults;  ///< injected faults (tests)
+  /// NCCL links to drafters that pull from this target (messages/target.hpp),
+  /// by drafter index, with the incarnation that asked for it: a drafter's
+  /// new incarnation replaces its link, and a pull from any other sender is
+  /// refused.  A drafter that goes down takes its link with it (aborted: a
+  /// send still waiting for its receive ends).
+  struct drafter_link {
+    caf::actor_addr peer;
+    std::unique_ptr<gpu::transport::link> link;
+  };
+  std::map<int32_t, drafter_link> links;
 };
 
 target_actor::behavior_type target_behavior(target_actor::stateful_pointer<target_state> self,
@@ -63,7 +76,20 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
     fail_start(errc::device_failure, e.what());
   }
   if (!self->state.engine)
-    return {[](batch_desc&) {}, [](release_atom, uint64_t) {}, [](shutdown_atom) {}, vitals_handler(self, meter)};
+    return {[](batch_desc&) {}, [](release_atom, uint64_t) {},
+            [](link_atom, int32_t) -> caf::result<std::vector<uint8_t>> {
+              return make_error(errc::device_failure, "the target failed to start");
+            },
+            [](pull_atom, int32_t, const std::vector<uint64_t>&) -> caf::result<pulled> {
+              return make_error(errc::device_failure, "the target failed to start");
+            },
+            [](shutdown_atom) {}, vitals_handler(self, meter)};
+  // A drafter that pulled from this target went down: its link goes too.
+  self->set_down_handler([self](caf::down_msg& m) {
+    auto& links = self->state.links;
+    for (auto it = links.begin(); it != links.end();)
+      it = it->second.peer == m.source ? links.erase(it) : std::next(it);
+  });
   return counted(meter, target_actor::behavior_type{
     vitals_handler(self, meter),
     [self](batch_desc& batch) {
@@ -99,10 +125,66 @@ target_actor::behavior_type target_behavior(target_actor::stateful_pointer<targe
                           static_cast<int64_t>(info.tap_ids.size()) * info.hidden_size};
       w.features.where.device = info.device;
       w.features.dtype = info.dtype;
+      w.features.host = gpu::transport::host_identity();
+      w.features.producer = caf::actor_cast<caf::actor>(self);
       w.batch = std::move(batch);
       self->send(s.coordinator, std::move(w));
     },
     [self](release_atom, uint64_t handle) { gpu::transport::release(handle); },
+    [self](link_atom, int32_t drafter) -> caf::result<std::vector<uint8_t>> {
+      auto& s = self->state;
+      const auto who = "target " + std::to_string(s.index) + ": link to drafter " + std::to_string(drafter);
+      s.links.erase(drafter);  // its old incarnation's: aborted, a send stuck on it ends
+      std::vector<uint8_t> id;
+      try {
+        id = gpu::nccl::new_unique_id();
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), who + ": " + e.what());
+      }
+      const auto peer = caf::actor_cast<caf::actor>(self->current_sender());
+      self->monitor(peer);
+      // Answered before joining: the drafter joins when it has the id.
+      auto rp = self->make_response_promise<std::vector<uint8_t>>();
+      rp.deliver(id);
+      try {
+        auto link = std::make_unique<gpu::transport::link>(
+          id, 0, s.engine->info().device, gpu::transport::link_timeout(),
+          "features from target " + std::to_string(s.index) + " to drafter " + std::to_string(drafter));
+        spdlog::info("{}: {}", who, link->describe());
+        s.links[drafter] = {peer.address(), std::move(link)};
+      } catch (const std::exception& e) {
+        // The drafter's side fails too (by its own deadline) and says so.
+        spdlog::warn("{}: {}", who, e.what());
+      }
+      return rp;
+    },
+    [self](pull_atom, int32_t drafter, const std::vector<uint64_t>& handles) -> caf::result<pulled> {
+      auto& s = self->state;
+      const auto who = "target " + std::to_string(s.index) + ": pull of drafter " + std::to_string(drafter);
+      auto it = s.links.find(drafter);
+      if (it == s.links.end() || !it->second.link->usable())
+        return make_error(errc::device_failure, who + ": no usable link (ask for a new one)");
+      if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != it->second.peer)
+        return make_error(errc::bad_input, who + ": from another incarnation than the link's");
+      pulled p;
+      try {
+        p.payloads = it->second.link->check(handles);
+      } catch (const gpu::error& e) {
+        return make_error(e.code(), who + ": " + e.what());  // nothing was sent
+      }
+      // Answered before the sends are enqueued: the drafter's receives come
+      // after the answer, and the sends need them once the pair is busy.
+      auto rp = self->make_response_promise<pulled>();
+      rp.deliver(p);
+      try {
+        it->second.link->send(handles, p.payloads);
+      } catch (const std::exception& e) {
+        // The drafter's receive ends at its deadline and says so.
+        spdlog::warn("{}: {}", who, e.what());
+        s.links.erase(it);
+      }
+      return rp;
+    },
     [self](shutdown_atom) { self->quit(); },
   });
 }

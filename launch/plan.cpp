@@ -101,6 +101,8 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     cs.timeout_s = c.cluster.timeout_s;
     cs.secret = c.cluster.secret.string();
     cs.certs = c.cluster.certs.string();
+    cs.force_links = c.cluster.transport == "nccl";
+    cs.link_timeout_s = c.cluster.link_timeout_s();
     p.cluster = std::move(cs);
   }
   if (!c.control.listen.empty()) {
@@ -312,7 +314,8 @@ std::string to_json(const launch_plan& p) {
                     {"name", p.cluster->name},           {"members", p.cluster->members},
                     {"join_timeout_s", p.cluster->join_timeout_s}, {"heartbeat_s", p.cluster->heartbeat_s},
                     {"timeout_s", p.cluster->timeout_s}, {"secret", p.cluster->secret},
-                    {"certs", p.cluster->certs}};
+                    {"certs", p.cluster->certs},         {"force_links", p.cluster->force_links},
+                    {"link_timeout_s", p.cluster->link_timeout_s}};
   if (p.control) {
     auto actors = nlohmann::json::array();
     for (const auto& a : p.control->actors)

@@ -112,6 +112,10 @@ struct launch_plan {
     double join_timeout_s = 0, heartbeat_s = 0, timeout_s = 0;
     std::string secret;        ///< cluster.secret ("" = join tokens not checked)
     std::string certs;         ///< cluster.certs ("" = plain TCP)
+    /// cluster.transport = "nccl": payloads between any two processes over
+    /// NCCL links (gpu/transport/link.hpp force_links), also on one host.
+    bool force_links = false;
+    double link_timeout_s = 0;  ///< each link's join and transfer deadline
   };
   std::optional<cluster_settings> cluster;
 };

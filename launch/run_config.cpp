@@ -705,6 +705,12 @@ const field_def fields[] = {
    "the leader's folder from `tandem certs DIR --nodes ...` (DIR/NAME: cert.pem, key.pem, ca.pem): every\n"
    "connection between nodes is TLS, and a member must hold a certificate of the same CA; needed off\n"
    "loopback; \"\" = plain TCP"},
+  {"cluster", "transport", kind::string, false,
+   [](rc& c, const vr& v) { c.cluster.transport = v.choice({"auto", "nccl"}); },
+   [](const rc& c) { return w_str(c.cluster.transport); },
+   "how batches and features cross processes: \"auto\" = through shared memory (CPU) or CUDA IPC between\n"
+   "processes of one host, pulled over NCCL between hosts (GPU placements; CPU members must share a\n"
+   "host); \"nccl\" = over NCCL between any two processes, also on one host (GPU placements only)"},
   // [metrics]
   {"metrics", "jsonl", kind::path, false,
    [](rc& c, const vr& v) { c.metrics.jsonl = v.relative_path(true); },
@@ -1074,6 +1080,14 @@ run_config read_config(toml::table& root, const fs::path& source,
                        + ": 'cluster.certs' needs 'cluster.secret' too: CAF's TLS checks that a member's certificate "
                        "is the cluster CA's, not whose it is; the join token binds its name (tandem certs writes "
                        "DIR/cluster.secret)");
+  if (c.cluster.transport == "nccl")
+    for (const auto* list : {&c.placement.targets, &c.placement.drafters})
+      for (const auto& text : *list)
+        if (auto d = parse_device(text); d && !d->is_auto && d->device < 0)
+          throw config_error((where.count("cluster.transport") ? where["cluster.transport"] : file)
+                             + ": 'cluster.transport' is \"nccl\" but the placement puts an actor on the CPU ('"
+                             + text + "'): NCCL moves GPU memory; CPU processes exchange payloads through "
+                             "shared memory, on one host (transport = \"auto\")");
   if (c.cluster.timeout_s <= c.cluster.heartbeat_s)
     throw config_error((where.count("cluster.timeout_s") ? where["cluster.timeout_s"] : file)
                        + ": 'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)

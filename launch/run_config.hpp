@@ -21,6 +21,7 @@
 /// Plain C++: no CAF, no LibTorch, and toml++ only inside run_config.cpp.
 /// launch/plan.hpp turns a run_config into the options of every actor.
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -193,6 +194,11 @@ struct run_config {
                                    ///< members prove their name with its HMAC (join.token)
     std::filesystem::path certs;   ///< certs: the leader's folder of `tandem certs` (cert.pem, key.pem,
                                    ///< ca.pem): TLS between nodes; "" = plain TCP (loopback only)
+    std::string transport = "auto";  ///< transport: "auto" (shared memory / CUDA IPC on one host, NCCL
+                                     ///< between hosts) or "nccl" (NCCL between any two processes)
+    /// The deadline of joining an NCCL link and of each transfer on it:
+    /// max(30 s, 3 × timeout_s).
+    double link_timeout_s() const { return std::max(30.0, 3 * timeout_s); }
   } cluster;
 
   /// [faults]: `[[faults.inject]]` tables, then any `--fault` the caller appends.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/meta/type_name.hpp>
 
 namespace tandem {
@@ -53,12 +54,54 @@ struct features_desc {
   double forward_ms = 0;             ///< target compute time
   std::string dtype;                 ///< of the taps: "bfloat16" or "float32" (a receiver on
                                      ///< another node allocates from shape and dtype)
+  /// Where the handles (this one and the batch's) can be acquired: the host
+  /// of the target's process (gpu/transport/link.hpp host_identity) and the
+  /// target actor itself.  A drafter in another process of that host maps
+  /// them (shared memory, CUDA IPC); one on another host, or any other
+  /// process when cluster.transport = "nccl", pulls them from `producer`
+  /// over an NCCL link (messages/target.hpp).
+  std::string host;
+  caf::actor producer;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, features_desc& x) {
   return f(caf::meta::type_name("tandem.features_desc"), x.batch_id, x.target, x.shape, x.where,
-           x.handle, x.forward_ms, x.dtype);
+           x.handle, x.forward_ms, x.dtype, x.host, x.producer);
+}
+
+/// One tensor on the wire of an NCCL link (gpu/transport/link.hpp): its
+/// shape and dtype ("int32", "uint8", "int64", "bfloat16", "float16",
+/// "float32"); the bytes travel by NCCL, row-major.
+struct wire_tensor {
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, wire_tensor& x) {
+  return f(caf::meta::type_name("tandem.wire_tensor"), x.shape, x.dtype);
+}
+
+/// The tensors of one payload (a batch, a target's features), in order.
+struct payload_spec {
+  std::vector<wire_tensor> tensors;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, payload_spec& x) {
+  return f(caf::meta::type_name("tandem.payload_spec"), x.tensors);
+}
+
+/// A target's answer to a pull: what it is about to send, payload by payload
+/// in the order the pull named the handles.
+struct pulled {
+  std::vector<payload_spec> payloads;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pulled& x) {
+  return f(caf::meta::type_name("tandem.pulled"), x.payloads);
 }
 
 /// What a drafter trains on: a batch and its features.
@@ -112,6 +155,11 @@ struct step_report {
   int64_t mem_allocated = 0, mem_reserved = 0, mem_peak = 0;
   int32_t graphs = 0;
   int64_t graph_pool_bytes = 0;
+  /// The work item's payloads never arrived (pulled over an NCCL link from a
+  /// target that died, or a link that failed): nothing was trained, `step`
+  /// is the drafter's unchanged count, and the coordinator re-issues the
+  /// batches in flight (a single drafter; one in a group fails instead).
+  bool lost_input = false;
 };
 
 template <class Inspector>
@@ -119,7 +167,7 @@ typename Inspector::result_type inspect(Inspector& f, step_report& x) {
   return f(caf::meta::type_name("tandem.step_report"), x.drafter, x.step, x.batch_id, x.loss,
            x.accuracy, x.grad_norm, x.lr, x.scored_tokens, x.real_tokens, x.finite, x.compute_ms,
            x.wait_ms, x.contributed, x.group_failed, x.tflop, x.sim_accept, x.restore_point,
-           x.mem_allocated, x.mem_reserved, x.mem_peak, x.graphs, x.graph_pool_bytes);
+           x.mem_allocated, x.mem_reserved, x.mem_peak, x.graphs, x.graph_pool_bytes, x.lost_input);
 }
 
 /// A drafter's state copied off its device, ready for the checkpointer.

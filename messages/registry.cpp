@@ -10,6 +10,7 @@
 #include "messages/node.hpp"
 #include "messages/probe.hpp"
 #include "messages/supervisor.hpp"
+#include "messages/target.hpp"
 #include "messages/vitals.hpp"
 
 namespace tandem {
@@ -52,6 +53,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<prefetch_actor>("tandem.prefetch_handle");
   cfg.add_message_type<target_actor>("tandem.target_handle");
   cfg.add_message_type<checkpointer_actor>("tandem.checkpointer_handle");
+  cfg.add_message_type<pulled>("tandem.pulled");
+  cfg.add_message_type<std::vector<uint64_t>>("tandem.uint64_list");
 }
 
 } // namespace tandem

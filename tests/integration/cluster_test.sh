@@ -147,6 +147,10 @@ rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/wide" --listen 
 check test "$rc" = 2; check grep -q "is not a loopback address: between hosts the nodes speak TLS only" "$work/wide.log"
 rc=0; "$tandem" node --join 10.1.2.3:47392 --name gpu-a > "$work/wide-node.log" 2>&1 || rc=$?
 check test "$rc" = 2; check grep -q "is not a loopback address: between hosts the nodes speak TLS only" "$work/wide-node.log"
+# NCCL links between CPU processes: refused at start, naming the key.
+rc=0; "$tandem" run "$work/run.toml" --set run.output_dir="$work/nccl-cpu" --listen 127.0.0.1:0 "${split[@]}" \
+  --set cluster.transport=nccl > "$work/nccl-cpu.log" 2>&1 || rc=$?
+check test "$rc" = 2; check grep -q "'cluster.transport' is \"nccl\" but the placement puts an actor on the CPU" "$work/nccl-cpu.log"
 
 # 4. The leader killed mid-run: its members notice within the timeout.
 "$tandem" run "$work/run.toml" --set run.output_dir="$work/lost" --listen 127.0.0.1:0 "${fast[@]}" "${split[@]}" \

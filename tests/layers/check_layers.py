@@ -101,6 +101,7 @@ FACADES = {
     "gpu/data/dataset.hpp",
     "gpu/nccl/communicator.hpp",
     "gpu/transport/transport.hpp",
+    "gpu/transport/link.hpp",
 }
 
 SOURCE = re.compile(r"\.(c|cc|cpp|cxx|h|hh|hpp|cu|cuh|in)$")

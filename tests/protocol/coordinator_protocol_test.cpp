@@ -881,6 +881,29 @@ CAF_TEST(a target that dies is restarted and its batches issued again so the run
   CAF_CHECK_EQUAL(w->respawns.size(), 0u);  // the drafter kept its state
 }
 
+CAF_TEST(a work item whose payloads never arrive is issued again with nothing rolled back) {
+  // A drafter pulling over an NCCL link whose target died (or whose link
+  // failed) reports lost_input: nothing trained; the batches in flight go
+  // out again from the ledger's step, as for a replaced target, and the run
+  // trains what a fault-free run trains.
+  setup s;
+  w->script = {act::ok, act::ok, act::no_input};
+  start(s);
+  sched.run();
+  auto reissued = w->events_named("reissued");
+  CAF_REQUIRE_EQUAL(reissued.size(), 1u);
+  CAF_CHECK_EQUAL(reissued[0]["step"], 2);
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->steps, 6);
+  CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
+  check_exactly(12, 1);
+  check_fault_free_order(*w, 6);
+  check_handles_released();
+  CAF_CHECK_EQUAL(w->respawns.size(), 0u);  // the drafter kept its state
+  CAF_CHECK(w->events_named("drafter_failed").empty());
+}
+
 CAF_TEST(a prefetch that dies is restarted with a whole window of credit and the run ends exact) {
   setup s;
   w->script = {act::ok, act::ok, act::ok, act::hang};

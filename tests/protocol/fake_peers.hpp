@@ -67,6 +67,8 @@ enum class act {
   die_after,  ///< trains (its gradient is in the step's collective), then quits
               ///< without a report: died after the all-reduce
   lose_device,  ///< quits with errc::device_lost (a sticky CUDA error)
+  no_input,  ///< reports lost_input: the item's payloads never arrived over its
+             ///< link (its target died, the link failed); nothing trained
 };
 
 struct peer_world {
@@ -296,6 +298,13 @@ fake_target(fake_target_actor::stateful_pointer<fake_target_state> self, int32_t
       if (t.outstanding.erase(h) == 0)
         ++t.bad_releases;
     },
+    // Fake drafters share the process: nothing is ever pulled over a link.
+    [=](link_atom, int32_t) -> caf::result<std::vector<uint8_t>> {
+      return make_error(errc::bad_input, "fake target: no NCCL links");
+    },
+    [=](pull_atom, int32_t, const std::vector<uint64_t>&) -> caf::result<pulled> {
+      return make_error(errc::bad_input, "fake target: no NCCL links");
+    },
     [self](shutdown_atom) { self->quit(); },
   };
 }
@@ -395,6 +404,16 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
         case act::hang: self->state.held = item; break;
         case act::cut: cut_short(item, self->state.step); break;
         case act::lost: cut_short(item, -1); break;
+        case act::no_input: {
+          step_report r;
+          r.drafter = index;
+          r.batch_id = item.batch.batch_id;
+          r.step = self->state.step;
+          r.contributed = item.contribute;
+          r.lost_input = true;
+          self->send(coordinator, r);
+          break;
+        }
         case act::die_after: {
           auto& st = self->state;
           ++st.step;

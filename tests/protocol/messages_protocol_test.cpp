@@ -42,7 +42,7 @@ const std::set<std::string> tested_types{
   "tandem.run_event", "tandem.eval_event", "tandem.eval_handle",
   "tandem.control_event", "tandem.control_command", "tandem.control_request", "tandem.control_reply",
   "tandem.actor_vitals", "tandem.node_setup", "tandem.node_handle", "tandem.prefetch_handle",
-  "tandem.target_handle", "tandem.checkpointer_handle",
+  "tandem.target_handle", "tandem.checkpointer_handle", "tandem.pulled", "tandem.uint64_list",
 };
 
 struct fixture : test_coordinator_fixture<config> {
@@ -95,6 +95,7 @@ features_desc sample_features() {
   f.handle = 0x123456789abcdefull;
   f.forward_ms = 12.625;
   f.dtype = "bfloat16";
+  f.host = "node-7 boot 1a2b3c4d";
   return f;
 }
 
@@ -105,7 +106,7 @@ CAF_TEST_FIXTURE_SCOPE(messages_protocol_tests, fixture)
 CAF_TEST(device_ref batch_desc and features_desc round trip) {
   check_value(device_ref{3, 7}, "tandem.device_ref", {"3", "7"});
   check_value(sample_batch(), "tandem.batch_desc", {"1234567890123", "3072", "11111"});
-  check_value(sample_features(), "tandem.features_desc", {"20480", "12.625", "bfloat16"});
+  check_value(sample_features(), "tandem.features_desc", {"20480", "12.625", "bfloat16", "node-7 boot 1a2b3c4d"});
   // Defaults survive too (batch_id -1, the CPU device).
   CAF_CHECK(roundtrip(batch_desc{}) == batch_desc{});
   CAF_CHECK(roundtrip(features_desc{}).where.device == -1);
@@ -275,6 +276,27 @@ CAF_TEST(the control endpoint messages round trip) {
   const std::vector<actor_vitals> all{v, actor_vitals{}};
   CAF_CHECK(through_message(all) == all);  // registered with actor_vitals, as std::vector<tandem.actor_vitals>
   CAF_CHECK_EQUAL(tested_types.count("tandem.control_event"), 1u);
+}
+
+CAF_TEST(the link protocol round trips) {
+  // A pull names handles; the answer what the target is about to send.
+  const std::vector<uint64_t> handles{0xfedcba9876543210ull, 1, 0};
+  CAF_CHECK(roundtrip(handles) == handles);
+  CAF_CHECK(through_message(handles) == handles);
+  pulled p;
+  p.payloads = {{{{{4, 3072}, "int32"}, {{4, 3072}, "uint8"}, {{4, 8}, "int64"}}},
+                {{{{4, 3072, 20480}, "bfloat16"}}}};
+  check_value(p, "tandem.pulled", {"tandem.payload_spec", "tandem.wire_tensor", "20480", "bfloat16", "uint8"});
+  CAF_CHECK(roundtrip(pulled{}) == pulled{});
+  CAF_CHECK_EQUAL(tested_types.count("tandem.uint64_list"), 1u);
+  // A features descriptor names its producer: the handle travels with it.
+  auto target = sys.spawn([]() -> caf::behavior { return {[](int32_t) {}}; });
+  auto f = sample_features();
+  f.producer = target;
+  const auto back = through_message(f);
+  CAF_CHECK(back == f);
+  CAF_CHECK(back.producer == target);
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
 }
 
 CAF_TEST(the node protocol round trips) {

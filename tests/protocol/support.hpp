@@ -58,7 +58,19 @@ inline bool operator==(const batch_desc& a, const batch_desc& b) {
 inline bool operator==(const features_desc& a, const features_desc& b) {
   return a.batch_id == b.batch_id && a.target == b.target && a.shape == b.shape
          && a.where == b.where && a.handle == b.handle && a.forward_ms == b.forward_ms
-         && a.dtype == b.dtype;
+         && a.dtype == b.dtype && a.host == b.host && a.producer == b.producer;
+}
+
+inline bool operator==(const wire_tensor& a, const wire_tensor& b) {
+  return a.shape == b.shape && a.dtype == b.dtype;
+}
+
+inline bool operator==(const payload_spec& a, const payload_spec& b) {
+  return a.tensors == b.tensors;
+}
+
+inline bool operator==(const pulled& a, const pulled& b) {
+  return a.payloads == b.payloads;
 }
 
 inline bool operator==(const work_item& a, const work_item& b) {

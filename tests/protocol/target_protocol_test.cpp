@@ -10,6 +10,7 @@
 #include "workers.hpp"  // before dsl.hpp (its `inject` macro)
 
 #include "dsl.hpp"
+#include "gpu/transport/link.hpp"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -26,6 +27,9 @@ struct fixture : worker_fixture_base, test_coordinator_fixture<config> {
 
   ~fixture() override {
     caf::anon_send_exit(coord, caf::exit_reason::kill);
+    // The work items name their target (features.producer, a strong handle):
+    // dropped here, so a target the test did not shut down can end.
+    log->work.clear();
   }
 
   /// A real staged batch, as a prefetch actor would describe it.
@@ -66,6 +70,9 @@ CAF_TEST(a batch becomes a work item with its features for the coordinator) {
   CAF_CHECK(w.features.shape == (std::vector<int64_t>{1, 256, 5 * 64}));
   CAF_CHECK_EQUAL(w.features.where.device, -1);
   CAF_CHECK_GREATER(w.features.forward_ms, 0.0);
+  // Where a drafter in another process pulls them from (an NCCL link).
+  CAF_CHECK(w.features.producer == caf::actor_cast<caf::actor>(t));
+  CAF_CHECK_EQUAL(w.features.host, gpu::transport::host_identity());
   // The features are published; the batch is still the prefetch's.
   CAF_CHECK_EQUAL(gpu::transport::live_handles(), live + 1);
   self->send(t, release_atom::value, w.features.handle);

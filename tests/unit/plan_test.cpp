@@ -110,6 +110,7 @@ const std::map<std::string, use>& uses() {
     {"cluster.timeout_s", {"cluster.timeout_s=30", {"cluster.listen=127.0.0.1:7001"}}},
     {"cluster.secret", {"cluster.secret=/pki/cluster.secret", {"cluster.listen=127.0.0.1:7001"}}},
     {"cluster.certs", {"cluster.certs=/pki/leader", {"cluster.listen=127.0.0.1:7001", "cluster.secret=/pki/s"}}},
+    {"cluster.transport", {"cluster.transport=nccl", {"cluster.listen=127.0.0.1:7001"}}},
     {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
     {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
     {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},

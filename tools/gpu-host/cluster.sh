@@ -14,20 +14,42 @@
 #      ledger and every step's batch equal a one-process run of the same
 #      steps (ONLY3=1 runs only this part; KILL=target kills the target
 #      node instead: its target and prefetch are restarted, no rollback).
+# LINK=nccl: cluster.transport = "nccl", so batches and features are pulled
+# over NCCL links between the processes (gpu/transport/link.hpp) instead of
+# CUDA IPC; LINK=hosts: the drafter node poses as another host
+# (TANDEM_TEST_HELLO_HOST) and transport "auto" picks the links.  Either way
+# the nodes name different NCCL hosts (Tandem sets NCCL_HOSTID: the host
+# identity, per process with "nccl"): NCCL refuses two ranks on one GPU of
+# one host, and ranks of two hosts talk through its network transport, here
+# over loopback (gpu/dev/nccl_hostid_probe.py) — the cross-host path, on one
+# GPU.  Part 1 then runs gpu_tests TransportLink too.
 # Logs into $OUT: cluster_*.log, cluster.jsonl (one line per part).
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
 B=$ROOT/build/bin/tandem
 PY=$TANDEM_PYTHON
 W=${W:-/tmp/pipe}
-node() { "$B" node --join "127.0.0.1:$1" --name "$2" --devices cuda:0 --heartbeat-s 0.5 --timeout-s 5 > "$3" 2>&1 & }
+node() {
+  local envs=()
+  [[ -n "${LINK:-}" ]] && envs+=(NCCL_SOCKET_IFNAME=lo)
+  [[ "${LINK:-}" == hosts && "$2" == gpu-b ]] && envs+=(TANDEM_TEST_HELLO_HOST="simulated-host-b boot 00000000")
+  env ${envs[@]+"${envs[@]}"} "$B" node --join "127.0.0.1:$1" --name "$2" --devices cuda:0 --heartbeat-s 0.5 --timeout-s 5 > "$3" 2>&1 &
+}
+# The leader's transport setting (LINK=nccl forces the links).
+LINKSET=(); [[ "${LINK:-}" == nccl ]] && LINKSET=(--set cluster.transport=nccl)
 port_of() { for _ in $(seq 1 600); do [[ -s "$1/cluster.json" ]] && { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$1/cluster.json"; return; }; sleep 0.1; done; return 1; }
-cost() { grep -h "shared payloads" "$@" | sed 's/^/  /'; }
+cost() { grep -h "shared payloads\|NCCL links" "$@" | sed 's/^/  /'; }
 
 if [[ -z "${ONLY3:-}" ]]; then
+if [[ -z "${SKIP1:-}" ]]; then
 echo "== 1. TransportIpc"
 timeout 300 build/bin/gpu_tests --gtest_filter='TransportIpc.*' 2>&1 | tee $OUT/cluster_ipc_test.log | grep -E "cuda ipc|OK|FAILED|PASSED|SKIPPED" | head
+if [[ -n "${LINK:-}" ]]; then
+  NCCL_SOCKET_IFNAME=lo timeout 300 build/bin/gpu_tests --gtest_filter='TransportLink.*' 2>&1 | tee $OUT/cluster_link_test.log \
+    | grep -E "nccl link|OK|FAILED|PASSED|SKIPPED" | head
+fi
 
+fi
 echo "== 2. tiny config, one process vs three"
 T=$(mktemp -d)
 $PY tests/integration/make_run_dataset.py $T/data > /dev/null
@@ -35,7 +57,7 @@ sed "s|@TARGET@|$ROOT/build/fixtures/qwen3_tiny|" tests/integration/run_test.tom
 timeout 300 "$B" run $T/run.toml --set run.output_dir=$T/one --set placement.targets=cuda:0 \
   --set placement.drafters=cuda:0 > $OUT/cluster_tiny_one.log 2>&1 || echo "one-process run failed"
 timeout 300 "$B" run $T/run.toml --set run.output_dir=$T/three --listen 127.0.0.1:0 --set placement.targets=gpu-a:cuda:0 \
-  --set placement.drafters=gpu-b:cuda:0 > $OUT/cluster_tiny_leader.log 2>&1 &
+  --set placement.drafters=gpu-b:cuda:0 "${LINKSET[@]}" > $OUT/cluster_tiny_leader.log 2>&1 &
 lp=$!
 p=$(port_of $T/three)
 node $p gpu-a $OUT/cluster_tiny_a.log; node $p gpu-b $OUT/cluster_tiny_b.log
@@ -45,6 +67,8 @@ $PY tests/integration/compare_losses.py $T/one/metrics.jsonl $T/three/metrics.js
 cost $OUT/cluster_tiny_a.log $OUT/cluster_tiny_b.log
 
 fi
+# SKIP1=1: part 1 skipped; SKIP3=1: part 3 skipped.
+[[ -n "${SKIP3:-}" ]] && exit 0
 echo "== 3. 8B pipeline as three processes"
 [[ -f $W/run.toml && -f $W/target/config.json ]] || \
   timeout 400 $PY bench/pipeline.py --tandem $B --size 8b --target-device cuda:0 --drafter-device cuda:0 \
@@ -59,7 +83,8 @@ cp "$(ls -d $R1/checkpoints/step-* | tail -1)/state.json" $R1/final_state.json &
 R=$W/cluster; rm -rf $R
 timeout 420 "$B" run $W/run.toml --set run.output_dir=$R --listen 127.0.0.1:0 --set train.max_steps=${STEPS8:-80} \
   --set checkpoint.every_steps=20 --set checkpoint.keep=1 --set placement.targets=gpu-a:cuda:0 \
-  --set placement.drafters=gpu-b:cuda:0 --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 > $OUT/cluster_8b_leader.log 2>&1 &
+  --set placement.drafters=gpu-b:cuda:0 --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 "${LINKSET[@]}" \
+  > $OUT/cluster_8b_leader.log 2>&1 &
 lp=$!
 p=$(port_of $R)
 node $p gpu-a $OUT/cluster_8b_a.log; ap=$!; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
@@ -85,7 +110,7 @@ else la=$OUT/cluster_8b_a.log; lb=$OUT/cluster_8b_b2.log; fi
 wait $lp; echo "leader exit $?"; wait
 tail -2 $OUT/cluster_8b_leader.log
 cost $la $lb
-$PY - "$R/metrics.jsonl" $la $lb "${KILL:-drafter}" <<'PYEOF' | tee -a $OUT/cluster.jsonl
+$PY - "$R/metrics.jsonl" $la $lb "${KILL:-drafter}" "${LINK:-ipc}" <<'PYEOF' | tee -a $OUT/cluster.jsonl
 import json, re, sys, statistics
 m = [json.loads(l) for l in open(sys.argv[1])]
 steps = [x for x in m if x["event"] == "step"]
@@ -99,12 +124,20 @@ def cost(path, what):
     g = re.search(r"(\d+) published \(([\d.]+) ms each\), (\d+) mapped \(([\d.]+) ms each\), (\d+) released \(([\d.]+) ms each\)", t)
     return {"published": int(g[1]), "publish_ms": float(g[2]), "mapped": int(g[3]), "map_ms": float(g[4]),
             "released": int(g[5]), "release_ms": float(g[6])} if g else None
+def link(path):
+    g = re.search(r"NCCL links: (\d+) joined, (\d+) pulls sent \(([\d.]+) MB\), (\d+) received \(([\d.]+) MB, ([\d.]+) ms each", open(path).read())
+    return {"joined": int(g[1]), "pulls_sent": int(g[2]), "mb_sent": float(g[3]), "received": int(g[4]),
+            "mb_received": float(g[5]), "receive_ms": float(g[6])} if g else None
 a, b = cost(sys.argv[2], "a"), cost(sys.argv[3], "b")
+la, lb = link(sys.argv[2]), link(sys.argv[3])
 step = statistics.median(cms) if cms else 0
 # Per batch: the target node publishes a batch and its features and releases them;
 # the drafter node maps both.
 per_batch = (2 * a["publish_ms"] + 2 * a["release_ms"] + 2 * b["map_ms"]) if a and b else None
-print(json.dumps({"case": "cluster_8b_ipc", "killed": sys.argv[4], "steps": len(steps), "failures": len(fails),
+print(json.dumps({"case": "cluster_8b_" + ("ipc" if sys.argv[5] == "ipc" else "link_" + sys.argv[5]),
+                  "killed": sys.argv[4], "steps": len(steps), "failures": len(fails),
+                  "target_link": la, "drafter_link": lb,
+                  "link_share_of_step": (lb["receive_ms"] / step) if lb and step else None,
                   "actors_failed": actors, "reissued": reissued,
                   "restore_from": [f.get("restore_from") for f in fails],
                   "end": ends[-1]["reason"] if ends else None, "step_compute_ms_median": step,

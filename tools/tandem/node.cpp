@@ -28,24 +28,13 @@
 #include "build_info.hpp"
 #include "commands.hpp"
 #include "gpu/device/runtime.hpp"
+#include "gpu/transport/link.hpp"
 #include "gpu/transport/transport.hpp"
 #include "launch/run_config.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 
 namespace tandem::cli {
-
-/// "HOSTNAME boot BOOT_ID": one machine's processes share it (the kernel's
-/// boot id tells apart machines that share a host name).
-std::string host_identity() {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof(name) - 1) != 0)
-    std::snprintf(name, sizeof(name), "unknown");
-  std::string boot;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, boot);
-  return std::string(name) + " boot " + (boot.empty() ? std::string("unknown") : boot.substr(0, 8));
-}
 
 std::vector<std::string> build_hello(const std::string& name, const std::string& token, int32_t gpus) {
   const auto rt = gpu::query_runtime();
@@ -62,13 +51,17 @@ std::vector<std::string> build_hello(const std::string& name, const std::string&
   h[hello_fields::token] = token;
   h[hello_fields::devices] = gpus > 0 ? "cuda:" + std::to_string(gpus) : "cpu";
   h[hello_fields::pid] = std::to_string(::getpid());
-  h[hello_fields::host] = host_identity();
+  h[hello_fields::host] = gpu::transport::host_identity();
   // integration.cluster's refusal of another build: this process poses as one.
   if (const char* v = std::getenv("TANDEM_TEST_HELLO_VERSION"))
     h[hello_fields::version] = v;
   // ... and its refusal of a node on another host: posing as one.
-  if (const char* v = std::getenv("TANDEM_TEST_HELLO_HOST"))
+  // The process's host is then that one for the transports too: a drafter
+  // pulls over an NCCL link what a target on "another host" produced.
+  if (const char* v = std::getenv("TANDEM_TEST_HELLO_HOST")) {
     h[hello_fields::host] = v;
+    gpu::transport::set_host_identity(v);
+  }
   return h;
 }
 
@@ -207,6 +200,7 @@ int run_node(const node_options& o) {
   std::signal(SIGINT, on_node_signal);
   std::signal(SIGTERM, on_node_signal);
   const auto hello = build_hello(o.name, token, gpus);
+  gpu::transport::name_nccl_host(o.name, false);  // per process once the plan says cluster.transport = "nccl"
   // CAF connects to a local connector, which passes the leader's gate
   // (actors/cluster_gate.hpp) and then copies bytes.
   connector_options co;
@@ -326,6 +320,14 @@ int run_node(const node_options& o) {
                  static_cast<unsigned long long>(c.released), each(c.release_ms, c.released),
                  static_cast<unsigned long long>(c.ipc_published), static_cast<unsigned long long>(c.ipc_mapped),
                  static_cast<unsigned long long>(c.ipc_opened));
+    if (const auto l = gpu::transport::links_cost(); l.links > 0)
+      std::fprintf(stderr,
+                   "tandem node '%s': NCCL links: %llu joined, %llu pulls sent (%.1f MB), %llu received "
+                   "(%.1f MB, %.3f ms each, host)\n",
+                   o.name.c_str(), static_cast<unsigned long long>(l.links),
+                   static_cast<unsigned long long>(l.pulls_sent), static_cast<double>(l.bytes_sent) / 1e6,
+                   static_cast<unsigned long long>(l.pulls_received), static_cast<double>(l.bytes_received) / 1e6,
+                   each(l.receive_ms, l.pulls_received));
   }
   if (ended_by_leader) {
     // The leader closes the connection once every member has said goodbye:

@@ -42,6 +42,7 @@
 #include "gpu/data/dataset.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/runtime.hpp"
+#include "gpu/transport/link.hpp"
 #include "gpu/transport/transport.hpp"
 #include "launch/plan.hpp"
 #include "launch/run_config.hpp"
@@ -510,6 +511,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
   } members_end{sys, leader};
   auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
+  if (plan.cluster) {
+    // Payloads to members on other hosts (or, forced, to any member) over NCCL links.
+    gpu::transport::force_links(plan.cluster->force_links);
+    gpu::transport::name_nccl_host(cfg.cluster.name, plan.cluster->force_links);
+    gpu::transport::set_link_timeout(
+      std::chrono::milliseconds(static_cast<int64_t>(plan.cluster->link_timeout_s * 1000)));
+  }
   if (!resume && wc.resume_if_any)
     if (auto kept = read_lr_schedule(cfg.lr_schedule_file())) {
       // A worker restarted before the first checkpoint: step 0 again, with
