@@ -3,6 +3,7 @@
 #include "actors/cluster.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "gpu/transport/link.hpp"
 #include "launch/plan.hpp"
 #include "messages/errors.hpp"
+#include "messages/supervisor.hpp"
 
 namespace tandem {
 
@@ -135,6 +137,15 @@ struct door_state {
   std::vector<pending_spawn> pending;
   uint64_t next_pending = 1;
   double rejoin_timeout_s = 300;
+  /// placement.spares, and the drafter each one holds now (−1: free).
+  struct spare_slot {
+    std::string node;
+    int32_t device = -1;
+    int32_t drafter = -1;
+  };
+  std::vector<spare_slot> spares;
+  std::vector<std::string> drafter_nodes;  ///< the plan's node of each drafter
+  std::map<int32_t, std::string> moved;    ///< drafter → the spare's node it runs on now
 };
 
 using door_ptr = caf::stateful_actor<door_state>*;
@@ -170,15 +181,15 @@ void set_up(door_ptr self, const std::string& node, std::function<void(const std
       });
 }
 
-/// Forwards a spawn to `node` now, or keeps it until the node is up again.
+/// Forwards a spawn to `node` now, or keeps it (answering `rp`) until the
+/// node is up again.
 template <class... Ts>
-caf::response_promise spawn_via(door_ptr self, const std::string& node, Ts... xs) {
+void spawn_into(door_ptr self, caf::response_promise rp, const std::string& node, Ts... xs) {
   auto& s = self->state;
-  auto rp = self->make_response_promise();
   auto forward = [xs...](caf::response_promise& p, const node_actor& agent) { p.delegate(agent, xs...); };
   if (s.ready.count(node)) {
     forward(rp, s.up[node]);
-    return rp;
+    return;
   }
   pending_spawn p;
   p.id = s.next_pending++;
@@ -190,6 +201,50 @@ caf::response_promise spawn_via(door_ptr self, const std::string& node, Ts... xs
   spdlog::warn("cluster: waiting up to {:.0f} s for node '{}' to join again", s.rejoin_timeout_s, node);
   self->delayed_send(self, wait, expire_atom::value, p.id);
   s.pending.push_back(std::move(p));
+}
+
+template <class... Ts>
+caf::response_promise spawn_via(door_ptr self, const std::string& node, Ts... xs) {
+  auto rp = self->make_response_promise();
+  spawn_into(self, rp, node, xs...);
+  return rp;
+}
+
+/// Drafter `index` of `node`, which is not up: on the first free spare whose
+/// node is (placement.spares), else when `node` joins again.  A spare that
+/// cannot take it (its node cannot read the restore point) is left free.
+caf::response_promise spawn_drafter_somewhere(door_ptr self, const std::string& node, int32_t index,
+                                              const std::string& from, const coordinator_actor& c) {
+  auto& s = self->state;
+  for (auto& sp : s.spares)  // a new incarnation: the spare its last one held is free
+    if (sp.drafter == index)
+      sp.drafter = -1;
+  s.moved.erase(index);
+  auto rp = self->make_response_promise();
+  if (!s.ready.count(node)) {
+    for (size_t k = 0; k < s.spares.size(); ++k) {
+      auto& sp = s.spares[k];
+      if (sp.drafter >= 0 || sp.node == node || !s.ready.count(sp.node))
+        continue;
+      sp.drafter = index;
+      const auto where = sp.node + ":" + (sp.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(sp.device));
+      spdlog::warn("cluster: drafter {} of node '{}' starts on the spare {}", index, node, where);
+      self->request(s.up[sp.node], std::chrono::minutes(5), spawn_spare_atom::value, index, sp.device, from, c)
+        .then(
+          [self, rp, index, k](drafter_actor& d) mutable {
+            self->state.moved[index] = self->state.spares[k].node;
+            rp.deliver(d);
+          },
+          [self, rp, index, k, node, from, c, where](caf::error& e) mutable {
+            spdlog::warn("cluster: the spare {} cannot take drafter {}: {}; waiting for node '{}'", where, index,
+                         self->system().render(e), node);
+            self->state.spares[k].drafter = -1;
+            spawn_into(self, rp, node, spawn_drafter_atom::value, index, from, c);
+          });
+      return rp;
+    }
+  }
+  spawn_into(self, rp, node, spawn_drafter_atom::value, index, from, c);
   return rp;
 }
 
@@ -303,12 +358,23 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
       }
       return number;
     },
-    [self](setup_atom, const node_setup& setup, double rejoin_timeout_s) -> caf::result<std::string> {
+    [self](setup_atom, const node_setup& setup, double rejoin_timeout_s, const std::vector<std::string>& spares,
+           const std::vector<std::string>& drafter_nodes) -> caf::result<std::string> {
       // The run's plan is made: every member up gets it; a node that joins
-      // later (again) gets it when it does.
+      // later (again) gets it when it does.  Spares: "NODE:cpu", "NODE:cuda:N".
       auto& s = self->state;
       s.setup = setup;
       s.rejoin_timeout_s = rejoin_timeout_s;
+      s.drafter_nodes = drafter_nodes;
+      s.spares.clear();
+      for (const auto& text : spares) {
+        const auto colon = text.find(':');
+        door_state::spare_slot sp;
+        sp.node = text.substr(0, colon);
+        const auto device = colon == std::string::npos ? std::string("cpu") : text.substr(colon + 1);
+        sp.device = device.rfind("cuda:", 0) == 0 ? static_cast<int32_t>(std::stoi(device.substr(5))) : -1;
+        s.spares.push_back(sp);
+      }
       auto rp = self->make_response_promise<std::string>();
       if (s.up.empty()) {
         rp.deliver(std::string("ready"));
@@ -334,7 +400,15 @@ caf::behavior door_behavior(door_ptr self, door_options o) {
     },
     [self](spawn_drafter_atom, const std::string& node, int32_t index, const std::string& from,
            const coordinator_actor& c) {
-      return spawn_via(self, node, spawn_drafter_atom::value, index, from, c);
+      return spawn_drafter_somewhere(self, node, index, from, c);
+    },
+    [self](drafter_node_atom, int32_t index) -> caf::result<std::string> {
+      auto& s = self->state;
+      if (auto it = s.moved.find(index); it != s.moved.end())
+        return it->second;
+      if (index < 0 || static_cast<size_t>(index) >= s.drafter_nodes.size())
+        return make_error(errc::bad_input, "no drafter " + std::to_string(index) + " in the plan");
+      return s.drafter_nodes[static_cast<size_t>(index)];
     },
     [self](spawn_ckpt_atom, const std::string& node, int32_t tier) {
       return spawn_via(self, node, spawn_ckpt_atom::value, tier);
@@ -484,16 +558,30 @@ checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_p
         route_write(self, s.by_drafter[d], rp, snap, extra);
         return rp;
       }
-      const auto node = s.nodes[d];
-      self->request(s.door, std::chrono::seconds(120), spawn_ckpt_atom::value, node, s.tier)
+      // Where the drafter is now (its node, or a spare it moved to), then a
+      // checkpointer there: one a drafter beside it has, else a new one.
+      self->request(s.door, std::chrono::seconds(30), drafter_node_atom::value, snap.drafter)
         .then(
-          [self, rp, node, snap, extra](checkpointer_actor& c) mutable {
+          [self, rp, d, snap, extra](std::string& node) mutable {
             auto& s = self->state;
-            self->monitor(c);
+            s.nodes[d] = node;
             for (size_t i = 0; i < s.by_drafter.size() && i < s.nodes.size(); ++i)
-              if (s.nodes[i] == node && !s.by_drafter[i])
-                s.by_drafter[i] = c;
-            route_write(self, c, rp, snap, extra);
+              if (s.nodes[i] == node && s.by_drafter[i]) {
+                s.by_drafter[d] = s.by_drafter[i];
+                route_write(self, s.by_drafter[d], rp, snap, extra);
+                return;
+              }
+            self->request(s.door, std::chrono::seconds(120), spawn_ckpt_atom::value, node, s.tier)
+              .then(
+                [self, rp, node, snap, extra](checkpointer_actor& c) mutable {
+                  auto& s = self->state;
+                  self->monitor(c);
+                  for (size_t i = 0; i < s.by_drafter.size() && i < s.nodes.size(); ++i)
+                    if (s.nodes[i] == node && !s.by_drafter[i])
+                      s.by_drafter[i] = c;
+                  route_write(self, c, rp, snap, extra);
+                },
+                [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
           },
           [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
       return rp;
@@ -597,6 +685,28 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
         return not_here(opts->name, "drafter", i, p.placement.drafters);
       return keep(spawn_drafter(self->system(), p.placement.drafters[static_cast<size_t>(i)].index,
                                 p.drafters[static_cast<size_t>(i)], from, c, self->state.faults));
+    },
+    [self, opts, keep](spawn_spare_atom, int32_t i, int32_t device, const std::string& from,
+                       const coordinator_actor& c) -> caf::result<drafter_actor> {
+      if (!self->state.plan)
+        return make_error(errc::bad_input, "node '" + opts->name + "': a spare asked for before the setup");
+      auto& p = *self->state.plan;
+      if (i < 0 || static_cast<size_t>(i) >= p.drafters.size())
+        return make_error(errc::bad_input, "node '" + opts->name + "': no drafter " + std::to_string(i));
+      // Its restore point must be readable here: a checkpoint on a file
+      // system both nodes share (a restore point in another process's memory
+      // never is).
+      std::error_code ec;
+      if (!from.empty() && (from.rfind(memory_restore_prefix, 0) == 0 || !std::filesystem::is_directory(from, ec)))
+        return make_error(errc::bad_input, "node '" + opts->name + "' cannot read drafter " + std::to_string(i)
+                                             + "'s restore point " + from
+                                             + " (a spare restores from a checkpoint.dir the nodes share)");
+      auto o = p.drafters[static_cast<size_t>(i)];
+      o.device = device;
+      spdlog::warn("node '{}': drafter {} starts here, on the spare {}", opts->name, i,
+                   device < 0 ? std::string("cpu") : "cuda:" + std::to_string(device));
+      return keep(spawn_drafter(self->system(), p.placement.drafters[static_cast<size_t>(i)].index, o, from, c,
+                                self->state.faults));
     },
     [self, opts, keep](spawn_ckpt_atom, int32_t tier) -> caf::result<checkpointer_actor> {
       if (!self->state.plan)

@@ -252,6 +252,7 @@ std::string to_json(const launch_plan& p) {
   j["output_dir"] = p.output_dir.string();
   j["placement"] = {{"targets", slots(p.placement.targets)},
                     {"drafters", slots(p.placement.drafters)},
+                    {"spares", slots(p.placement.spares)},
                     {"prefetch", slots(p.placement.prefetch)},
                     {"eval", slots(p.placement.eval)}};
   j["schedule_steps"] = p.schedule_steps;

@@ -302,9 +302,9 @@ std::optional<device_ref> parse_device(std::string_view s) {
 constexpr std::string_view device_expected =
   "an array of device strings (\"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\", or \"auto\" alone)";
 
-std::vector<std::string> read_devices(const value_reader& v) {
+std::vector<std::string> read_devices(const value_reader& v, bool may_be_empty = false) {
   auto& arr = v.array(device_expected);
-  if (arr.empty()) v.fail(device_expected);
+  if (arr.empty() && !may_be_empty) v.fail(device_expected);
   std::vector<std::string> out;
   for (size_t i = 0; i < arr.size(); ++i) {
     auto e = v.element(i, arr[i]);
@@ -510,6 +510,13 @@ const field_def fields[] = {
    [](rc& c, const vr& v) { c.placement.drafters = read_devices(v); },
    [](const rc& c) { return w_strs(c.placement.drafters); },
    "one drafter (a data-parallel replica) per entry, as for targets"},
+  {"placement", "spares", kind::string_array, false,
+   [](rc& c, const vr& v) { c.placement.spares = read_devices(v, true); },
+   [](const rc& c) { return w_strs(c.placement.spares); },
+   "member devices held in reserve (\"NODE:cuda:N\", \"NODE:cpu\"; a cluster only): a drafter whose node is\n"
+   "lost is started again on the first free one whose node is up, from a peer or the newest checkpoint\n"
+   "(which that node must be able to read: a shared checkpoint.dir), instead of waiting for its node;\n"
+   "[] = wait for the node to join again"},
   {"placement", "prefetch", kind::string, false,
    [](rc& c, const vr& v) { c.placement.prefetch = v.choice({"per_target"}); },
    [](const rc& c) { return w_str(c.placement.prefetch); },
@@ -1081,7 +1088,7 @@ run_config read_config(toml::table& root, const fs::path& source,
                        "is the cluster CA's, not whose it is; the join token binds its name (tandem certs writes "
                        "DIR/cluster.secret)");
   if (c.cluster.transport == "nccl")
-    for (const auto* list : {&c.placement.targets, &c.placement.drafters})
+    for (const auto* list : {&c.placement.targets, &c.placement.drafters, &c.placement.spares})
       for (const auto& text : *list)
         if (auto d = parse_device(text); d && !d->is_auto && d->device < 0)
           throw config_error((where.count("cluster.transport") ? where["cluster.transport"] : file)
@@ -1353,7 +1360,7 @@ std::string device_string(int32_t device) {
 std::string placement_plan::describe() const {
   // The leader's devices first (cpu, then cuda:N), then each member's.
   std::map<std::pair<std::string, int32_t>, std::vector<std::string>> by_device;
-  for (auto* role : {&targets, &prefetch, &drafters, &eval})
+  for (auto* role : {&targets, &prefetch, &drafters, &eval, &spares})
     for (auto& s : *role) by_device[{s.node, s.device}].push_back(s.role + " " + std::to_string(s.index));
   std::string out;
   for (auto& [where, actors] : by_device)
@@ -1364,7 +1371,7 @@ std::string placement_plan::describe() const {
 
 std::vector<std::string> placement_plan::nodes() const {
   std::vector<std::string> out;
-  for (auto* role : {&targets, &drafters})
+  for (auto* role : {&targets, &drafters, &spares})
     for (auto& s : *role)
       if (!s.node.empty() && std::find(out.begin(), out.end(), s.node) == out.end()) out.push_back(s.node);
   return out;
@@ -1378,7 +1385,7 @@ bool valid_node_name(const std::string& name) {
 
 std::vector<std::string> placement_nodes(const run_config& c) {
   std::vector<std::string> out;
-  for (auto* list : {&c.placement.targets, &c.placement.drafters})
+  for (auto* list : {&c.placement.targets, &c.placement.drafters, &c.placement.spares})
     for (auto& text : *list)
       if (auto d = parse_device(text); d && !d->node.empty() && d->node != c.cluster.name &&
                                        std::find(out.begin(), out.end(), d->node) == out.end())
@@ -1468,6 +1475,25 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
   }
   for (size_t i = 0; i < drafters.size(); ++i)
     plan.drafters.push_back({"drafter", static_cast<int>(i), drafters[i].device, drafters[i].node});
+  if (!c.placement.spares.empty()) {
+    auto spares = expand(c.placement.spares, "placement.spares");
+    std::set<std::pair<std::string, int32_t>> used;
+    for (auto& d : drafters) used.insert({d.node, d.device});
+    for (size_t i = 0; i < spares.size(); ++i) {
+      const auto& sp = spares[i];
+      const auto text = c.placement.spares[i];
+      if (sp.node.empty())
+        throw config_error(at + "'placement.spares' names " + quote(text) + ": a spare is a member's device "
+                           "(\"NODE:cuda:N\"); the leader's own devices cannot take over from a lost node");
+      if (!used.insert({sp.node, sp.device}).second)
+        throw config_error(at + "'placement.spares' names " + quote(text) + ", which a drafter or another spare "
+                           "already uses");
+      if (drafters.size() > 1 && sp.device < 0)
+        throw config_error(at + "'placement.spares' names " + quote(text) + ": data-parallel drafters need a "
+                           "CUDA device each");
+      plan.spares.push_back({"spare", static_cast<int>(i), sp.device, sp.node});
+    }
+  }
   if (drafters.size() > 1) {
     // Data-parallel drafters form one NCCL group: one rank per GPU.
     std::set<std::pair<std::string, int32_t>> seen;

@@ -128,6 +128,10 @@ struct run_config {
     std::vector<std::string> targets{"auto"};   ///< targets: one target actor per entry
     std::vector<std::string> drafters{"auto"};  ///< drafters: one drafter per entry (replicas)
     std::string prefetch = "per_target";        ///< prefetch: "per_target" (one per target, on its device)
+    /// spares: member devices ("NODE:cuda:N", "NODE:cpu") held in reserve:
+    /// a drafter whose node is lost is started again on the first free one
+    /// whose node is up, instead of waiting for its node to join again.
+    std::vector<std::string> spares;
   } placement;
 
   /// [runtime]: flow control and liveness.
@@ -290,6 +294,9 @@ struct placement_plan {
     std::string node;  ///< the cluster member holding it; "" = the process `tandem run` starts
   };
   std::vector<slot> targets, drafters, prefetch;  ///< prefetch[i] serves targets[i]
+  /// placement.spares: member devices a drafter whose node is lost may be
+  /// started on (role "spare"); nothing runs there until then.
+  std::vector<slot> spares;
   /// The eval actor ([eval], when eval.prompts is set): at most one.
   /// eval.device "auto": a GPU no other actor uses, else the first
   /// drafter's device (a second copy of the target beside it), else the CPU.

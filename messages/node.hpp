@@ -63,6 +63,11 @@ using spawn_prefetch_atom = caf::atom_constant<caf::atom("spawn_pf")>;
 using spawn_target_atom = caf::atom_constant<caf::atom("spawn_tg")>;
 using spawn_drafter_atom = caf::atom_constant<caf::atom("spawn_dr")>;
 using spawn_ckpt_atom = caf::atom_constant<caf::atom("spawn_ck")>;
+/// A drafter whose node is lost, started on a spare device of this node
+/// (placement.spares): its index, the device, its restore point.
+using spawn_spare_atom = caf::atom_constant<caf::atom("spawn_sp")>;
+/// The door: which node holds drafter i now (its own, or the spare it moved to).
+using drafter_node_atom = caf::atom_constant<caf::atom("dr_node")>;
 
 /// The hello strings' positions.
 namespace hello_fields {
@@ -101,6 +106,7 @@ using node_actor = caf::typed_actor<
   caf::replies_to<spawn_target_atom, int32_t, coordinator_actor>::with<target_actor>,
   caf::replies_to<spawn_drafter_atom, int32_t, std::string, coordinator_actor>::with<drafter_actor>,
   caf::replies_to<spawn_ckpt_atom, int32_t>::with<checkpointer_actor>,
+  caf::replies_to<spawn_spare_atom, int32_t, int32_t, std::string, coordinator_actor>::with<drafter_actor>,
   caf::replies_to<shutdown_atom, int32_t>::with<std::string>,
   vitals_protocol>;
 

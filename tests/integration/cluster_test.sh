@@ -17,6 +17,9 @@
 #      the connection timeout;
 #   5. the drafter node SIGKILLed mid-run and started again (same name):
 #      restored from the newest checkpoint, exact ledger, losses bit-equal;
+#   5d. a spare (placement.spares): the drafter node SIGKILLed and never
+#      started again, its drafter restarted on the spare from the newest
+#      checkpoint, exact ledger, losses bit-equal;
 #   4b. the leader SIGKILLed mid-run, then --resume with the same nodes:
 #      exact ledger, losses bit-equal; a newest checkpoint on a member that
 #      this machine cannot read is named (node, path), exit 2;
@@ -30,7 +33,7 @@
 #      bit-equal;
 #   7. TLS (cluster.certs, --certs): the cluster CA's nodes train bit-equal;
 #      another CA's certificate and a member without TLS never get in.
-# ~130 s alone on 2 cores (~185 s beside the rest of ctest -j2).
+# ~150 s alone on 2 cores (~205 s beside the rest of ctest -j2).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -211,6 +214,26 @@ check test "$(field "$sk" restarted)" = 1
 check "$python" -c 'import json,sys; f=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "drafter_failed"]; assert f[0]["restore_from"] == "checkpoint" and "its node was lost" in f[0]["reason"], f' "$work/killed/metrics.jsonl"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$sk"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/killed/metrics.jsonl" "$steps4"
+
+# 5d. A spare (placement.spares = gpu-c:cpu): the drafter node SIGKILLed and
+# never started again; the drafter starts on the spare at once, from the
+# newest checkpoint (one file system here), and the run ends exact with
+# every loss bit-equal.
+lead spare --set placement.spares=gpu-c:cpu
+member gpu-a "$work/sa.log"; a_pid=$m_pid
+member gpu-b "$work/sb.log"; b_pid=$m_pid
+member gpu-c "$work/sc.log"; c_pid=$m_pid
+for _ in $(seq 1 400); do [[ $(steps_in "$work/spare/metrics.jsonl") -ge 45 ]] && break; sleep 0.05; done
+kill -9 $b_pid
+rc=0; wait $l_pid || rc=$?; check test "$rc" = 0 || tail -20 "$work/spare.log"
+rc=0; wait $a_pid || rc=$?; check test "$rc" = 0
+rc=0; wait $c_pid || rc=$?; check test "$rc" = 0
+check grep -q "drafter 0 of node 'gpu-b' starts on the spare gpu-c:cpu" "$work/spare.log"
+check grep -q "drafter 0 starts here, on the spare cpu" "$work/sc.log"
+ss=$(summary "$work/spare/metrics.jsonl"); echo "drafter node lost, a spare took over: $ss"
+check test "$(field "$ss" failed)" = 1
+check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$ss"
+check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/spare/metrics.jsonl" "$steps4"
 
 # 4b. The leader SIGKILLed mid-run (its members exit 1), then `tandem run
 # --resume` with the same nodes: it picks up from the newest checkpoint (on

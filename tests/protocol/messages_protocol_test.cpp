@@ -399,7 +399,8 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(join_atom::value, std::vector<std::string>{"tandem-node-hello/1", "x"}));
   check(caf::make_message(node_up_atom::value, std::string("gpu-a"), node_actor{}));
   check(caf::make_message(setup_atom::value, node_setup{}));
-  check(caf::make_message(setup_atom::value, node_setup{}, 300.0));
+  check(caf::make_message(setup_atom::value, node_setup{}, 300.0, std::vector<std::string>{"gpu-c:cuda:0"},
+                          std::vector<std::string>{"gpu-b"}));
   check(caf::make_message(spawn_prefetch_atom::value, int32_t{0}, coordinator_actor{}));
   check(caf::make_message(spawn_target_atom::value, int32_t{0}, coordinator_actor{}));
   check(caf::make_message(spawn_drafter_atom::value, int32_t{0}, std::string("ckpt/step-4"), coordinator_actor{}));

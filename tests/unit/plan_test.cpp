@@ -28,10 +28,13 @@ const std::string base_text = "[model]\n"
 
 const data_facts facts{1000, 2'000'000};
 
-/// The plan and the prepare arguments of base_text with `overrides`, on 8 GPUs.
+/// The plan and the prepare arguments of base_text with `overrides`, on 8
+/// GPUs (and a member gpu-c with 8, which only a placement naming it uses).
 std::string observe(const std::vector<std::string>& overrides, const std::string& text = base_text) {
   auto c = parse_run_config(text, "/cfg/run.toml", overrides);
-  auto p = make_plan(c, inventory::this_host(8), facts);
+  auto devices = inventory::this_host(8);
+  devices.nodes.push_back({"gpu-c", 8});
+  auto p = make_plan(c, devices, facts);
   std::string out = to_json(p);
   for (const auto& a : prepare_arguments(c))
     out += "\nprepare " + a;
@@ -111,6 +114,7 @@ const std::map<std::string, use>& uses() {
     {"cluster.secret", {"cluster.secret=/pki/cluster.secret", {"cluster.listen=127.0.0.1:7001"}}},
     {"cluster.certs", {"cluster.certs=/pki/leader", {"cluster.listen=127.0.0.1:7001", "cluster.secret=/pki/s"}}},
     {"cluster.transport", {"cluster.transport=nccl", {"cluster.listen=127.0.0.1:7001"}}},
+    {"placement.spares", {"placement.spares=gpu-c:cuda:0", {"cluster.listen=127.0.0.1:7001"}}},
     {"eval.prompts", {"eval.prompts=/chat/held.jsonl"}},
     {"eval.count", {"eval.count=4", {"eval.prompts=/chat/held.jsonl"}}},
     {"eval.max_new_tokens", {"eval.max_new_tokens=64", {"eval.prompts=/chat/held.jsonl"}}},

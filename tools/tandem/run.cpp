@@ -587,7 +587,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
     // one that joins again later.
     caf::scoped_actor asker{sys};
     std::string failed;
-    asker->request(leader->door, std::chrono::seconds(90), setup_atom::value, setup, cfg.cluster.join_timeout_s)
+    std::vector<std::string> spares, drafter_nodes;
+    for (const auto& sp : plan.placement.spares)
+      spares.push_back(sp.node + ":" + (sp.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(sp.device)));
+    for (const auto& d : plan.placement.drafters)
+      drafter_nodes.push_back(d.node);
+    asker->request(leader->door, std::chrono::seconds(90), setup_atom::value, setup, cfg.cluster.join_timeout_s,
+                   spares, drafter_nodes)
       .receive([](const std::string&) {}, [&](caf::error& e) { failed = sys.render(e); });
     if (!failed.empty()) {
       std::fprintf(stderr, "tandem run: %s\n", failed.c_str());
