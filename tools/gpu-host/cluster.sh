@@ -13,7 +13,9 @@
 #      every sample of its steps committed once: the final checkpoint's
 #      ledger and every step's batch equal a one-process run of the same
 #      steps (ONLY3=1 runs only this part; KILL=target kills the target
-#      node instead: its target and prefetch are restarted, no rollback).
+#      node instead: its target and prefetch are restarted, no rollback;
+#      KILL=spare: the drafter node is never started again, a spare device
+#      of a third node takes its drafter over).
 # LINK=nccl: cluster.transport = "nccl", so batches and features are pulled
 # over NCCL links between the processes (gpu/transport/link.hpp) instead of
 # CUDA IPC; LINK=hosts: the drafter node poses as another host
@@ -37,6 +39,10 @@ node() {
 }
 # The leader's transport setting (LINK=nccl forces the links).
 LINKSET=(); [[ "${LINK:-}" == nccl ]] && LINKSET=(--set cluster.transport=nccl)
+# KILL=spare (part 3): a third node gpu-c holds a spare device
+# (placement.spares); the drafter node is killed and never started again,
+# and the drafter restarts on the spare from the newest checkpoint.
+SPARESET=(); [[ "${KILL:-}" == spare ]] && SPARESET=(--set placement.spares=gpu-c:cuda:0)
 port_of() { for _ in $(seq 1 600); do [[ -s "$1/cluster.json" ]] && { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$1/cluster.json"; return; }; sleep 0.1; done; return 1; }
 cost() { grep -h "shared payloads\|NCCL links" "$@" | sed 's/^/  /'; }
 
@@ -84,10 +90,11 @@ R=$W/cluster; rm -rf $R
 timeout 420 "$B" run $W/run.toml --set run.output_dir=$R --listen 127.0.0.1:0 --set train.max_steps=${STEPS8:-80} \
   --set checkpoint.every_steps=20 --set checkpoint.keep=1 --set placement.targets=gpu-a:cuda:0 \
   --set placement.drafters=gpu-b:cuda:0 --set cluster.timeout_s=10 --set cluster.heartbeat_s=1 "${LINKSET[@]}" \
-  > $OUT/cluster_8b_leader.log 2>&1 &
+  "${SPARESET[@]}" > $OUT/cluster_8b_leader.log 2>&1 &
 lp=$!
 p=$(port_of $R)
 node $p gpu-a $OUT/cluster_8b_a.log; ap=$!; node $p gpu-b $OUT/cluster_8b_b.log; bp=$!
+[[ "${KILL:-}" == spare ]] && node $p gpu-c $OUT/cluster_8b_c.log
 # KILL=target: the target node is killed instead (its target and prefetch
 # are restarted when it joins again; the drafter keeps its state).
 if [[ "${KILL:-drafter}" == target ]]; then victim=$ap; vname=gpu-a; else victim=$bp; vname=gpu-b; fi
@@ -99,10 +106,14 @@ done
 grep -h "shared payloads" $OUT/cluster_8b_b.log
 kill -9 $victim; echo "${KILL:-drafter} node killed at step $(grep -c '"event":"step"' $R/metrics.jsonl)"
 sleep 3
-node $p $vname $OUT/cluster_8b_${vname#gpu-}2.log
 # The cost lines: the target node's and the drafter node's that ran to the end.
-if [[ $vname == gpu-a ]]; then la=$OUT/cluster_8b_a2.log; lb=$OUT/cluster_8b_b.log
-else la=$OUT/cluster_8b_a.log; lb=$OUT/cluster_8b_b2.log; fi
+if [[ "${KILL:-}" == spare ]]; then
+  la=$OUT/cluster_8b_a.log; lb=$OUT/cluster_8b_c.log  # gpu-b stays dead: the spare took over
+else
+  node $p $vname $OUT/cluster_8b_${vname#gpu-}2.log
+  if [[ $vname == gpu-a ]]; then la=$OUT/cluster_8b_a2.log; lb=$OUT/cluster_8b_b.log
+  else la=$OUT/cluster_8b_a.log; lb=$OUT/cluster_8b_b2.log; fi
+fi
 # What the run is doing after the restart, every 15 s (a stall shows here).
 ( while kill -0 $lp 2>/dev/null; do
     { date +%T; timeout 10 "$B" shell $R -c status 2>&1 | head -40; } >> $OUT/cluster_8b_status.log; sleep 15
