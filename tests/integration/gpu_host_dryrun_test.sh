@@ -2,12 +2,14 @@
 # tools/gpu-host/cluster2.sh --dry-run on the CPU (the two-GPU cluster script
 # checked without GPUs, so a broken script or a config it can no longer run
 # is found here, not on a rented host):
-#   1. it passes: exit 0; both parts' commands printed (each run's placement,
-#      each node's --devices); "SKIPPED (dry run): 10 commands not run";
+#   1. it passes: exit 0; the three parts' commands printed (each run's
+#      placement, each node's --devices, the forced NCCL transport);
+#      "SKIPPED (dry run): 14 commands not run";
 #      cluster2.jsonl with one line per part and no failed check;
 #   2. it can fail: --extra-set runtime.group_timeout_s=1000 (not less than
 #      runtime.step_timeout_s, which only data-parallel drafters need) leaves
-#      part 1 passing and fails part 2's runs, and its nodes with no leader:
+#      part 1 passing and fails the runs of parts 2 and 3, and their nodes
+#      with no leader:
 #      exit 1, the reason printed.
 # ~10 s on 2 cores (most of it loading the binary 13 times).
 set -euo pipefail
@@ -42,8 +44,8 @@ EOF
 dry ok
 cat "$work/ok.log"
 check test "$rc" = 0
-check grep -qxF "SKIPPED (dry run): 10 commands not run" "$work/ok.log"
-check test "$(grep -c "^+ timeout [0-9]* $tandem " "$work/ok.log")" = 9
+check grep -qxF "SKIPPED (dry run): 14 commands not run" "$work/ok.log"
+check test "$(grep -c "^+ timeout [0-9]* $tandem " "$work/ok.log")" = 13
 check printed "$tandem run $(sed -n 's/^work: \([^,]*\),.*/\1/p' "$work/ok.log")/run.toml"
 check printed "--set placement.targets=cuda:0 --set placement.drafters=cuda:1"
 check printed "--listen 127.0.0.1:0 --set cluster.join_timeout_s=60 --set placement.targets=gpu-a:cuda:0 --set placement.drafters=gpu-b:cuda:1"
@@ -54,15 +56,16 @@ check printed "tests/integration/compare_losses.py"
 check printed "--set placement.targets=cuda:0 --set placement.drafters=cuda:0,cuda:1"
 check printed "--set placement.targets=gpu-a:cuda:0 --set placement.drafters=gpu-b:cuda:0,gpu-c:cuda:1"
 check printed "--name gpu-c --devices cuda:0,cuda:1 --heartbeat-s 0.5 --timeout-s 5"
-check parts "$work/ok/cluster2.jsonl" "cluster2_tiny 6 0" "cluster2_dp 8 0"
+check printed "--set placement.drafters=gpu-b:cuda:0,gpu-c:cuda:1 --set cluster.transport=nccl"
+check parts "$work/ok/cluster2.jsonl" "cluster2_tiny 6 0" "cluster2_dp 8 0" "cluster2_dp_nccl 7 0"
 
 # 2. A bad override fails it, in part 2 only.
 dry bad --extra-set runtime.group_timeout_s=1000
 check test "$rc" = 1
-check grep -qxF "SKIPPED (dry run): 10 commands not run" "$work/bad.log"
+check grep -qxF "SKIPPED (dry run): 14 commands not run" "$work/bad.log"
 check grep -q "FAILED: dp_leader" "$work/bad.log"
 check grep -q "'runtime.group_timeout_s' (1000.0) must be less than 'runtime.step_timeout_s'" "$work/bad.log"
-check parts "$work/bad/cluster2.jsonl" "cluster2_tiny 6 0" "cluster2_dp 5 5"
+check parts "$work/bad/cluster2.jsonl" "cluster2_tiny 6 0" "cluster2_dp 5 5" "cluster2_dp_nccl 4 4"
 [[ $failed -eq 0 ]] || cat "$work/bad.log"
 
 echo "gpu_host_dryrun: $passed passed, $failed failed"
