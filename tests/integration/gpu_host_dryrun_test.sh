@@ -11,7 +11,9 @@
 #      part 1 passing and fails the runs of parts 2 and 3, and their nodes
 #      with no leader:
 #      exit 1, the reason printed.
-# ~10 s on 2 cores (most of it loading the binary 13 times).
+#   3. tools/gpu-host/two_gpu.sh --dry-run passes, and fails on the same
+#      bad override in the seed's (two drafters) check only.
+# ~35 s on 2 cores (most of it loading the binary 20 times).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -67,6 +69,21 @@ check grep -q "FAILED: dp_leader" "$work/bad.log"
 check grep -q "'runtime.group_timeout_s' (1000.0) must be less than 'runtime.step_timeout_s'" "$work/bad.log"
 check parts "$work/bad/cluster2.jsonl" "cluster2_tiny 6 0" "cluster2_dp 5 5" "cluster2_dp_nccl 4 4"
 [[ $failed -eq 0 ]] || cat "$work/bad.log"
+
+# 3. tools/gpu-host/two_gpu.sh --dry-run (the two-GPU issue's parts 1 and 3):
+# it passes, and the same bad override fails the seed's two drafters only.
+two="$here/../../tools/gpu-host/two_gpu.sh"
+rc=0; OUT="$work/two" "$two" --dry-run --tandem "$tandem" --python "$python" > "$work/two.log" 2>&1 || rc=$?
+check test "$rc" = 0
+check grep -qxF "dry run: 7 checks, 0 failed" "$work/two.log"
+check grep -qxF "SKIPPED (dry run): 4 commands not run" "$work/two.log"
+check grep -q "^+ timeout 500 .*bench/pipeline.py .*--size 8b --target-device cuda:0 --drafter-device cuda:1" "$work/two.log"
+rc=0; OUT="$work/two_bad" "$two" --dry-run --tandem "$tandem" --python "$python" \
+  --extra-set runtime.group_timeout_s=1000 > "$work/two_bad.log" 2>&1 || rc=$?
+check test "$rc" = 1
+check grep -q "checked: pipeline: config and placement cuda:0 / cuda:1 accepted" "$work/two_bad.log"
+check grep -q "FAILED: seed: config and placement cuda:0 / cuda:0,cuda:1 accepted" "$work/two_bad.log"
+[[ $failed -eq 0 ]] || cat "$work/two.log" "$work/two_bad.log"
 
 echo "gpu_host_dryrun: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
