@@ -216,20 +216,27 @@ caf::response_promise spawn_via(door_ptr self, const std::string& node, Ts... xs
 caf::response_promise spawn_drafter_somewhere(door_ptr self, const std::string& node, int32_t index,
                                               const std::string& from, const coordinator_actor& c) {
   auto& s = self->state;
-  for (auto& sp : s.spares)  // a new incarnation: the spare its last one held is free
-    if (sp.drafter == index)
-      sp.drafter = -1;
+  // A new incarnation: the spare its last one held is free, and tried first
+  // (its restore point in memory may be there).
+  std::vector<size_t> order;
+  for (size_t k = 0; k < s.spares.size(); ++k)
+    if (s.spares[k].drafter == index) {
+      s.spares[k].drafter = -1;
+      order.insert(order.begin(), k);
+    } else {
+      order.push_back(k);
+    }
   s.moved.erase(index);
   auto rp = self->make_response_promise();
   if (!s.ready.count(node)) {
-    for (size_t k = 0; k < s.spares.size(); ++k) {
+    for (auto k : order) {
       auto& sp = s.spares[k];
       if (sp.drafter >= 0 || sp.node == node || !s.ready.count(sp.node))
         continue;
       sp.drafter = index;
       const auto where = sp.node + ":" + (sp.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(sp.device));
       spdlog::warn("cluster: drafter {} of node '{}' starts on the spare {}", index, node, where);
-      self->request(s.up[sp.node], std::chrono::minutes(5), spawn_spare_atom::value, index, sp.device, from, c)
+      self->request(s.up[sp.node], std::chrono::seconds(60), spawn_spare_atom::value, index, sp.device, from, c)
         .then(
           [self, rp, index, k](drafter_actor& d) mutable {
             self->state.moved[index] = self->state.spares[k].node;
@@ -554,36 +561,48 @@ checkpointer_actor::behavior_type router_behavior(checkpointer_actor::stateful_p
                                              + "'s checkpointer is gone");
       // (A response promise takes the answer over: made only once one is coming.)
       auto rp = self->make_response_promise<std::string>();
-      if (s.by_drafter[d]) {
-        route_write(self, s.by_drafter[d], rp, snap, extra);
+      if (d >= s.nodes.size() || s.nodes[d].empty() || !s.door) {
+        route_write(self, s.by_drafter[d], rp, snap, extra);  // the leader's own drafter
         return rp;
       }
-      // Where the drafter is now (its node, or a spare it moved to), then a
-      // checkpointer there: one a drafter beside it has, else a new one.
+      // A member's drafter: where it is now (its node, or a spare it moved
+      // to), then a checkpointer there — its own, one a drafter beside it
+      // has, else a new one.  Errors on the way are a lost node's: the
+      // coordinator drops that checkpoint and goes on.
+      auto lost = [self](const std::string& what, const caf::error& e) {
+        return make_error(errc::device_failure, std::string(node_lost_prefix) + what + ": "
+                                                  + self->system().render(e));
+      };
       self->request(s.door, std::chrono::seconds(30), drafter_node_atom::value, snap.drafter)
         .then(
-          [self, rp, d, snap, extra](std::string& node) mutable {
+          [self, rp, d, snap, extra, lost](std::string& node) mutable {
             auto& s = self->state;
-            s.nodes[d] = node;
+            if (s.nodes[d] == node && s.by_drafter[d]) {
+              route_write(self, s.by_drafter[d], rp, snap, extra);
+              return;
+            }
+            s.nodes[d] = node;  // by_drafter[d] is always on nodes[d]
+            s.by_drafter[d] = checkpointer_actor{};
             for (size_t i = 0; i < s.by_drafter.size() && i < s.nodes.size(); ++i)
-              if (s.nodes[i] == node && s.by_drafter[i]) {
+              if (i != d && s.nodes[i] == node && s.by_drafter[i]) {
                 s.by_drafter[d] = s.by_drafter[i];
                 route_write(self, s.by_drafter[d], rp, snap, extra);
                 return;
               }
             self->request(s.door, std::chrono::seconds(120), spawn_ckpt_atom::value, node, s.tier)
               .then(
-                [self, rp, node, snap, extra](checkpointer_actor& c) mutable {
+                [self, rp, d, node, snap, extra](checkpointer_actor& c) mutable {
                   auto& s = self->state;
                   self->monitor(c);
-                  for (size_t i = 0; i < s.by_drafter.size() && i < s.nodes.size(); ++i)
-                    if (s.nodes[i] == node && !s.by_drafter[i])
-                      s.by_drafter[i] = c;
+                  if (s.nodes[d] == node)
+                    s.by_drafter[d] = c;
                   route_write(self, c, rp, snap, extra);
                 },
-                [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                [rp, node, lost](caf::error& e) mutable {
+                  rp.deliver(lost("no checkpointer on node '" + node + "'", e));
+                });
           },
-          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          [rp, lost](caf::error& e) mutable { rp.deliver(lost("where the drafter is", e)); });
       return rp;
     },
     [self](shutdown_atom) {
@@ -696,8 +715,11 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
       // Its restore point must be readable here: a checkpoint on a file
       // system both nodes share (a restore point in another process's memory
       // never is).
+      // A restore point in memory is judged by the drafter itself: held in
+      // this process (its last incarnation ran on this spare) it is used,
+      // else its start fails and the coordinator falls back to the checkpoint.
       std::error_code ec;
-      if (!from.empty() && (from.rfind(memory_restore_prefix, 0) == 0 || !std::filesystem::is_directory(from, ec)))
+      if (!from.empty() && from.rfind(memory_restore_prefix, 0) != 0 && !std::filesystem::is_directory(from, ec))
         return make_error(errc::bad_input, "node '" + opts->name + "' cannot read drafter " + std::to_string(i)
                                              + "'s restore point " + from
                                              + " (a spare restores from a checkpoint.dir the nodes share)");

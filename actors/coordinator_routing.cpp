@@ -553,6 +553,7 @@ void on_step_report(self_ptr self, const step_report& r) {
     s.idle.push_back(r.drafter);
     s.rewind_due = true;
     maybe_rewind(self);
+    try_complete(self);  // a run ending meanwhile waited for this drafter
     return;
   }
   if (!r.finite) {
