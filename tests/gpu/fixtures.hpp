@@ -29,6 +29,18 @@
 
 namespace tandem::gpu::test {
 
+/// Waits up to `seconds` for file `f` to exist (a child process's answer
+/// in the two-process transport tests); false when it never came.
+inline bool wait_for_file(const std::filesystem::path& f, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!std::filesystem::exists(f)) {
+    if (std::chrono::steady_clock::now() > until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 /// The parity fixtures' tiny Qwen3 (V 512, D 64, 8 layers; tests/parity/FIXTURES.md).
 inline std::filesystem::path tiny_target_dir() {
   return std::filesystem::path(TANDEM_FIXTURES_DIR) / "qwen3_tiny";

@@ -26,16 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool wait_for(const fs::path& f, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!fs::exists(f)) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
 /// The child's side: TANDEM_IPC_DIR names the folder where it writes its
 /// handles (one per line, then "end") and waits for "done".
 TEST(TransportIpc, ChildPublishes) {
@@ -57,7 +47,7 @@ TEST(TransportIpc, ChildPublishes) {
   }
   out.close();
   fs::rename(fs::path(dir) / "handles.tmp", fs::path(dir) / "handles");
-  ASSERT_TRUE(wait_for(fs::path(dir) / "done", 120));
+  ASSERT_TRUE(test::wait_for_file(fs::path(dir) / "done", 120));
   for (auto h : hs)
     transport::release(h);
   const auto c = transport::sharing_cost();
@@ -77,7 +67,7 @@ TEST(TransportIpc, ParentAcquires) {
     ::execl(self.c_str(), self.c_str(), "--gtest_filter=TransportIpc.ChildPublishes", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ASSERT_TRUE(wait_for(dir / "handles", 120)) << "the child published nothing";
+  ASSERT_TRUE(test::wait_for_file(dir / "handles", 120)) << "the child published nothing";
   std::vector<transport::handle> hs;
   std::ifstream in(dir / "handles");
   for (transport::handle h; in >> h;)

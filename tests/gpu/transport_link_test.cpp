@@ -36,16 +36,6 @@ namespace fs = std::filesystem;
 
 constexpr int payloads = 20;
 
-bool wait_for(const fs::path& f, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!fs::exists(f)) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
 /// Payload i: a batch {tokens int32 [4, 64], mask uint8 [4, 64], docs int64
 /// [4, 3]} on the CPU, and features bf16 [4, 64, 40] on cuda:0.
 std::vector<at::Tensor> batch_of(int i) {
@@ -101,14 +91,13 @@ TEST(TransportLink, ChildSends) {
     l.send({h}, l.check({h}));
     transport::release(h);
   }
-  ASSERT_TRUE(wait_for(fs::path(dir) / "done", 120));
+  ASSERT_TRUE(test::wait_for_file(fs::path(dir) / "done", 120));
   EXPECT_TRUE(l.usable());
 }
 
 TEST(TransportLink, ParentReceives) {
   TANDEM_REQUIRE_GPUS(1);
-  if (!nccl::available())
-    GTEST_SKIP() << "SKIPPED: built without NCCL";
+  TANDEM_REQUIRE_NCCL();
   const auto dir = fs::temp_directory_path() / ("tandem-link-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
