@@ -147,17 +147,19 @@ check(ws_status(dict(bearer, Origin=origin)) == 101, "a WebSocket with the token
 url = subprocess.run([tandem, "shell", run_dir, "-c", "dashboard"], capture_output=True, text=True).stdout.strip()
 check(url == f"{origin}/?token={token}", f"shell dashboard: {url!r}")
 profile = os.path.join(work, "chromium-profile")
-# Virtual time runs ahead of a busy machine's real WebSocket: the page may be dumped before
-# its first frame came (no tree rows yet). Then it is loaded again, up to 5 times; what it
-# shows once fed is asserted below.
+# Virtual time runs ahead of a busy machine's real WebSocket and history fetch: the page may
+# be dumped before its first frame came (no tree rows yet) or before the metric history
+# arrived (charts with 0 points; seen once in CI). Then it is loaded again, up to 5 times;
+# what it shows once fed is asserted below.
+steps = lines(metrics, "step")
 for attempt in range(5):
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                           f"--user-data-dir={profile}", f"--virtual-time-budget={5000 * (attempt + 1)}",
                           "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    if "<tr data-actor=" in dom:
+    fed = re.search(r'id="chart-loss" data-points="([1-9]\d*)"', dom)
+    if "<tr data-actor=" in dom and fed:
         break
-    print(f"dashboard: the page had no frame yet (attempt {attempt + 1}); loading it again", flush=True)
-steps = lines(metrics, "step")
+    print(f"dashboard: the page was not fed yet (attempt {attempt + 1}); loading it again", flush=True)
 for chart in ("loss", "accuracy", "tokens_per_s", "data_wait", "mfu"):
     m = re.search(rf'id="chart-{chart}" data-points="(\d+)"', dom)
     check(m is not None and int(m.group(1)) == len(steps),
