@@ -24,6 +24,7 @@
 #include "gpu/models/dflash.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/qwen3.hpp"
+#include "gpu/engine/target_forward.hpp"
 #include "gpu/pch.hpp"
 #include "gpu/io/safetensors.hpp"
 #include "gpu/transport/tensors.hpp"
@@ -224,9 +225,23 @@ void finish_line(nlohmann::json& j, const timing& t, double flop, double tokens,
   j["peak_mem_gib"] = mem_gib;
 }
 
-/// Target forward with taps, stopping after the deepest tap (no head).
-nlohmann::json bench_target_forward(const bench_options& o, const at::Device& dev,
-                                    const std::string& size, at::ScalarType dtype) {
+nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::string& trace,
+                               const std::function<void()>& step);
+
+/// Target forward with taps, stopping after the deepest tap (no head), as the
+/// target engine runs it (target_forward_runner), one line a variant:
+///   graphs / eager / mask  `--docs` documents a row (default 4, equal
+///                          lengths), the packed path replayed as CUDA graphs,
+///                          the packed path eagerly, and the dense-mask path
+///                          (the engine's before issue 20);
+///   graphs_1doc            one document a row, graphs (the Python
+///                          reference's case: bench/reference_target.py);
+///   causal_sdpa            one document a row through forward(ids): SDPA's
+///                          causal kernel, kv heads expanded (the bench's
+///                          line before issue 20).
+/// The eager line carries kernel_ms (per forward, profiled after the timed runs).
+void bench_target_forward(const bench_options& o, const at::Device& dev, const std::string& size,
+                          at::ScalarType dtype, const std::function<void(const std::string&)>& emit) {
   auto s = shapes_for(size);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
 #ifdef TANDEM_HAVE_CUDA
@@ -245,19 +260,55 @@ nlohmann::json bench_target_forward(const bench_options& o, const at::Device& de
   for (int64_t i = 0; i < run_layers; ++i)
     w.layers.push_back(random_decoder_layer(d, dtype, dev, gen, 0.02));
   qwen3_target target(s.target, std::move(w), taps);
-  auto ids = at::randint(s.target.vocab_size, {s.batch, s.seq}, gen, at::TensorOptions().dtype(at::kLong).device(dev));
+  auto long_opts = at::TensorOptions().dtype(at::kLong).device(dev);
+  auto ids = at::randint(s.target.vocab_size, {s.batch, s.seq}, gen, long_opts);
+  const int64_t docs = std::max<int64_t>(1, o.docs);
+  auto lengths_of = [&](int64_t n) {
+    auto l = at::full({s.batch, n}, s.seq / n, long_opts);
+    l.select(1, n - 1).add_(s.seq - (s.seq / n) * n);
+    return l;
+  };
+  const double tokens = s.batch * s.seq;
+  auto flop_of = [&](const at::Tensor& lengths) {
+    auto l = lengths.to(at::kCPU).to(at::kDouble);
+    const double pairs = (l * (l + 1) / 2).sum().item<double>();  // causal within each document
+    return run_layers * layer_linear_flops(dims_of(s.target), tokens, 0) + run_layers * attention_flops(dims_of(s.target), pairs);
+  };
+  auto line = [&](const std::string& variant, int64_t n_docs, const timing& t, double flop, const std::string& path) {
+    auto j = base_line("target_forward", o, dev, size);
+    j["variant"] = variant;
+    j["path"] = path;
+    j["shapes"] = {{"batch", s.batch}, {"seq", s.seq}, {"hidden", s.target.hidden_size},
+                   {"layers_run", run_layers}, {"layers", s.target.num_hidden_layers},
+                   {"taps", taps}, {"docs_per_row", n_docs}, {"dtype", c10::toString(dtype)}};
+    finish_line(j, t, flop, tokens, peak_gib(dev));
+    return j;
+  };
+  struct variant {
+    const char* name;
+    const char* mode;
+    int64_t docs;
+  };
+  for (const auto& v : {variant{"graphs", "graphs", docs}, variant{"eager", "eager", docs},
+                        variant{"mask", "mask", docs}, variant{"graphs_1doc", "graphs", 1}}) {
+    auto lengths = lengths_of(v.docs);
+    target_forward_runner runner(target, dev, v.mode);
+    reset_peak(dev);
+    auto t = time_runs(dev, std::max(o.warmup, 1), o.iters, [&] { (void)runner.taps(ids, lengths); });
+    auto j = line(v.name, v.docs, t, flop_of(lengths), runner.path());
+    j["graph_pool_gib"] = static_cast<double>(runner.graph_pool_bytes()) / (1 << 30);
+    if (std::string(v.name) == "eager" && o.profile_steps > 0) {
+      auto kernels = profile_kernels(dev, o.profile_steps,
+                                     o.trace_dir.empty() ? "" : o.trace_dir + "/target_forward_" + size + ".json",
+                                     [&] { (void)runner.taps(ids, lengths); });
+      if (!kernels.empty())
+        j["kernel_ms"] = kernels;
+    }
+    emit(j.dump());
+  }
   reset_peak(dev);
   auto t = time_runs(dev, o.warmup, o.iters, [&] { (void)target.forward(ids); });
-  const double tokens = s.batch * s.seq;
-  // Causal attention: S(S+1)/2 visible pairs per row.
-  const double flop = run_layers * (layer_linear_flops(dims_of(s.target), tokens, 0)
-                                    + attention_flops(dims_of(s.target), s.batch * s.seq * (s.seq + 1) / 2.0));
-  auto j = base_line("target_forward", o, dev, size);
-  j["shapes"] = {{"batch", s.batch}, {"seq", s.seq}, {"hidden", s.target.hidden_size},
-                 {"layers_run", run_layers}, {"layers", s.target.num_hidden_layers},
-                 {"taps", taps}, {"dtype", c10::toString(dtype)}};
-  finish_line(j, t, flop, tokens, peak_gib(dev));
-  return j;
+  emit(line("causal_sdpa", 1, t, flop_of(lengths_of(1)), "sdpa causal, kv heads expanded").dump());
 }
 
 /// One eager drafter training step: anchors, layout, forward, chunked CE,
@@ -914,7 +965,12 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       j["size"] = size;
       j["dataset"] = o.dataset.empty() ? "synthetic" : o.dataset;
     } else if (c == "target_forward") {
-      j = bench_target_forward(o, dev, size, dtype);
+      bench_target_forward(o, dev, size, dtype, emit);
+#ifdef TANDEM_HAVE_CUDA
+      if (dev.is_cuda())
+        c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+      continue;
     } else if (c == "drafter_step") {
       bench_drafter_engine_step(o, dev, size, dtype, emit);
 #ifdef TANDEM_HAVE_CUDA

@@ -41,6 +41,16 @@ at::Device engine_device(int32_t index, const std::string& who) {
   if (index >= count)
     throw error(errc::device_unavailable, who + ": CUDA device " + std::to_string(index)
                                             + " asked for, this host has " + std::to_string(count));
+  // cuDNN's SDPA backend can allocate device memory on its first use inside
+  // a graph capture, and the capture then fails
+  // (CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED): seen on the
+  // H200 when several drafter engines of one process captured their first
+  // graphs on the tiny fixture (gpu.graph.eight_engines_…), once the target
+  // no longer ran cuDNN first.  Tandem's own kernels cover the mainline
+  // attention; the SDPA fallbacks use the flash / memory-efficient / math
+  // backends, which capture.
+  static std::once_flag no_cudnn_sdpa;
+  std::call_once(no_cudnn_sdpa, [] { at::globalContext().setSDPUseCuDNN(false); });
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 #else
   throw error(errc::device_unavailable, who + ": CUDA device " + std::to_string(index)

@@ -1,9 +1,11 @@
 #include "gpu/engine/target_engine.hpp"
 
+#include <cstdlib>
 #include <optional>
 
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/engine_common.hpp"
+#include "gpu/engine/target_forward.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
@@ -16,6 +18,7 @@ struct target_engine::impl {
   at::ScalarType dtype = at::kFloat;
   std::optional<qwen3_target> target;
   target_info info;
+  std::optional<target_forward_runner> runner;
 
   explicit impl(const target_engine_options& o) {
     const std::string who = "target engine (" + o.dir.string() + ")";
@@ -30,6 +33,9 @@ struct target_engine::impl {
     info.tap_ids = target->tap_ids();
     info.dtype = detail::dtype_name(dtype);
     info.device = device.is_cuda() ? device.index() : -1;
+    const char* env = std::getenv("TANDEM_TARGET_PATH");
+    runner.emplace(*target, device, env ? env : "graphs");
+    info.path = runner->path();
   }
 };
 
@@ -55,11 +61,9 @@ transport::handle target_engine::forward(transport::handle batch) {
   at::NoGradGuard no_grad;
   auto t = transport::acquire(batch, m.device);
   detail::check_batch_payload(t, batch, "target engine");
-  const auto s = t[0].size(1);
-  auto docs = make_doc_layout(t[2], s);
-  qwen3_output out;
+  at::Tensor taps;
   try {
-    out = m.target->forward(t[0].to(at::kLong), docs);
+    taps = m.runner->taps(t[0].to(at::kLong), t[2].to(m.device, at::kLong));
   } catch (const c10::OutOfMemoryError& e) {
     // Every forward has the same shapes: running out is the shapes', on the
     // first batch as on any other.
@@ -68,7 +72,7 @@ transport::handle target_engine::forward(transport::handle batch) {
                                    + detail::out_of_memory_hint);
   }
   transport::payload p;
-  p.tensors = {out.taps};
+  p.tensors = {taps};
 #ifdef TANDEM_HAVE_CUDA
   if (m.device.is_cuda()) {
     p.ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);

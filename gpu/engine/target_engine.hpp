@@ -29,6 +29,9 @@ struct target_info {
   std::vector<int64_t> tap_ids;
   std::string dtype;              ///< of weights and taps: "float32" or "bfloat16"
   int32_t device = -1;
+  /// The forward's path: "packed (graphs)", "packed", or "mask (why)"
+  /// (qwen3_target::packed_path; TANDEM_TARGET_PATH chooses for A/B runs).
+  std::string path;
 };
 
 class target_engine {

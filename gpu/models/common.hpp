@@ -24,6 +24,13 @@ struct decoder_layer_weights {
   at::Tensor gate_proj;   ///< [I, D]   mlp.gate_proj.weight
   at::Tensor up_proj;     ///< [I, D]   mlp.up_proj.weight
   at::Tensor down_proj;   ///< [D, I]   mlp.down_proj.weight
+  /// The frozen target's fused projections (qwen3_target fuses them on a
+  /// CUDA device; undefined elsewhere and in the drafter): q_proj, k_proj and
+  /// v_proj are then row views of qkv_proj, gate_proj and up_proj of
+  /// gate_up_proj, so the per-projection code (decode, export) reads the
+  /// same memory.  Not in layer_tensors().
+  at::Tensor qkv_proj;     ///< [(H+2K)*h, D]: q rows, then k, then v
+  at::Tensor gate_up_proj; ///< [2I, D]: gate rows, then up
 };
 constexpr int decoder_layer_tensor_count = 11;
 

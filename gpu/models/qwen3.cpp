@@ -54,6 +54,23 @@ qwen3_target::qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<
     if (id < 0 || id >= static_cast<int64_t>(w_.layers.size()))
       throw error(errc::bad_input, "tap layer " + std::to_string(id) + " outside the target's "
                                      + std::to_string(w_.layers.size()) + " loaded layers");
+  // On a GPU the packed forward reads one [q; k; v] and one [gate; up]
+  // matrix a layer; the separate projections become row views of them
+  // (common.hpp), so every other path reads the same memory.  One layer at
+  // a time: the peak grows by one layer's projections, not the model's.
+  for (auto& l : w_.layers) {
+    if (l.qkv_proj.defined() || !l.q_proj.is_cuda()
+        || (l.q_proj.scalar_type() != at::kBFloat16 && l.q_proj.scalar_type() != at::kHalf))
+      continue;
+    const auto nq = l.q_proj.size(0), nk = l.k_proj.size(0), ni = l.gate_proj.size(0);
+    l.qkv_proj = at::cat({l.q_proj, l.k_proj, l.v_proj}, 0);
+    l.q_proj = l.qkv_proj.narrow(0, 0, nq);
+    l.k_proj = l.qkv_proj.narrow(0, nq, nk);
+    l.v_proj = l.qkv_proj.narrow(0, nq + nk, nk);
+    l.gate_up_proj = at::cat({l.gate_proj, l.up_proj}, 0);
+    l.gate_proj = l.gate_up_proj.narrow(0, 0, ni);
+    l.up_proj = l.gate_up_proj.narrow(0, ni, ni);
+  }
 }
 
 qwen3_target qwen3_target::load(const std::filesystem::path& dir, at::Device device,

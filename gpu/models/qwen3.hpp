@@ -57,6 +57,20 @@ public:
 
   /// Same, one document per row.
   qwen3_output forward(const at::Tensor& input_ids, bool want_logits = false) const;
+  /// The target actor's forward: input_ids [B, S] int64 and each row's
+  /// document lengths [B, K] (zeros allowed; what a row's lengths leave of S
+  /// is one more document), taps only (stops after the deepest tap).  On a
+  /// CUDA device in bf16/fp16 it runs the packed path (gpu/models/
+  /// qwen3_packed.cpp): tokens flattened to [B·S, D], fused q/k/v and
+  /// gate/up GEMMs, the residual adds in the GEMMs' epilogues, one kernel
+  /// for q/k norm + RoPE and one for SwiGLU, and FlashAttention-2's
+  /// variable-length causal kernel over the documents (GQA without
+  /// expanding the kv heads).  No host sync and fixed shapes per (B, S, K):
+  /// capturable as a CUDA graph (target_engine does).  Elsewhere it is
+  /// forward(input_ids, make_doc_layout(doc_lengths, S)).
+  qwen3_output forward_packed(const at::Tensor& input_ids, const at::Tensor& doc_lengths) const;
+  /// "packed", or why forward_packed runs the mask path instead.
+  std::string packed_path() const;
 
   const qwen3_config& config() const { return cfg_; }
   const std::vector<int64_t>& tap_ids() const { return tap_ids_; }

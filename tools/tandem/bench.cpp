@@ -34,10 +34,14 @@ void add_bench(CLI::App& app, int& exit_code) {
                 "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
   cmd->add_option("--profile-steps", opts->profile_steps,
-                  "drafter_step: eager steps profiled after timing for the per-kernel-class "
-                  "GPU time (kernel_ms); 0 turns it off")
+                  "drafter_step and target_forward: eager runs profiled after timing for the "
+                  "per-kernel-class GPU time (kernel_ms); 0 turns it off")
     ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--trace", opts->trace_dir, "drafter_step: save the profiled steps' Chrome trace in this folder");
+  cmd->add_option("--trace", opts->trace_dir,
+                  "drafter_step, target_forward: save the profiled runs' Chrome trace in this folder");
+  cmd->add_option("--docs", opts->docs,
+                  "target_forward: documents a row, of equal lengths (its graphs, eager and mask lines)")
+    ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
   cmd->callback([opts, &exit_code] {
     opts->git_commit = build::git_commit;

@@ -1,0 +1,172 @@
+// The target's packed-forward elementwise kernels (see target_fused.hpp for
+// the math, the rounding and the design).
+
+#include "gpu/kernels/target_fused.hpp"
+
+#include <algorithm>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "gpu/kernels/elem.cuh"
+
+namespace tandem::gpu::kernels {
+namespace {
+
+constexpr int warps_per_cta = 8;
+constexpr unsigned full_mask = 0xffffffffu;
+
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return elem<T>::widen(elem<T>::narrow(x));
+}
+
+/// N consecutive elements of T, loaded and stored in one access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) lanes {
+  T t[N];
+};
+
+/// A (token, head) row of h = EPL·LPR elements is held by LPR lanes (16 or
+/// 32), EPL elements a lane.  A warp takes one token: its cos/sin once into
+/// registers, then its H + K query and key heads, 32 / LPR at a time.
+template <typename T, int EPL, int LPR>
+__global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_norm_rope_args a) {
+  constexpr int rows_per_pass = 32 / LPR;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane % LPR;  // lane within the row
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
+  if (t >= a.tokens)  // a whole warp: no shuffle is left waiting
+    return;
+  const int h = a.head_dim;
+  const int per_token = a.heads + a.kv_heads;
+  float c[EPL], s[EPL];
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) {  // the composite casts cos/sin to T first
+    c[e] = round_to<T>(a.cos[t * h + sub * EPL + e]);
+    s[e] = round_to<T>(a.sin[t * h + sub * EPL + e]);
+  }
+  const bool low = sub < LPR / 2;
+  T* base = static_cast<T*>(a.qkv) + t * a.row_stride + sub * EPL;
+  for (int head0 = 0; head0 < per_token; head0 += rows_per_pass) {
+    const int head = head0 + lane / LPR;
+    const bool live = head < per_token;
+    T* x = base + static_cast<int64_t>(live ? head : 0) * h;
+    const T* w = static_cast<const T*>(head < a.heads ? a.q_norm : a.k_norm) + sub * EPL;
+    lanes<T, EPL> xv{}, wv{};
+    if (live) {
+      xv = *reinterpret_cast<const lanes<T, EPL>*>(x);
+      wv = *reinterpret_cast<const lanes<T, EPL>*>(w);
+    }
+    float v[EPL];
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      v[e] = elem<T>::widen(xv.t[e]);
+      ss += v[e] * v[e];
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1)
+      ss += __shfl_xor_sync(full_mask, ss, o);
+    // The composite: mean = sum · (1/h), + eps, rsqrt — in fp32; normalise,
+    // round to T, scale by the weight in T (rounded again: rms_norm's output).
+    const float rstd = rsqrtf(ss * (1.f / static_cast<float>(h)) + a.eps);
+#pragma unroll
+    for (int e = 0; e < EPL; ++e)
+      v[e] = round_to<T>(__fmul_rn(elem<T>::widen(wv.t[e]), round_to<T>(__fmul_rn(v[e], rstd))));
+    // RoPE, rotate_half: the partner of element i (distance h/2) is LPR/2 lanes away.
+    lanes<T, EPL> out;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+      const float partner = __shfl_xor_sync(full_mask, v[e], LPR / 2);
+      const float rot = low ? -partner : partner;
+      out.t[e] = elem<T>::narrow(__fadd_rn(round_to<T>(__fmul_rn(v[e], c[e])), round_to<T>(__fmul_rn(rot, s[e]))));
+    }
+    if (live)
+      *reinterpret_cast<lanes<T, EPL>*>(x) = out;
+  }
+}
+
+template <typename T>
+cudaError_t launch_qk(const qk_norm_rope_args& a, cudaStream_t stream) {
+  const int64_t ctas = (a.tokens + warps_per_cta - 1) / warps_per_cta;
+  if (ctas == 0)
+    return cudaSuccess;
+  if (ctas > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(ctas)), block(warps_per_cta * 32);
+  switch (a.head_dim) {
+  case 16: qk_norm_rope_kernel<T, 1, 16><<<grid, block, 0, stream>>>(a); break;
+  case 32: qk_norm_rope_kernel<T, 1, 32><<<grid, block, 0, stream>>>(a); break;
+  case 64: qk_norm_rope_kernel<T, 2, 32><<<grid, block, 0, stream>>>(a); break;
+  case 128: qk_norm_rope_kernel<T, 4, 32><<<grid, block, 0, stream>>>(a); break;
+  case 256: qk_norm_rope_kernel<T, 8, 32><<<grid, block, 0, stream>>>(a); break;
+  default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+__global__ void swiglu_rows_kernel(swiglu_rows_args a) {
+  constexpr int n = 8;  // one 16-byte chunk a thread
+  const int64_t chunks_per_row = a.inter / n;
+  const int64_t total = a.tokens * chunks_per_row;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < total;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = c / chunks_per_row, k = c % chunks_per_row;
+    const T* g = static_cast<const T*>(a.gu) + t * 2 * a.inter + k * n;
+    const auto gv = *reinterpret_cast<const lanes<T, n>*>(g);
+    const auto uv = *reinterpret_cast<const lanes<T, n>*>(g + a.inter);
+    lanes<T, n> o;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      // silu as ATen computes it in fp32, x / (1 + exp(−x)), times up; one rounding.
+      const float gf = elem<T>::widen(gv.t[e]), uf = elem<T>::widen(uv.t[e]);
+      o.t[e] = elem<T>::narrow(gf / (1.f + expf(-gf)) * uf);
+    }
+    *reinterpret_cast<lanes<T, n>*>(static_cast<T*>(a.out) + t * a.inter + k * n) = o;
+  }
+}
+
+template <typename T>
+cudaError_t launch_swiglu(const swiglu_rows_args& a, cudaStream_t stream) {
+  const int64_t total = a.tokens * (a.inter / 8);
+  if (total == 0)
+    return cudaSuccess;
+  const int threads = 256;
+  const int64_t ctas = std::min<int64_t>((total + threads - 1) / threads, 132 * 16);
+  swiglu_rows_kernel<T><<<static_cast<unsigned>(ctas), threads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+} // namespace
+
+const char* qk_norm_rope_unsupported(int head_dim) {
+  switch (head_dim) {
+  case 16: case 32: case 64: case 128: case 256: return nullptr;
+  default: return "head_dim is not 16, 32, 64, 128 or 256";
+  }
+}
+
+cudaError_t qk_norm_rope(const qk_norm_rope_args& a, cudaStream_t stream) {
+  if (a.tokens < 0 || a.heads <= 0 || a.kv_heads <= 0 || qk_norm_rope_unsupported(a.head_dim) != nullptr
+      || a.row_stride < static_cast<int64_t>(a.heads + 2 * a.kv_heads) * a.head_dim || a.qkv == nullptr
+      || a.q_norm == nullptr || a.k_norm == nullptr || a.cos == nullptr || a.sin == nullptr
+      || !aligned16(a.qkv) || (a.row_stride * 2) % 16 != 0 || (a.head_dim * 2) % 16 != 0)
+    return cudaErrorInvalidValue;
+  return a.dtype == fused_dtype::bf16 ? launch_qk<__nv_bfloat16>(a, stream) : launch_qk<__half>(a, stream);
+}
+
+cudaError_t swiglu_rows(const swiglu_rows_args& a, cudaStream_t stream) {
+  if (a.tokens < 0 || a.inter <= 0 || a.inter % 8 != 0 || a.gu == nullptr || a.out == nullptr
+      || !aligned16(a.gu) || !aligned16(a.out))
+    return cudaErrorInvalidValue;
+  return a.dtype == fused_dtype::bf16 ? launch_swiglu<__nv_bfloat16>(a, stream)
+                                      : launch_swiglu<__half>(a, stream);
+}
+
+} // namespace tandem::gpu::kernels

@@ -1,0 +1,127 @@
+// The target actor's forward over packed rows (qwen3.hpp, forward_packed).
+//
+// Per layer, on tokens flattened to [T = B·S, D]:
+//   h   = rms_norm(x)                                (fused kernel)
+//   qkv = h · [Wq; Wk; Wv]ᵀ                          (one GEMM)
+//   q/k norm + RoPE in place                         (kernels/target_fused.cu)
+//   a   = FlashAttention-2 varlen, causal per document, GQA
+//   x  += a · Woᵀ                                    (addmm_: the add in the GEMM's epilogue)
+//   h   = rms_norm(x)
+//   gu  = h · [Wg; Wu]ᵀ                              (one GEMM)
+//   x  += swiglu(gu) · Wdᵀ                           (kernel, then addmm_)
+// Why FlashAttention-2 (PyTorch's bundled aten::_flash_attention_forward):
+// its variable-length kernel takes the documents as cu_seqlens (no [S, S]
+// mask, no work on invisible pairs), reads the kv heads without expanding
+// them, and needs no host sync; gpu/dev/target_attention_probe.py timed it
+// against the mask path, SDPA's causal kernels and cuDNN (docs/bench.md).
+
+#include "gpu/models/qwen3.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "gpu/device/error.hpp"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "gpu/kernels/target_fused.hpp"
+#endif
+
+namespace tandem::gpu {
+
+std::string qwen3_target::packed_path() const {
+#ifndef TANDEM_HAVE_CUDA
+  return "mask (built without CUDA)";
+#else
+  if (const char* env = std::getenv("TANDEM_TARGET_PATH"); env != nullptr && std::string(env) == "mask")
+    return "mask (TANDEM_TARGET_PATH=mask)";
+  if (w_.layers.empty() || !w_.layers[0].qkv_proj.defined())
+    return "mask (projections not fused: not a CUDA bf16/fp16 target)";
+  const auto dev = w_.layers[0].qkv_proj.device();
+  if (at::cuda::getDeviceProperties(dev.index())->major < 8)
+    return "mask (FlashAttention-2 needs compute capability 8.0 or newer)";
+  if (const char* why = kernels::qk_norm_rope_unsupported(static_cast<int>(cfg_.head_dim)))
+    return std::string("mask (") + why + ")";
+  if (cfg_.intermediate_size % 8 != 0)
+    return "mask (intermediate_size is not a multiple of 8)";
+  if (cfg_.num_attention_heads % cfg_.num_key_value_heads != 0)
+    return "mask (query heads are not a multiple of kv heads)";
+  return "packed";
+#endif
+}
+
+qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at::Tensor& doc_lengths) const {
+  const auto b = input_ids.size(0), s = input_ids.size(1);
+#ifdef TANDEM_HAVE_CUDA
+  if (packed_path() == "packed") {
+    at::NoGradGuard no_grad;
+    const layer_dims d{cfg_.hidden_size, cfg_.intermediate_size, cfg_.num_attention_heads,
+                       cfg_.num_key_value_heads, cfg_.head_dim, cfg_.rms_norm_eps};
+    const int64_t t = b * s, hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    // Documents as FlashAttention's cu_seqlens over the flattened tokens:
+    // each row's lengths, then what they leave of S (the row's padding
+    // document), so row r starts at r·S.  Zero lengths are empty sequences.
+    auto lengths = doc_lengths.to(input_ids.device(), at::kLong);
+    auto tail = at::clamp_min(s - lengths.sum(1, /*keepdim=*/true), 0);
+    auto all = at::cat({lengths, tail}, 1).flatten();
+    auto cu = at::cat({at::zeros({1}, all.options()), all.cumsum(0)}).to(at::kInt);
+    const auto docs = make_doc_layout(lengths, s);
+    auto [cos, sin] = rope_tables(docs.position.reshape({t}), cfg_.head_dim, cfg_.rope_theta);
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+    const auto kdtype = w_.embed.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16
+                                                            : kernels::fused_dtype::bf16;
+    const auto deepest = *std::max_element(tap_ids_.begin(), tap_ids_.end());
+    const auto n_taps = static_cast<int64_t>(tap_ids_.size());
+    auto x = at::embedding(w_.embed, input_ids.reshape({t}));
+    auto taps = at::empty({t, n_taps * d.hidden}, x.options());  // each tap copied in as its layer ends
+    for (int64_t i = 0; i <= deepest; ++i) {
+      const auto& l = w_.layers[i];
+      auto qkv = at::mm(rms_norm(x, l.input_norm, d.eps), l.qkv_proj.t());  // [T, (H+2K)h]
+      kernels::qk_norm_rope_args a;
+      a.tokens = t;
+      a.heads = static_cast<int>(d.heads);
+      a.kv_heads = static_cast<int>(d.kv_heads);
+      a.head_dim = static_cast<int>(d.head_dim);
+      a.row_stride = qkv.stride(0);
+      a.eps = static_cast<float>(d.eps);
+      a.dtype = kdtype;
+      a.qkv = qkv.data_ptr();
+      a.q_norm = l.q_norm.data_ptr();
+      a.k_norm = l.k_norm.data_ptr();
+      a.cos = cos.data_ptr<float>();
+      a.sin = sin.data_ptr<float>();
+      if (auto e = kernels::qk_norm_rope(a, stream); e != cudaSuccess)
+        throw error(errc::device_failure, std::string("target q/k norm + rope: ") + cudaGetErrorString(e));
+      auto q = qkv.narrow(1, 0, hh).unflatten(1, {d.heads, d.head_dim});
+      auto k = qkv.narrow(1, hh, kh).unflatten(1, {d.kv_heads, d.head_dim});
+      auto v = qkv.narrow(1, hh + kh, kh).unflatten(1, {d.kv_heads, d.head_dim});
+      auto attn = std::get<0>(at::_flash_attention_forward(q, k, v, cu, cu, s, s, 0.0, /*is_causal=*/true,
+                                                           /*return_debug_mask=*/false, scale));
+      x.addmm_(attn.reshape({t, hh}), l.o_proj.t());  // in place: no copy of x for beta = 1
+      auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());  // [T, 2I]
+      auto act = at::empty({t, d.intermediate}, gu.options());
+      kernels::swiglu_rows_args g;
+      g.tokens = t;
+      g.inter = d.intermediate;
+      g.dtype = kdtype;
+      g.gu = gu.data_ptr();
+      g.out = act.data_ptr();
+      if (auto e = kernels::swiglu_rows(g, stream); e != cudaSuccess)
+        throw error(errc::device_failure, std::string("target swiglu: ") + cudaGetErrorString(e));
+      x.addmm_(act, l.down_proj.t());
+      for (int64_t k2 = 0; k2 < n_taps; ++k2)
+        if (tap_ids_[k2] == i)
+          taps.narrow(1, k2 * d.hidden, d.hidden).copy_(tap_of(x, i));  // x changes in place after
+    }
+    qwen3_output out;
+    out.taps = taps.view({b, s, n_taps * d.hidden});
+    return out;
+  }
+#endif
+  return forward(input_ids, make_doc_layout(doc_lengths, s));
+}
+
+} // namespace tandem::gpu
