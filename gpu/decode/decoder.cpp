@@ -9,6 +9,7 @@
 #include "gpu/engine/graph.hpp"
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/decode_attention.hpp"
+#include "gpu/kernels/target_fused.hpp"
 #endif
 
 namespace tandem::gpu {
@@ -222,12 +223,55 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
                      c.num_key_value_heads, c.head_dim, c.rms_norm_eps};
   auto x = at::embedding(w.embed, ids);
   std::vector<at::Tensor> taps(taps_at.size());
+  // The fused path: the kernel's decode on a target whose projections are
+  // fused (a CUDA bf16/fp16 target, qwen3.cpp) and shapes the kernels take.
+  bool fused = false;
+  at::Tensor cos_flat, sin_flat;
+#ifdef TANDEM_HAVE_CUDA
+  fused = kernel && !w.layers.empty() && w.layers[0].qkv_proj.defined() && c.intermediate_size % 8 == 0
+          && kernels::qk_norm_rope_unsupported(static_cast<int>(c.head_dim)) == nullptr;
+  if (fused) {
+    cos_flat = cos.reshape({b * t, c.head_dim}).contiguous();
+    sin_flat = sin.reshape({b * t, c.head_dim}).contiguous();
+  }
+#endif
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const auto& l = w.layers[i];
     auto h = rms_norm(x, l.input_norm, d.eps);
-    auto q = project_q(h, l, d, cos, sin);
-    write_cache(cache_.k[i], project_k(h, l, d, cos, sin), pos);
-    write_cache(cache_.v[i], project_v(h, l, d), pos);
+    at::Tensor q;
+    if (fused) {
+#ifdef TANDEM_HAVE_CUDA
+      // The target's fused layout (qwen3_packed.cpp): one GEMM for q, k and
+      // v, q/k norm + RoPE in one kernel, in place.
+      const int64_t hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
+      auto qkv = at::mm(h.reshape({b * t, d.hidden}), l.qkv_proj.t());
+      kernels::qk_norm_rope_args a;
+      a.tokens = b * t;
+      a.heads = static_cast<int>(d.heads);
+      a.kv_heads = static_cast<int>(d.kv_heads);
+      a.head_dim = static_cast<int>(d.head_dim);
+      a.row_stride = qkv.stride(0);
+      a.eps = static_cast<float>(d.eps);
+      a.dtype = qkv.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
+      a.qkv = qkv.data_ptr();
+      a.q_norm = l.q_norm.data_ptr();
+      a.k_norm = l.k_norm.data_ptr();
+      a.cos = cos_flat.data_ptr<float>();
+      a.sin = sin_flat.data_ptr<float>();
+      if (auto e = kernels::qk_norm_rope(a, at::cuda::getCurrentCUDAStream()); e != cudaSuccess)
+        throw error(errc::device_failure, std::string("target decoder: q/k norm + rope: ") + cudaGetErrorString(e));
+      auto split = [&](int64_t first, int64_t width, int64_t heads) {
+        return qkv.narrow(1, first, width).view({b, t, heads, d.head_dim}).transpose(1, 2);  // [B, heads, T, h]
+      };
+      q = split(0, hh, d.heads);
+      write_cache(cache_.k[i], split(hh, kh, d.kv_heads), pos);
+      write_cache(cache_.v[i], split(hh + kh, kh, d.kv_heads), pos);
+#endif
+    } else {
+      q = project_q(h, l, d, cos, sin);
+      write_cache(cache_.k[i], project_k(h, l, d, cos, sin), pos);
+      write_cache(cache_.v[i], project_v(h, l, d), pos);
+    }
     at::Tensor attn;
     if (kernel) {
 #ifdef TANDEM_HAVE_CUDA
@@ -259,8 +303,26 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
       auto k = cache_.k[i].narrow(2, 0, hi), v = cache_.v[i].narrow(2, 0, hi);
       attn = masked_attention(q, k, v, visible, d.head_dim);
     }
-    x = x + at::linear(attn, l.o_proj);
-    x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+    if (fused) {
+#ifdef TANDEM_HAVE_CUDA
+      // Residual adds in the GEMMs' epilogues; out of place (a tap may be x itself).
+      x = at::addmm(x.reshape({b * t, d.hidden}), attn.reshape({b * t, d.heads * d.head_dim}), l.o_proj.t());
+      auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());
+      auto act = at::empty({b * t, d.intermediate}, gu.options());
+      kernels::swiglu_rows_args g;
+      g.tokens = b * t;
+      g.inter = d.intermediate;
+      g.dtype = gu.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
+      g.gu = gu.data_ptr();
+      g.out = act.data_ptr();
+      if (auto e = kernels::swiglu_rows(g, at::cuda::getCurrentCUDAStream()); e != cudaSuccess)
+        throw error(errc::device_failure, std::string("target decoder: swiglu: ") + cudaGetErrorString(e));
+      x = at::addmm(x, act, l.down_proj.t()).view({b, t, d.hidden});
+#endif
+    } else {
+      x = x + at::linear(attn, l.o_proj);
+      x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+    }
     if (want_taps)
       for (size_t j = 0; j < taps_at.size(); ++j)
         if (taps_at[j] == static_cast<int64_t>(i))

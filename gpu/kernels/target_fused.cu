@@ -48,16 +48,22 @@ __global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_nor
   }
   const bool low = sub < LPR / 2;
   T* base = static_cast<T*>(a.qkv) + t * a.row_stride + sub * EPL;
+  const T* qw = static_cast<const T*>(a.q_norm) + sub * EPL;
+  const T* kw = static_cast<const T*>(a.k_norm) + sub * EPL;
+  // The next pass's row is loaded before this pass's shuffles (one row in
+  // flight behind the arithmetic: the loads are the latency).
+  auto load = [&](int head, lanes<T, EPL>& xv) {
+    if (head < per_token)
+      xv = *reinterpret_cast<const lanes<T, EPL>*>(base + static_cast<int64_t>(head) * h);
+  };
+  lanes<T, EPL> next{};
+  load(lane / LPR, next);
   for (int head0 = 0; head0 < per_token; head0 += rows_per_pass) {
     const int head = head0 + lane / LPR;
     const bool live = head < per_token;
-    T* x = base + static_cast<int64_t>(live ? head : 0) * h;
-    const T* w = static_cast<const T*>(head < a.heads ? a.q_norm : a.k_norm) + sub * EPL;
-    lanes<T, EPL> xv{}, wv{};
-    if (live) {
-      xv = *reinterpret_cast<const lanes<T, EPL>*>(x);
-      wv = *reinterpret_cast<const lanes<T, EPL>*>(w);
-    }
+    const lanes<T, EPL> xv = next;
+    load(head + rows_per_pass, next);
+    const auto wv = *reinterpret_cast<const lanes<T, EPL>*>(head < a.heads ? qw : kw);
     float v[EPL];
     float ss = 0.f;
 #pragma unroll
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_nor
       out.t[e] = elem<T>::narrow(__fadd_rn(round_to<T>(__fmul_rn(v[e], c[e])), round_to<T>(__fmul_rn(rot, s[e]))));
     }
     if (live)
-      *reinterpret_cast<lanes<T, EPL>*>(x) = out;
+      *reinterpret_cast<lanes<T, EPL>*>(base + static_cast<int64_t>(head) * h) = out;
   }
 }
 
