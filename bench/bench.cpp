@@ -278,6 +278,9 @@ void bench_target_forward(const bench_options& o, const at::Device& dev, const s
     auto j = base_line("target_forward", o, dev, size);
     j["variant"] = variant;
     j["path"] = path;
+    // SDPA's cuDNN backend (the mask and causal_sdpa lines may use it): on
+    // unless an engine of this process turned it off (engine_device).
+    j["cudnn_sdpa"] = at::globalContext().userEnabledCuDNNSDP();
     j["shapes"] = {{"batch", s.batch}, {"seq", s.seq}, {"hidden", s.target.hidden_size},
                    {"layers_run", run_layers}, {"layers", s.target.num_hidden_layers},
                    {"taps", taps}, {"docs_per_row", n_docs}, {"dtype", c10::toString(dtype)}};

@@ -59,7 +59,7 @@ at::Tensor target_forward_runner::taps(const at::Tensor& ids, const at::Tensor& 
     at::cuda::CUDAEvent before, after;
     before.record(current);
     before.block(g->step.stream());
-    {
+    try {
       c10::cuda::CUDAStreamGuard on(g->step.stream());
       g->ids.copy_(ids, true);
       g->lengths.copy_(doc_lengths, true);
@@ -70,6 +70,13 @@ at::Tensor target_forward_runner::taps(const at::Tensor& ids, const at::Tensor& 
       g->step.replay();
       ++replays_;
       after.record(g->step.stream());
+    } catch (...) {
+      // The caller's stream still waits for the copies from its tensors, and
+      // a graph that failed to capture is not kept (the next batch tries anew).
+      after.record(g->step.stream());
+      after.block(current);
+      graphs_by_shape_.erase({ids.size(0), ids.size(1), doc_lengths.size(1)});
+      throw;
     }
     after.block(current);
     return g->taps.clone();  // the next replay overwrites the graph's output

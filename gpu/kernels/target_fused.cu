@@ -162,7 +162,8 @@ cudaError_t qk_norm_rope(const qk_norm_rope_args& a, cudaStream_t stream) {
   if (a.tokens < 0 || a.heads <= 0 || a.kv_heads <= 0 || qk_norm_rope_unsupported(a.head_dim) != nullptr
       || a.row_stride < static_cast<int64_t>(a.heads + 2 * a.kv_heads) * a.head_dim || a.qkv == nullptr
       || a.q_norm == nullptr || a.k_norm == nullptr || a.cos == nullptr || a.sin == nullptr
-      || !aligned16(a.qkv) || (a.row_stride * 2) % 16 != 0 || (a.head_dim * 2) % 16 != 0)
+      || !aligned16(a.qkv) || (a.row_stride * 2) % 16 != 0 || (a.head_dim * 2) % 16 != 0
+      || !aligned16(a.q_norm) || !aligned16(a.k_norm))
     return cudaErrorInvalidValue;
   return a.dtype == fused_dtype::bf16 ? launch_qk<__nv_bfloat16>(a, stream) : launch_qk<__half>(a, stream);
 }

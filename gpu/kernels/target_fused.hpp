@@ -36,8 +36,8 @@ struct qk_norm_rope_args {
   float eps = 1e-6f;
   fused_dtype dtype = fused_dtype::bf16;
   void* qkv = nullptr;                        ///< [T, row_stride], rows 16-byte aligned
-  const void* q_norm = nullptr;               ///< [h], qkv's dtype
-  const void* k_norm = nullptr;               ///< [h]
+  const void* q_norm = nullptr;               ///< [h], qkv's dtype, 16-byte aligned
+  const void* k_norm = nullptr;               ///< [h], 16-byte aligned
   const float* cos = nullptr;                 ///< [T, h] contiguous fp32 (rope_tables)
   const float* sin = nullptr;                 ///< [T, h]
 };

@@ -147,7 +147,7 @@ at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
 
 doc_layout make_doc_layout(const at::Tensor& doc_lengths, int64_t seq_len) {
   TORCH_CHECK(doc_lengths.dim() == 2, "doc_lengths must be [B, K]");
-  auto lengths = doc_lengths.to(at::kLong);
+  auto lengths = doc_lengths.to(at::kLong).clamp_min(0);
   const auto batch = lengths.size(0);
   auto used = lengths.sum(1, /*keepdim=*/true);                        // [B, 1]
   auto tail = at::clamp_min(seq_len - used, 0);                        // padding document

@@ -57,11 +57,19 @@ qwen3_target::qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<
   // On a GPU the packed forward reads one [q; k; v] and one [gate; up]
   // matrix a layer; the separate projections become row views of them
   // (common.hpp), so every other path reads the same memory.  One layer at
-  // a time: the peak grows by one layer's projections, not the model's.
+  // a time: the allocated peak grows by one layer's projections.
+  bool fused_any = false;
   for (auto& l : w_.layers) {
-    if (l.qkv_proj.defined() || !l.q_proj.is_cuda()
-        || (l.q_proj.scalar_type() != at::kBFloat16 && l.q_proj.scalar_type() != at::kHalf))
+    // Already fused (the views still alias their fused tensors): kept.  A
+    // copy whose views were moved or cast on their own drops its stale
+    // fused tensors and is fused again.
+    if (l.qkv_proj.defined() && l.q_proj.is_alias_of(l.qkv_proj) && l.gate_proj.is_alias_of(l.gate_up_proj))
       continue;
+    l.qkv_proj = at::Tensor();
+    l.gate_up_proj = at::Tensor();
+    if (!l.q_proj.is_cuda() || (l.q_proj.scalar_type() != at::kBFloat16 && l.q_proj.scalar_type() != at::kHalf))
+      continue;
+    fused_any = true;
     const auto nq = l.q_proj.size(0), nk = l.k_proj.size(0), ni = l.gate_proj.size(0);
     l.qkv_proj = at::cat({l.q_proj, l.k_proj, l.v_proj}, 0);
     l.q_proj = l.qkv_proj.narrow(0, 0, nq);
@@ -71,6 +79,14 @@ qwen3_target::qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<
     l.gate_proj = l.gate_up_proj.narrow(0, 0, ni);
     l.up_proj = l.gate_up_proj.narrow(0, ni, ni);
   }
+#ifdef TANDEM_HAVE_CUDA
+  // The separate blocks freed above cannot serve the fused sizes: hand them
+  // back rather than keep ~0.2 GB a layer reserved (8B) until an OOM retry.
+  if (fused_any)
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)fused_any;
+#endif
 }
 
 qwen3_target qwen3_target::load(const std::filesystem::path& dir, at::Device device,

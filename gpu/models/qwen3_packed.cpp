@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "gpu/device/error.hpp"
@@ -42,6 +43,10 @@ std::string qwen3_target::packed_path() const {
     return "mask (FlashAttention-2 needs compute capability 8.0 or newer)";
   if (const char* why = kernels::qk_norm_rope_unsupported(static_cast<int>(cfg_.head_dim)))
     return std::string("mask (") + why + ")";
+  for (const auto& l : w_.layers)
+    if (reinterpret_cast<uintptr_t>(l.q_norm.data_ptr()) % 16 != 0
+        || reinterpret_cast<uintptr_t>(l.k_norm.data_ptr()) % 16 != 0)
+      return "mask (a q_norm or k_norm weight is not 16-byte aligned)";
   if (cfg_.intermediate_size % 8 != 0)
     return "mask (intermediate_size is not a multiple of 8)";
   if (cfg_.num_attention_heads % cfg_.num_key_value_heads != 0)
@@ -55,17 +60,21 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
 #ifdef TANDEM_HAVE_CUDA
   if (packed_path() == "packed") {
     at::NoGradGuard no_grad;
+    c10::cuda::CUDAGuard on_device(input_ids.device());  // the raw kernels launch on the current device's stream
     const layer_dims d{cfg_.hidden_size, cfg_.intermediate_size, cfg_.num_attention_heads,
                        cfg_.num_key_value_heads, cfg_.head_dim, cfg_.rms_norm_eps};
     const int64_t t = b * s, hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
-    const auto stream = at::cuda::getCurrentCUDAStream();
+    const auto stream = at::cuda::getCurrentCUDAStream(input_ids.device().index());
     // Documents as FlashAttention's cu_seqlens over the flattened tokens:
     // each row's lengths, then what they leave of S (the row's padding
     // document), so row r starts at r·S.  Zero lengths are empty sequences.
-    auto lengths = doc_lengths.to(input_ids.device(), at::kLong);
-    auto tail = at::clamp_min(s - lengths.sum(1, /*keepdim=*/true), 0);
-    auto all = at::cat({lengths, tail}, 1).flatten();
-    auto cu = at::cat({at::zeros({1}, all.options()), all.cumsum(0)}).to(at::kInt);
+    // Lengths that overrun S are cut at S, as make_doc_layout cuts them (the
+    // RoPE positions below come from it): FlashAttention trusts cu_seqlens,
+    // so no sequence may leave its row.
+    auto lengths = doc_lengths.to(input_ids.device(), at::kLong).clamp_min(0);
+    auto ends = at::cat({lengths, at::full({b, 1}, s, lengths.options())}, 1).cumsum(1).clamp_max(s);
+    auto row0 = at::arange(b, lengths.options()).unsqueeze(1) * s;
+    auto cu = at::cat({at::zeros({1}, lengths.options()), (ends + row0).flatten()}).to(at::kInt);
     const auto docs = make_doc_layout(lengths, s);
     auto [cos, sin] = rope_tables(docs.position.reshape({t}), cfg_.head_dim, cfg_.rope_theta);
     cos = cos.contiguous();

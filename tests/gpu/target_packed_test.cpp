@@ -3,6 +3,7 @@
 // - the same weights in fp32 through the dense-mask path (composite norms
 //   and RoPE, SDPA over a [B, 1, S, S] document mask) — within bf16's error,
 //   and no further from it than the bf16 mask path it replaces;
+// - lengths past a row's end cut as the mask path cuts them;
 // - documents isolated: changing one document's tokens changes no other
 //   document's taps, bit for bit;
 // - graphs replay the eager packed forward bit for bit, for new inputs too;
@@ -117,6 +118,12 @@ TEST(target_packed, matches_the_fp32_mask_path_and_keeps_documents_apart) {
                 static_cast<long long>(head_dim), err, err_old);
     EXPECT_LT(err, 1.5e-2);
     EXPECT_LT(err, 1.5 * err_old + 1e-3);
+
+    // Lengths past S (and a negative one) are cut as make_doc_layout cuts
+    // them: the same documents as the mask path, nothing read past a row.
+    auto over = at::tensor({200, 100, 0, 0, -5, 256, 7, 0, 250, 250, 0, 0}, at::kLong).view({3, 4}).to(dev);
+    const auto want_over = ref.forward(ids, make_doc_layout(over, s)).taps;
+    EXPECT_LT(rel_err(eager.taps(ids, over), want_over), 1.5e-2);
 
     // Graphs: bit for bit the eager packed forward, and again for new inputs
     // (a stale static buffer would replay the first batch).

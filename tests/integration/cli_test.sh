@@ -61,7 +61,9 @@ echo "ok: doctor"
 import json, sys
 lines = [json.loads(l) for l in sys.stdin if l.strip()]
 names = sorted(l["case"] for l in lines)
-assert names == ["drafter_step_eager", "target_forward"], names
+assert names == ["drafter_step_eager"] + ["target_forward"] * 5, names
+variants = sorted(l["variant"] for l in lines if l["case"] == "target_forward")
+assert variants == ["causal_sdpa", "eager", "graphs", "graphs_1doc", "mask"], variants
 for l in lines:
     assert l["schema"] == 1 and l["median_ms"] > 0 and l["tflop"] > 0 and 0 < l["mfu"] < 1, l
 print("ok: bench", [(l["case"], round(l["median_ms"], 1)) for l in lines])' || fail "bench"
