@@ -968,26 +968,11 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       j["size"] = size;
       j["dataset"] = o.dataset.empty() ? "synthetic" : o.dataset;
     } else if (c == "target_forward") {
-      bench_target_forward(o, dev, size, dtype, emit);
-#ifdef TANDEM_HAVE_CUDA
-      if (dev.is_cuda())
-        c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-      continue;
+      bench_target_forward(o, dev, size, dtype, emit);  // emits its own lines
     } else if (c == "drafter_step") {
-      bench_drafter_engine_step(o, dev, size, dtype, emit);
-#ifdef TANDEM_HAVE_CUDA
-      if (dev.is_cuda())
-        c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-      continue;
+      bench_drafter_engine_step(o, dev, size, dtype, emit);  // emits its own lines
     } else if (c == "target_decode") {
-      bench_target_decode(o, dev, size, dtype, emit);
-#ifdef TANDEM_HAVE_CUDA
-      if (dev.is_cuda())
-        c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-      continue;
+      bench_target_decode(o, dev, size, dtype, emit);  // emits its own lines
     } else if (c == "dflash_attention") {
       at::AutoGradMode grad(true);
       j = bench_dflash_attention(o, dev, size, dtype);
@@ -995,7 +980,8 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
       at::AutoGradMode grad(true);
       j = bench_drafter_step(o, dev, size, dtype);
     }
-    emit(j.dump());
+    if (!j.is_null())
+      emit(j.dump());
 #ifdef TANDEM_HAVE_CUDA
     if (dev.is_cuda())
       c10::cuda::CUDACachingAllocator::emptyCache();

@@ -7,6 +7,7 @@
 
 #include "gpu/device/error.hpp"
 #include "gpu/engine/graph.hpp"
+#include "gpu/models/fused_ops.hpp"
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/decode_attention.hpp"
 #include "gpu/kernels/target_fused.hpp"
@@ -245,21 +246,7 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
       // v, q/k norm + RoPE in one kernel, in place.
       const int64_t hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
       auto qkv = at::mm(h.reshape({b * t, d.hidden}), l.qkv_proj.t());
-      kernels::qk_norm_rope_args a;
-      a.tokens = b * t;
-      a.heads = static_cast<int>(d.heads);
-      a.kv_heads = static_cast<int>(d.kv_heads);
-      a.head_dim = static_cast<int>(d.head_dim);
-      a.row_stride = qkv.stride(0);
-      a.eps = static_cast<float>(d.eps);
-      a.dtype = qkv.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
-      a.qkv = qkv.data_ptr();
-      a.q_norm = l.q_norm.data_ptr();
-      a.k_norm = l.k_norm.data_ptr();
-      a.cos = cos_flat.data_ptr<float>();
-      a.sin = sin_flat.data_ptr<float>();
-      if (auto e = kernels::qk_norm_rope(a, at::cuda::getCurrentCUDAStream()); e != cudaSuccess)
-        throw error(errc::device_failure, std::string("target decoder: q/k norm + rope: ") + cudaGetErrorString(e));
+      qk_norm_rope_inplace(qkv, l.q_norm, l.k_norm, d.heads, d.kv_heads, d.head_dim, d.eps, cos_flat, sin_flat);
       auto split = [&](int64_t first, int64_t width, int64_t heads) {
         return qkv.narrow(1, first, width).view({b, t, heads, d.head_dim}).transpose(1, 2);  // [B, heads, T, h]
       };
@@ -308,15 +295,7 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
       // Residual adds in the GEMMs' epilogues; out of place (a tap may be x itself).
       x = at::addmm(x.reshape({b * t, d.hidden}), attn.reshape({b * t, d.heads * d.head_dim}), l.o_proj.t());
       auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());
-      auto act = at::empty({b * t, d.intermediate}, gu.options());
-      kernels::swiglu_rows_args g;
-      g.tokens = b * t;
-      g.inter = d.intermediate;
-      g.dtype = gu.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
-      g.gu = gu.data_ptr();
-      g.out = act.data_ptr();
-      if (auto e = kernels::swiglu_rows(g, at::cuda::getCurrentCUDAStream()); e != cudaSuccess)
-        throw error(errc::device_failure, std::string("target decoder: swiglu: ") + cudaGetErrorString(e));
+      auto act = swiglu_rows(gu);
       x = at::addmm(x, act, l.down_proj.t()).view({b, t, d.hidden});
 #endif
     } else {

@@ -7,6 +7,7 @@
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/norm_rope.hpp"
 #include "gpu/kernels/swiglu.hpp"
+#include "gpu/kernels/target_fused.hpp"
 #endif
 
 namespace tandem::gpu {
@@ -386,6 +387,50 @@ at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at
   }
 #endif
   return apply_rope_composite(x, cos, sin);
+}
+
+void qk_norm_rope_inplace(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+                          const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef TANDEM_HAVE_CUDA
+  c10::cuda::CUDAGuard guard(qkv.device());
+  kernels::qk_norm_rope_args a;
+  a.tokens = qkv.size(0);
+  a.heads = static_cast<int>(heads);
+  a.kv_heads = static_cast<int>(kv_heads);
+  a.head_dim = static_cast<int>(head_dim);
+  a.row_stride = qkv.stride(0);
+  a.eps = static_cast<float>(eps);
+  a.dtype = qkv.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
+  a.qkv = qkv.data_ptr();
+  a.q_norm = q_norm.data_ptr();
+  a.k_norm = k_norm.data_ptr();
+  a.cos = cos.data_ptr<float>();
+  a.sin = sin.data_ptr<float>();
+  check_launch(kernels::qk_norm_rope(a, at::cuda::getCurrentCUDAStream()), "q/k norm + rope");
+#else
+  (void)qkv, (void)q_norm, (void)k_norm, (void)heads, (void)kv_heads, (void)head_dim, (void)eps, (void)cos, (void)sin;
+  throw error(errc::device_failure, "q/k norm + rope: built without CUDA");
+#endif
+}
+
+at::Tensor swiglu_rows(const at::Tensor& gu) {
+#ifdef TANDEM_HAVE_CUDA
+  c10::cuda::CUDAGuard guard(gu.device());
+  const auto inter = gu.size(1) / 2;
+  auto out = at::empty({gu.size(0), inter}, gu.options());
+  kernels::swiglu_rows_args a;
+  a.tokens = gu.size(0);
+  a.inter = inter;
+  a.dtype = gu.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16 : kernels::fused_dtype::bf16;
+  a.gu = gu.data_ptr();
+  a.out = out.data_ptr();
+  check_launch(kernels::swiglu_rows(a, at::cuda::getCurrentCUDAStream()), "swiglu rows");
+  return out;
+#else
+  (void)gu;
+  throw error(errc::device_failure, "swiglu rows: built without CUDA");
+#endif
 }
 
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {

@@ -47,6 +47,17 @@ at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at
 /// sigmoid (the composite's autograd also keeps silu(gate)).
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+/// The target's fused-layout kernels (gpu/kernels/target_fused.cu), inference
+/// only, CUDA bf16/fp16 (callers check the layout first: qwen3_target::
+/// packed_path, the decoder's fused test); both launch on `qkv`'s / `gu`'s
+/// device.  qk_norm_rope_inplace: on qkv [T, (H+2K)·h] (q heads, k heads,
+/// v heads a row), each q and k head RMS-normalised by q_norm / k_norm and
+/// rotated by cos/sin [T, h] (fp32, contiguous), in place; v untouched.
+void qk_norm_rope_inplace(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+                          const at::Tensor& cos, const at::Tensor& sin);
+/// silu(gate) · up over gu [T, 2I] (gate columns, then up) → [T, I].
+at::Tensor swiglu_rows(const at::Tensor& gu);
 /// The composites (the code the kernels replace; CPU path and reference).
 at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor apply_rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

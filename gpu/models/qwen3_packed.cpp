@@ -23,6 +23,7 @@
 #include <cstdlib>
 
 #include "gpu/device/error.hpp"
+#include "gpu/models/fused_ops.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu/kernels/target_fused.hpp"
@@ -60,11 +61,9 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
 #ifdef TANDEM_HAVE_CUDA
   if (packed_path() == "packed") {
     at::NoGradGuard no_grad;
-    c10::cuda::CUDAGuard on_device(input_ids.device());  // the raw kernels launch on the current device's stream
     const layer_dims d{cfg_.hidden_size, cfg_.intermediate_size, cfg_.num_attention_heads,
                        cfg_.num_key_value_heads, cfg_.head_dim, cfg_.rms_norm_eps};
     const int64_t t = b * s, hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
-    const auto stream = at::cuda::getCurrentCUDAStream(input_ids.device().index());
     // Documents as FlashAttention's cu_seqlens over the flattened tokens:
     // each row's lengths, then what they leave of S (the row's padding
     // document), so row r starts at r·S.  Zero lengths are empty sequences.
@@ -80,8 +79,6 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
     cos = cos.contiguous();
     sin = sin.contiguous();
     const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
-    const auto kdtype = w_.embed.scalar_type() == at::kHalf ? kernels::fused_dtype::fp16
-                                                            : kernels::fused_dtype::bf16;
     const auto deepest = *std::max_element(tap_ids_.begin(), tap_ids_.end());
     const auto n_taps = static_cast<int64_t>(tap_ids_.size());
     auto x = at::embedding(w_.embed, input_ids.reshape({t}));
@@ -89,21 +86,7 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
     for (int64_t i = 0; i <= deepest; ++i) {
       const auto& l = w_.layers[i];
       auto qkv = at::mm(rms_norm(x, l.input_norm, d.eps), l.qkv_proj.t());  // [T, (H+2K)h]
-      kernels::qk_norm_rope_args a;
-      a.tokens = t;
-      a.heads = static_cast<int>(d.heads);
-      a.kv_heads = static_cast<int>(d.kv_heads);
-      a.head_dim = static_cast<int>(d.head_dim);
-      a.row_stride = qkv.stride(0);
-      a.eps = static_cast<float>(d.eps);
-      a.dtype = kdtype;
-      a.qkv = qkv.data_ptr();
-      a.q_norm = l.q_norm.data_ptr();
-      a.k_norm = l.k_norm.data_ptr();
-      a.cos = cos.data_ptr<float>();
-      a.sin = sin.data_ptr<float>();
-      if (auto e = kernels::qk_norm_rope(a, stream); e != cudaSuccess)
-        throw error(errc::device_failure, std::string("target q/k norm + rope: ") + cudaGetErrorString(e));
+      qk_norm_rope_inplace(qkv, l.q_norm, l.k_norm, d.heads, d.kv_heads, d.head_dim, d.eps, cos, sin);
       auto q = qkv.narrow(1, 0, hh).unflatten(1, {d.heads, d.head_dim});
       auto k = qkv.narrow(1, hh, kh).unflatten(1, {d.kv_heads, d.head_dim});
       auto v = qkv.narrow(1, hh + kh, kh).unflatten(1, {d.kv_heads, d.head_dim});
@@ -111,15 +94,7 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
                                                            /*return_debug_mask=*/false, scale));
       x.addmm_(attn.reshape({t, hh}), l.o_proj.t());  // in place: no copy of x for beta = 1
       auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());  // [T, 2I]
-      auto act = at::empty({t, d.intermediate}, gu.options());
-      kernels::swiglu_rows_args g;
-      g.tokens = t;
-      g.inter = d.intermediate;
-      g.dtype = kdtype;
-      g.gu = gu.data_ptr();
-      g.out = act.data_ptr();
-      if (auto e = kernels::swiglu_rows(g, stream); e != cudaSuccess)
-        throw error(errc::device_failure, std::string("target swiglu: ") + cudaGetErrorString(e));
+      auto act = swiglu_rows(gu);
       x.addmm_(act, l.down_proj.t());
       for (int64_t k2 = 0; k2 < n_taps; ++k2)
         if (tap_ids_[k2] == i)
