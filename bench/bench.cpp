@@ -375,8 +375,7 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
     // dflash_objective, split at its phases.
     auto h = dflash_forward(w, cfg, b.inputs);  // [B, Q, D]
     clock.mark();
-    auto ce = chunked_cross_entropy(h.reshape({-1, d}), head, b.labels.reshape({-1}),
-                                    b.loss_weight.reshape({-1}), b.mask.reshape({-1}), oo.chunk_rows);
+    auto ce = scored_cross_entropy(h, head, b, oo);
     auto loss = ce.weighted_ce / (b.loss_weight.sum() + 1e-6);
     clock.mark();
     loss.backward();

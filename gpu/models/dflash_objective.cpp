@@ -245,21 +245,33 @@ chunked_ce_result chunked_cross_entropy(const at::Tensor& hidden, const at::Tens
   return {out[0], out[1].sum(), out[1]};
 }
 
+chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
+                                       const block_batch& batch, const objective_options& opts) {
+  const auto bs = opts.block_size;
+  const auto d = hidden.size(-1);
+  TORCH_CHECK(bs >= 2 && hidden.dim() == 3 && hidden.size(1) % bs == 0, "scored_cross_entropy: block size ",
+              bs, " does not divide the ", hidden.size(1), " block positions (or is below 2)");
+  // Position 0 of every block is the anchor's own token: never scored (its
+  // mask is 0), so its rows skip the lm-head, which is ~1/Bs of the step's
+  // two largest GEMMs.  Rows go block by block, positions 1 … Bs−1.
+  auto scored_rows = [bs](const at::Tensor& t) { return t.reshape({-1, bs}).narrow(1, 1, bs - 1).reshape({-1}); };
+  return chunked_cross_entropy(hidden.reshape({-1, bs, d}).narrow(1, 1, bs - 1).reshape({-1, d}), head,
+                               scored_rows(batch.labels), scored_rows(batch.loss_weight),
+                               scored_rows(batch.mask), opts.chunk_rows);
+}
+
 objective_output dflash_objective(const dflash_weights& w, const dflash_config& cfg,
                                   const block_batch& batch, const at::Tensor& lm_head,
                                   const objective_options& opts) {
   auto hidden = dflash_forward(w, cfg, batch.inputs);                       // [B, Q, D]
-  const auto d = hidden.size(2);
-  auto ce = chunked_cross_entropy(hidden.reshape({-1, d}), lm_head, batch.labels.reshape({-1}),
-                                  batch.loss_weight.reshape({-1}), batch.mask.reshape({-1}),
-                                  opts.chunk_rows);
+  auto ce = scored_cross_entropy(hidden, lm_head, batch, opts);
+  const auto bs = opts.block_size;
   objective_output out;
   out.scored = batch.mask.sum();
   out.loss = ce.weighted_ce / (batch.loss_weight.sum() + 1e-6);
   out.accuracy = ce.hits / at::clamp_min(out.scored, 1.0);
   // Simulated acceptance: blocks [B, N, Bs]; positions 1 … Bs−1 are scored.
-  const auto bs = opts.block_size;
-  auto hit = ce.row_hits.view({-1, bs}).narrow(1, 1, bs - 1);                // [B·N, Bs−1]
+  auto hit = ce.row_hits.view({-1, bs - 1});                                 // [B·N, Bs−1]
   auto run = hit.cumprod(1).sum(1);                                          // leading hits
   auto scored_block = (batch.mask.reshape({-1, bs}).narrow(1, 1, bs - 1).sum(1) > 0).to(at::kFloat);
   out.sim_accept = ((1.0 + run) * scored_block).sum() / at::clamp_min(scored_block.sum(), 1.0);

@@ -68,6 +68,13 @@ struct objective_options {
 /// interpolated as Bs/2 − 1, at least 1).
 double default_gamma(int64_t block_size);
 
+/// chunked_cross_entropy over the rows that can be scored: positions
+/// 1 … Bs − 1 of every block of `hidden` [B, N·Bs, D] (position 0 is the
+/// anchor's own token, never scored).  `row_hits` is [B·N·(Bs − 1)], block
+/// by block.
+chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
+                                       const block_batch& batch, const objective_options& opts);
+
 struct objective_output {
   at::Tensor loss;      ///< [] float32: Σ m·w·CE / (Σ m·w + 1e-6)
   at::Tensor accuracy;  ///< [] float32: Σ m·hit / max(Σ m, 1)

@@ -37,8 +37,9 @@ inline double attention_flops(const matmul_dims& c, double pairs) {
 }
 
 /// One drafter step: forward = layers · (linear + attention over visible
-/// pairs) + fc + lm-head; backward = 2 × layers + fc's weight gradient +
-/// the lm-head's input gradient (it is frozen).  `anchor_sum` = Σ_j anchor_j
+/// pairs) + fc + lm-head over the scored positions 1 … Bs − 1 of each block
+/// (position 0, the anchor's own token, skips it); backward = 2 × layers +
+/// fc's weight gradient + the lm-head's input gradient (it is frozen).  `anchor_sum` = Σ_j anchor_j
 /// over the batch (each block sees its anchor's prefix and its own block).
 /// Nothing is counted for clip and AdamW (memory-bound).
 inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers, int64_t n_taps,
@@ -49,7 +50,7 @@ inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers,
   const double pairs = anchor_sum * block + batch * q * block;
   const double one = layer_linear_flops(layer, batch * q, batch * seq) + attention_flops(layer, pairs);
   const double fc = 2.0 * batch * seq * n_taps * d * d;
-  const double head_f = 2.0 * batch * q * d * layer.vocab;
+  const double head_f = 2.0 * batch * anchors * (block - 1) * d * layer.vocab;
   return 3 * static_cast<double>(draft_layers) * one + 2 * fc + 2 * head_f;
 }
 
