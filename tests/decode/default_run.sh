@@ -7,8 +7,9 @@
 #       it whole.
 #   default_run.sh tau|claim TANDEM PYTHON SOURCE RUN_DIR
 #       `tandem eval` measures real speculative decoding on the held-out
-#       prompts (config/default/data/eval.jsonl: the README's command, 8
-#       prompts, 128 new tokens) with the untrained-drafter and prompt-lookup
+#       prompts (config/default/data/eval.jsonl, 128 new tokens: `claim` all
+#       31, the README's command; `tau` the first 8, as the shortened fixture's
+#       run evaluates them) with the untrained-drafter and prompt-lookup
 #       references beside it.  Both fail if greedy speculative decoding ever
 #       differs from target-only decoding, if τ does not beat the untrained
 #       drafter's by 0.3, or if the run's own real τ ([eval] in
@@ -35,7 +36,8 @@ if [[ "$step" == train ]]; then
   exit 0
 fi
 "$tandem" eval --drafter "$run_dir" --tokenizer "$source_dir/config/default/tokenizer" \
-  --prompts "$source_dir/config/default/data/eval.jsonl" --limit 8 --max-new-tokens 128 --device cpu \
+  --prompts "$source_dir/config/default/data/eval.jsonl" --limit "$([[ $step == claim ]] && echo 0 || echo 8)" \
+  --max-new-tokens 128 --device cpu \
   --references --json --quiet \
   > "$run_dir/eval.json" 2> "$run_dir.eval.log" || { cat "$run_dir.eval.log"; echo "FAILED: tandem eval"; exit 1; }
 cat "$run_dir.eval.log"

@@ -41,7 +41,7 @@ cd "$work"
 "$tandem" prepare --tokenizer "$work/tok" --output "$work/data" --block-size 4 "$work/chat.jsonl" \
   > "$work/prepare.log" 2>&1
 "$tandem" run "$prefix/share/tandem/config/default.toml" --set run.output_dir="$work/run" \
-  --set metrics.progress=false --set train.max_steps=4 --set train.log_every=2 \
+  --set metrics.progress=false --set train.max_steps=4 --set train.log_every=2 --set eval.count=8 \
   --set placement.targets=cpu --set placement.drafters=cpu > "$work/run.log" 2>&1
 SH
 hidden=no

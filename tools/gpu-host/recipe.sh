@@ -1,6 +1,6 @@
 # On the GPU host (see tools/gpu-host/pack): variants of the embedded default's
 # recipe, each trained on cuda:0 in float32 (as the CPU default trains) and
-# measured with `tandem eval` (8 held-out prompts, 128 new tokens, greedy,
+# measured with `tandem eval` (EVAL_LIMIT held-out prompts, 128 new tokens, greedy,
 # float32), into $OUT/recipe.log.  VARIANTS: "name|--set ... --set ..." lines;
 # EVAL_LIMIT (default 8) prompts, EVAL_EXTRA more `tandem eval` arguments
 # (e.g. --references).
