@@ -17,6 +17,7 @@
 
 #include "bench/data_bench.hpp"
 #include "gpu/decode/decoder.hpp"
+#include "gpu/decode/speculative.hpp"
 #include "gpu/models/dflash_objective.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/error.hpp"
@@ -893,8 +894,38 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     j["hbm_bound_ms"] = bound_ms;
     j["fraction_of_hbm_bound"] = bound_ms / t.median;
     emit(j.dump());
-    if (batch != 1)
+    if (batch != 1) {
+      // Regeneration (`tandem prepare --regenerate`'s decoding): target_generate
+      // on `batch` prompts of lengths spread over [ctx/4, ctx/2], greedy, no
+      // stop token, max_new new tokens each; one warm-up and 3 timed runs
+      // (a run is ~max_new decode steps).
+      const int64_t max_new = dev.is_cuda() ? 128 : 16;
+      std::vector<std::vector<int64_t>> prompts;
+      for (int64_t r = 0; r < batch; ++r) {
+        const int64_t len = ctx / 4 + (ctx / 4) * r / std::max<int64_t>(batch - 1, 1);
+        auto p = at::randint(c.vocab_size, {len}, gen, ids_opts).cpu();
+        prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + len);
+      }
+      speculative_options so;
+      so.max_new_tokens = max_new;
+      so.block_size = 1;
+      int64_t produced = 0;
+      auto tg = time_runs(dev, 1, 3, [&] {
+        auto out = target_generate(td, prompts, so, gen);
+        produced = 0;
+        for (const auto& g : out)
+          produced += static_cast<int64_t>(g.tokens.size());
+      });
+      auto jr = base_line("regenerate", o, dev, size);
+      jr["shapes"] = {{"batch", batch}, {"prompt_min", prompts.front().size()},
+                      {"prompt_max", prompts.back().size()}, {"max_new_tokens", max_new},
+                      {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};
+      jr["decode_mode"] = j["decode_mode"];
+      jr["new_tokens"] = produced;
+      finish_line(jr, tg, 0.0, static_cast<double>(produced), peak_gib(dev));
+      emit(jr.dump());
       continue;
+    }
     // One speculative cycle at batch 1: drafter block forward + verification.
     dflash_config dc;
     dc.layer = c;
