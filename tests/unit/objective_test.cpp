@@ -1,6 +1,7 @@
 // DFlash objective pieces that need no reference package: anchor sampling
 // properties, padding safety, and the chunked cross-entropy against plain
-// LibTorch cross-entropy (forward and gradient) for several chunk sizes.
+// LibTorch cross-entropy (forward and gradient) for several chunk sizes, and
+// the scored rows (positions 1 … Bs−1) against every row.
 #include <gtest/gtest.h>
 
 #include "gpu/models/dflash_objective.hpp"
@@ -81,6 +82,41 @@ TEST(objective, chunked_cross_entropy_equals_plain_for_any_chunking) {
     auto err = ((h.grad() - h_ref.grad()).norm() / h_ref.grad().norm()).item<double>();
     EXPECT_LE(err, 1e-5);
   }
+}
+
+TEST(objective, scored_rows_give_the_all_rows_cross_entropy_and_gradient) {
+  // scored_cross_entropy skips each block's position 0 (mask 0); the loss,
+  // hits and the hidden gradient must equal the cross-entropy over every row,
+  // position 0's gradient must be 0, and row_hits come block by block.
+  const int64_t b = 2, s = 48, bs = 4, n = 5, d = 8, v = 30;
+  auto g = gen(11);
+  auto tokens = at::randint(v, {b, s}, g, at::kLong);
+  auto loss_mask = (at::rand({b, s}, g) > 0.2).to(at::kByte);
+  auto docs = make_doc_layout(at::tensor({20, 28, 48, 0}, at::kLong).view({b, 2}), s);
+  auto a = sample_anchors(loss_mask, docs, n, bs, gen(2));
+  auto embed = at::randn({v, d}, g, at::kDouble);
+  auto batch = make_block_batch(tokens, loss_mask, docs, at::randn({b, s, d}, g, at::kDouble), a, embed, bs,
+                                v - 1, default_gamma(bs));
+  ASSERT_GT(batch.mask.sum().item<double>(), 0);
+  auto hidden0 = at::randn({b, n * bs, d}, g, at::kDouble);
+  objective_options opts;
+  opts.block_size = bs;
+  opts.chunk_rows = 7;
+  auto h_all = hidden0.clone().requires_grad_(true);
+  auto all = chunked_cross_entropy(h_all.reshape({-1, d}), embed, batch.labels.reshape({-1}),
+                                   batch.loss_weight.reshape({-1}), batch.mask.reshape({-1}), 7);
+  all.weighted_ce.backward();
+  auto h = hidden0.clone().requires_grad_(true);
+  auto scored = scored_cross_entropy(h, embed, batch, opts);
+  scored.weighted_ce.backward();
+  EXPECT_NEAR(scored.weighted_ce.item<double>(), all.weighted_ce.item<double>(),
+              1e-5 * std::abs(all.weighted_ce.item<double>()));
+  EXPECT_EQ(scored.hits.item<double>(), all.hits.item<double>());
+  EXPECT_EQ(scored.row_hits.numel(), b * n * (bs - 1));
+  EXPECT_TRUE(at::equal(scored.row_hits,
+                        all.row_hits.view({-1, bs}).narrow(1, 1, bs - 1).reshape({-1})));
+  EXPECT_LE(((h.grad() - h_all.grad()).norm() / h_all.grad().norm()).item<double>(), 1e-6);
+  EXPECT_EQ(h.grad().view({-1, bs, d}).select(1, 0).abs().max().item<double>(), 0.0);
 }
 
 TEST(objective, rows_without_anchors_give_zero_loss_not_nan) {
