@@ -121,6 +121,7 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
       throw error(errc::bad_input, "TANDEM_DECODE='" + mode + "' is not one of graphs, eager, sdpa");
     graphs_ = mode == "graphs";
     kernel_ = mode != "sdpa";
+    fused_layout_ = target.fused_layout_unsupported().empty();
   }
 #endif
 }
@@ -224,13 +225,12 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
                      c.num_key_value_heads, c.head_dim, c.rms_norm_eps};
   auto x = at::embedding(w.embed, ids);
   std::vector<at::Tensor> taps(taps_at.size());
-  // The fused path: the kernel's decode on a target whose projections are
-  // fused (a CUDA bf16/fp16 target, qwen3.cpp) and shapes the kernels take.
+  // The fused path: the kernel modes on a target the fused-layout kernels
+  // take (qwen3_target::fused_layout_unsupported, asked once at construction).
   bool fused = false;
   at::Tensor cos_flat, sin_flat;
 #ifdef TANDEM_HAVE_CUDA
-  fused = kernel && !w.layers.empty() && w.layers[0].qkv_proj.defined() && c.intermediate_size % 8 == 0
-          && kernels::qk_norm_rope_unsupported(static_cast<int>(c.head_dim)) == nullptr;
+  fused = kernel && fused_layout_;
   if (fused) {
     cos_flat = cos.reshape({b * t, c.head_dim}).contiguous();
     sin_flat = sin.reshape({b * t, c.head_dim}).contiguous();

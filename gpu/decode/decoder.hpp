@@ -87,6 +87,7 @@ private:
   int splits_ = 1;
   bool graphs_ = false;
   bool kernel_ = true;
+  bool fused_layout_ = false;  ///< the kernel modes use the target's fused layout (qwen3.hpp)
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<graph>> graphs_by_shape_;
   int64_t replays_ = 0;
 };

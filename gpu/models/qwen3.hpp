@@ -71,6 +71,12 @@ public:
   qwen3_output forward_packed(const at::Tensor& input_ids, const at::Tensor& doc_lengths) const;
   /// "packed", or why forward_packed runs the mask path instead.
   std::string packed_path() const;
+  /// "" when the fused-layout kernels (gpu/kernels/target_fused.cu: q/k
+  /// norm + RoPE in place, SwiGLU over gate/up rows) take this target —
+  /// fused projections (a CUDA bf16/fp16 target), a head_dim and an
+  /// intermediate size they take, 16-byte-aligned q/k norm weights — else
+  /// why not.  The packed forward and the decoder both ask.
+  std::string fused_layout_unsupported() const;
 
   const qwen3_config& config() const { return cfg_; }
   const std::vector<int64_t>& tap_ids() const { return tap_ids_; }

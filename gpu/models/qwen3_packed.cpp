@@ -37,22 +37,32 @@ std::string qwen3_target::packed_path() const {
 #else
   if (const char* env = std::getenv("TANDEM_TARGET_PATH"); env != nullptr && std::string(env) == "mask")
     return "mask (TANDEM_TARGET_PATH=mask)";
-  if (w_.layers.empty() || !w_.layers[0].qkv_proj.defined())
-    return "mask (projections not fused: not a CUDA bf16/fp16 target)";
+  if (auto why = fused_layout_unsupported(); !why.empty())
+    return "mask (" + why + ")";
   const auto dev = w_.layers[0].qkv_proj.device();
   if (at::cuda::getDeviceProperties(dev.index())->major < 8)
     return "mask (FlashAttention-2 needs compute capability 8.0 or newer)";
-  if (const char* why = kernels::qk_norm_rope_unsupported(static_cast<int>(cfg_.head_dim)))
-    return std::string("mask (") + why + ")";
-  for (const auto& l : w_.layers)
-    if (reinterpret_cast<uintptr_t>(l.q_norm.data_ptr()) % 16 != 0
-        || reinterpret_cast<uintptr_t>(l.k_norm.data_ptr()) % 16 != 0)
-      return "mask (a q_norm or k_norm weight is not 16-byte aligned)";
-  if (cfg_.intermediate_size % 8 != 0)
-    return "mask (intermediate_size is not a multiple of 8)";
   if (cfg_.num_attention_heads % cfg_.num_key_value_heads != 0)
     return "mask (query heads are not a multiple of kv heads)";
   return "packed";
+#endif
+}
+
+std::string qwen3_target::fused_layout_unsupported() const {
+#ifndef TANDEM_HAVE_CUDA
+  return "built without CUDA";
+#else
+  if (w_.layers.empty() || !w_.layers[0].qkv_proj.defined())
+    return "projections not fused: not a CUDA bf16/fp16 target";
+  if (const char* why = kernels::qk_norm_rope_unsupported(static_cast<int>(cfg_.head_dim)))
+    return why;
+  for (const auto& l : w_.layers)
+    if (reinterpret_cast<uintptr_t>(l.q_norm.data_ptr()) % 16 != 0
+        || reinterpret_cast<uintptr_t>(l.k_norm.data_ptr()) % 16 != 0)
+      return "a q_norm or k_norm weight is not 16-byte aligned";
+  if (cfg_.intermediate_size % 8 != 0)
+    return "intermediate_size is not a multiple of 8";
+  return "";
 #endif
 }
 
