@@ -662,7 +662,7 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
         std::optional<resume_point> resume;
         if (!setup.resume_checkpoint.empty())
           resume = resume_point{setup.resume_checkpoint, setup.resume_step, setup.resume_ledger, {}};
-        auto plan = make_plan(cfg, inv, {setup.num_samples, setup.num_tokens}, resume);
+        auto plan = make_plan(cfg, inv, {setup.num_samples, setup.num_tokens, setup.schedule_steps}, resume);
         // Injected faults fire once per run: this node's are recorded beside
         // the run's outputs, so a restarted member (same name) does not fire
         // them again (the leader removes these files on a fresh start).

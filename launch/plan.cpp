@@ -11,9 +11,12 @@ namespace tandem {
 
 namespace {
 
-/// Optimizer steps in `epochs` passes over the data: one packed batch of
-/// rows × seq_len tokens per step at ~90% fill, rounded up.
+/// Optimizer steps in `epochs` passes over the data: as counted (data.steps),
+/// else one packed batch of rows × seq_len tokens per step at ~90% fill,
+/// rounded up.
 int64_t schedule_steps(const run_config& c, const data_facts& data) {
+  if (data.steps > 0)
+    return data.steps;
   const double tokens_per_batch = static_cast<double>(c.data.rows * c.data.seq_len) * 0.9;
   return static_cast<int64_t>(static_cast<double>(data.num_tokens) * static_cast<double>(c.data.epochs)
                               / tokens_per_batch)

@@ -47,6 +47,9 @@ struct inventory {
 struct data_facts {
   int64_t num_samples = 0;
   int64_t num_tokens = 0;
+  /// Optimizer steps of data.epochs as the packer deals them
+  /// (gpu::data::count_steps); 0: estimated from num_tokens at 90% fill.
+  int64_t steps = 0;
 };
 
 /// A checkpoint to continue from (`tandem run --resume`).

@@ -85,6 +85,7 @@ struct node_setup {
   std::vector<std::string> node_names; ///< the inventory: [0] the leader, then the members
   std::vector<int32_t> node_gpus;      ///< their CUDA device counts
   int64_t num_samples = 0, num_tokens = 0;  ///< the data set's facts
+  int64_t schedule_steps = 0;          ///< data_facts::steps as the leader counted them
   std::string resume_checkpoint;       ///< "" = a fresh start
   int64_t resume_step = 0;
   std::string resume_ledger;
@@ -93,7 +94,7 @@ struct node_setup {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_setup& x) {
   return f(caf::meta::type_name("tandem.node_setup"), x.leader, x.config_toml, x.node_names, x.node_gpus,
-           x.num_samples, x.num_tokens, x.resume_checkpoint, x.resume_step, x.resume_ledger);
+           x.num_samples, x.num_tokens, x.schedule_steps, x.resume_checkpoint, x.resume_step, x.resume_ledger);
 }
 
 /// A member's node agent.  Spawn requests carry the slot's index within its

@@ -3,6 +3,7 @@
 #include "gpu/data/packer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -15,12 +16,6 @@ namespace {
 [[noreturn]] void bad(const std::string& what) {
   throw error(errc::bad_input, "packer: " + what);
 }
-
-/// One document placed in a row.
-struct placed {
-  int64_t id;
-  int64_t length;  ///< after truncation
-};
 
 } // namespace
 
@@ -100,17 +95,15 @@ cursor packer::cursor_now() const {
   return c;
 }
 
-std::optional<packed_batch> packer::next() {
+bool packer::place(std::vector<std::vector<doc>>& row_docs, int64_t& truncated_samples,
+                   int64_t& truncated_tokens) {
   const int64_t rows = opts_.rows, seq = opts_.seq_len, max_docs = opts_.max_docs;
   while (static_cast<int64_t>(window_.size()) < opts_.lookahead && pull()) {
   }
   if (window_.empty())
-    return std::nullopt;
-
-  // Plan: lengths only.
-  std::vector<std::vector<placed>> row_docs(static_cast<size_t>(rows));
+    return false;
+  row_docs.assign(static_cast<size_t>(rows), {});
   std::vector<int64_t> used(static_cast<size_t>(rows), 0);
-  packed_batch b;
   size_t i = 0;
   while (i < window_.size()) {
     const int64_t id = order_[static_cast<size_t>(window_[i])];
@@ -130,12 +123,30 @@ std::optional<packed_batch> packer::next() {
     row_docs[row].push_back({id, len});
     used[row] += len;
     if (len < full) {
-      ++b.truncated_samples;
-      b.truncated_tokens += full - len;
+      ++truncated_samples;
+      truncated_tokens += full - len;
     }
     window_.erase(window_.begin() + static_cast<std::ptrdiff_t>(i));
     pull();
   }
+  return true;
+}
+
+int64_t packer::count_rest() {
+  std::vector<std::vector<doc>> row_docs;
+  int64_t n = 0, truncated_samples = 0, truncated_tokens = 0;
+  while (place(row_docs, truncated_samples, truncated_tokens))
+    ++n;
+  return n;
+}
+
+std::optional<packed_batch> packer::next() {
+  const int64_t rows = opts_.rows, seq = opts_.seq_len, max_docs = opts_.max_docs;
+  // Plan: lengths only.
+  std::vector<std::vector<doc>> row_docs;
+  packed_batch b;
+  if (!place(row_docs, b.truncated_samples, b.truncated_tokens))
+    return std::nullopt;
 
   // Fill: copy each document out of the mapping, zero the tails.
   auto opts = at::TensorOptions().device(at::kCPU);
@@ -181,6 +192,34 @@ packer make_epoch_packer(const dataset& ds, uint64_t seed, int64_t rank, int64_t
                          const packer_options& opts, cursor from) {
   auto order = rank_order(epoch_order(ds.num_samples(), seed, from.epoch), rank, world);
   return packer(ds, std::move(order), opts, std::move(from));
+}
+
+step_count count_steps(const dataset& ds, uint64_t seed, int64_t ranks, int64_t drafters,
+                       const packer_options& opts, int64_t epochs, int64_t budget) {
+  if (ranks < 1 || drafters < 1 || epochs < 0)
+    throw error(errc::bad_input, "count_steps: ranks " + std::to_string(ranks) + ", drafters "
+                                   + std::to_string(drafters) + ", epochs " + std::to_string(epochs));
+  step_count out;
+  int64_t visited = 0;
+  for (int64_t e = 0; e < epochs; ++e) {
+    if (e > 0 && visited >= budget)
+      break;
+    const auto order = epoch_order(ds.num_samples(), seed, e);
+    int64_t batches = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      packer p(ds, rank_order(order, r, ranks), opts, cursor{e, 0, {}});
+      batches += p.count_rest();
+    }
+    // The coordinator deals an epoch's batches `drafters` a step, the
+    // last step of an epoch with fewer (coordinator_group.cpp).
+    out.steps += (batches + drafters - 1) / drafters;
+    ++out.epochs_counted;
+    visited += ds.num_samples();
+  }
+  if (out.epochs_counted > 0 && out.epochs_counted < epochs)
+    out.steps = static_cast<int64_t>(std::llround(static_cast<double>(out.steps) * static_cast<double>(epochs)
+                                                  / static_cast<double>(out.epochs_counted)));
+  return out;
 }
 
 sample_tensors tensors_of(const dataset& ds, int64_t id) {

@@ -25,16 +25,10 @@
 
 #include "gpu/data/dataset.hpp"
 #include "gpu/data/order.hpp"
+#include "gpu/data/packing.hpp"
 
 namespace tandem::gpu::data {
 
-struct packer_options {
-  int64_t rows = 1;         ///< B: rows per batch
-  int64_t seq_len = 3072;   ///< S: tokens per row
-  int64_t max_docs = 16;    ///< K: documents per row at most (the width of doc_lengths)
-  int64_t lookahead = 16;   ///< W: pending samples first fit chooses from
-  bool pinned = false;      ///< page-locked host memory (only when CUDA is available)
-};
 
 /// One batch, in CPU memory (pinned when asked and possible).
 ///
@@ -88,7 +82,20 @@ public:
   const packer_options& options() const { return opts_; }
   const std::vector<int64_t>& order() const { return order_; }
 
+  /// How many batches next() would still return, planned from the sample
+  /// lengths without copying a token; the packer is at the end afterwards.
+  int64_t count_rest();
+
 private:
+  /// One document placed in a row.
+  struct doc {
+    int64_t id;
+    int64_t length;  ///< after truncation
+  };
+  /// Plans the next batch from the window (first fit, lengths only) and
+  /// takes its samples off the window; false when nothing is pending.
+  bool place(std::vector<std::vector<doc>>& row_docs, int64_t& truncated_samples, int64_t& truncated_tokens);
+
   /// Appends the next unconsumed position to the window; false at the end.
   bool pull();
   cursor cursor_now() const;

@@ -24,6 +24,7 @@ namespace tandem {
 bool operator==(const node_setup& a, const node_setup& b) {
   return a.leader == b.leader && a.config_toml == b.config_toml && a.node_names == b.node_names
          && a.node_gpus == b.node_gpus && a.num_samples == b.num_samples && a.num_tokens == b.num_tokens
+         && a.schedule_steps == b.schedule_steps
          && a.resume_checkpoint == b.resume_checkpoint && a.resume_step == b.resume_step
          && a.resume_ledger == b.resume_ledger;
 }
@@ -300,7 +301,7 @@ CAF_TEST(the link protocol round trips) {
 }
 
 CAF_TEST(the node protocol round trips) {
-  node_setup setup{"leader", "[model]\ntarget = \"/m\"\n", {"leader", "gpu-a", "gpu-b"}, {0, 2, 1}, 128, 32768,
+  node_setup setup{"leader", "[model]\ntarget = \"/m\"\n", {"leader", "gpu-a", "gpu-b"}, {0, 2, 1}, 128, 32768, 1234,
                    "/ckpt/step-00000020", 20, "{\"epoch\": 0}"};
   check_value(setup, "tandem.node_setup", {"gpu-a", "step-00000020"});
   // The handles a member's agent answers with, and its own (null here).

@@ -1331,6 +1331,47 @@ TEST_F(packer_test, pinned_memory_only_when_cuda_is_available) {
   EXPECT_FALSE(q.next()->tokens.is_pinned());
 }
 
+TEST_F(packer_test, count_rest_and_count_steps_agree_with_the_batches_the_packers_produce) {
+  const auto ds = open_dataset();
+  for (const auto& o : option_grid()) {
+    SCOPED_TRACE(describe(o));
+    // count_rest: from a fresh cursor and from one in the middle of an epoch.
+    auto full = make_epoch_packer(ds, 7, 0, 1, o);
+    const auto all = pack_all(full);
+    EXPECT_EQ(make_epoch_packer(ds, 7, 0, 1, o).count_rest(), static_cast<int64_t>(all.size()));
+    const auto mid = all[all.size() / 2].after;
+    auto rest = make_epoch_packer(ds, 7, 0, 1, o, mid);
+    EXPECT_EQ(rest.count_rest(), static_cast<int64_t>(all.size() - all.size() / 2 - 1));
+    EXPECT_FALSE(rest.next().has_value());
+    // count_steps: every epoch's batches of every rank, dealt `drafters` a
+    // step, the epoch's last step with fewer.
+    for (int64_t ranks : {1, 3})
+      for (int64_t drafters : {1, 2, 4}) {
+        int64_t want = 0;
+        for (int64_t e = 0; e < 3; ++e) {
+          int64_t batches = 0;
+          for (int64_t r = 0; r < ranks; ++r) {
+            auto p = make_epoch_packer(ds, 7, r, ranks, o, cursor{e, 0, {}});
+            batches += static_cast<int64_t>(pack_all(p).size());
+          }
+          want += (batches + drafters - 1) / drafters;
+        }
+        const auto got = count_steps(ds, 7, ranks, drafters, o, 3);
+        EXPECT_EQ(got.steps, want) << ranks << " ranks, " << drafters << " drafters";
+        EXPECT_EQ(got.epochs_counted, 3);
+      }
+  }
+  // Past the budget the later epochs are scaled from the counted ones.
+  packer_options o;
+  o.seq_len = 256;
+  const auto one = count_steps(ds, 7, 1, 1, o, 1).steps;
+  const auto scaled = count_steps(ds, 7, 1, 1, o, 10, 1);
+  EXPECT_EQ(scaled.epochs_counted, 1);
+  EXPECT_EQ(scaled.steps, 10 * one);
+  EXPECT_EQ(count_steps(ds, 7, 1, 1, o, 0).steps, 0);
+  EXPECT_THROW(count_steps(ds, 7, 0, 1, o, 1), tandem::gpu::error);
+}
+
 TEST_F(packer_test, rejects_bad_options_and_cursors) {
   const auto ds = open_dataset();
   const auto order = epoch_order(ds.num_samples(), 1, 0);

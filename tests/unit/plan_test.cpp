@@ -230,6 +230,10 @@ TEST(plan, carries_the_values_into_every_options_struct) {
   EXPECT_EQ(p.schedule_steps, 2'000'000 * 10 / 27648 + 1);
   EXPECT_EQ(p.drafters[0].total_steps, p.schedule_steps);
   EXPECT_EQ(p.metrics.total_steps, 3);
+  // Counted steps (gpu::data::count_steps, what tandem run passes) win over the estimate.
+  const auto counted = make_plan(c, inventory::this_host(4), data_facts{1000, 2'000'000, 777});
+  EXPECT_EQ(counted.schedule_steps, 777);
+  EXPECT_EQ(counted.drafters[0].total_steps, 777);
   EXPECT_EQ(p.checkpointer.dir, c.checkpoint_dir());
   EXPECT_EQ(p.metrics.jsonl, c.metrics_file());
   EXPECT_TRUE(p.restore_from.empty());

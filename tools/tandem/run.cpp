@@ -40,6 +40,7 @@
 #include "actors/system.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
+#include "gpu/data/packing.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/runtime.hpp"
 #include "gpu/transport/link.hpp"
@@ -418,6 +419,27 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
   }
   gpu::data::dataset ds(cfg.data.path);
+  // The schedule's length: the packer's own batch count over every epoch
+  // (gpu/data/packer.hpp count_steps), not a fill factor.
+  data_facts facts{ds.num_samples(), ds.num_tokens()};
+  {
+    gpu::data::packer_options po;
+    po.rows = cfg.data.rows;
+    po.seq_len = cfg.data.seq_len;
+    po.max_docs = cfg.data.max_docs;
+    po.lookahead = cfg.data.lookahead;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto counted = gpu::data::count_steps(ds, cfg.data.seed, static_cast<int64_t>(placement.targets.size()),
+                                                static_cast<int64_t>(placement.drafters.size()), po, cfg.data.epochs);
+    facts.steps = counted.steps;
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "tandem run: %lld optimizer steps in %lld epochs (%s, %.1f s)\n",
+                 static_cast<long long>(counted.steps), static_cast<long long>(cfg.data.epochs),
+                 counted.epochs_counted == cfg.data.epochs
+                   ? "packed from the sample lengths"
+                   : ("the first " + std::to_string(counted.epochs_counted) + " packed, the rest scaled").c_str(),
+                 took);
+  }
   std::optional<resume_point> resume;
   std::optional<resumed_event> resumed;  // the "resumed" event
   const auto host_dir = host_restore_dir(cfg);
@@ -510,7 +532,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
         leader->end(sys, code);
     }
   } members_end{sys, leader};
-  auto plan = make_plan(cfg, devices, {ds.num_samples(), ds.num_tokens()}, resume);
+  auto plan = make_plan(cfg, devices, facts, resume);
   if (plan.cluster) {
     // Payloads to members on other hosts (or, forced, to any member) over NCCL links.
     gpu::transport::force_links(plan.cluster->force_links);
@@ -578,6 +600,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
     setup.num_samples = ds.num_samples();
     setup.num_tokens = ds.num_tokens();
+    setup.schedule_steps = facts.steps;
     if (resume) {
       setup.resume_checkpoint = resume->checkpoint;
       setup.resume_step = resume->step;
