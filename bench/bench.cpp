@@ -593,6 +593,8 @@ std::string kernel_class(const std::string& name) {
     return "attention";
   if (has("ce_grad"))
     return "ce_grad";
+  if (has("gemv"))  // Tandem's decode GEMV and cuBLAS's gemv kernels
+    return "gemv";
   if (has("rms_norm") || has("rope_kernel"))
     return "norm_rope";
   if (has("adamw") || has("sumsq") || has("fused_adam") || has("multi_tensor"))
@@ -893,6 +895,21 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     j["bytes_read"] = weight_bytes + kv_bytes;
     j["hbm_bound_ms"] = bound_ms;
     j["fraction_of_hbm_bound"] = bound_ms / t.median;
+    // TANDEM_DECODE_GEMV=0: the projections on cuBLAS at batch 1 too (A/B).
+    auto env_is = [](const char* name, const char* value) {
+      const char* e = std::getenv(name);
+      return e && std::string(e) == value;
+    };
+    j["decode_gemv"] = !env_is("TANDEM_DECODE_GEMV", "0");
+    // TANDEM_PDL=0: the decode GEMV launched plainly (gpu/kernels/pdl.cuh).
+    j["pdl"] = !env_is("TANDEM_PDL", "0");
+    const auto kernels = profile_kernels(dev, o.profile_steps,
+                                         o.trace_dir.empty() ? ""
+                                                             : o.trace_dir + "/target_decode_" + size + "_b"
+                                                                 + std::to_string(batch) + ".json",
+                                         [&] { (void)td.forward(one, false); });
+    if (!kernels.empty())
+      j["kernel_ms"] = kernels;  // per step, profiled after the timed runs
     emit(j.dump());
     if (batch != 1) {
       // Regeneration (`tandem prepare --regenerate`'s decoding): target_generate
@@ -944,15 +961,20 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     auto ctx_taps = at::empty({1, ctx, static_cast<int64_t>(taps.size()) * c.hidden_size}, opts).normal_(0, 1, gen);
     dd.extend_context(ctx_taps, {ctx});
     auto block = at::randint(c.vocab_size, {1, s.block}, gen, ids_opts);
-    auto tc = time_runs(dev, o.warmup, o.iters, [&] {
+    auto cycle = [&] {
       auto drafts = dd.draft(block).argmax(-1);
       (void)td.forward(at::cat({block.narrow(1, 0, 1), drafts}, 1), true);
-    });
+    };
+    auto tc = time_runs(dev, o.warmup, o.iters, cycle);
+    const auto cycle_kernels = profile_kernels(
+      dev, o.profile_steps, o.trace_dir.empty() ? "" : o.trace_dir + "/speculative_cycle_" + size + ".json", cycle);
     auto jc = base_line("speculative_cycle", o, dev, size);
     jc["shapes"] = {{"batch", 1}, {"context", ctx}, {"block", s.block}, {"draft_layers", s.draft_layers},
                     {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};  // the target's verify; the drafter is eager
     jc["decode_mode"] = j["decode_mode"];
     finish_line(jc, tc, 0.0, static_cast<double>(s.block), peak_gib(dev));
+    if (!cycle_kernels.empty())
+      jc["kernel_ms"] = cycle_kernels;
     emit(jc.dump());
   }
 }

@@ -122,6 +122,10 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
     graphs_ = mode == "graphs";
     kernel_ = mode != "sdpa";
     fused_layout_ = target.fused_layout_unsupported().empty();
+    // TANDEM_DECODE_GEMV=0: the fused layout's projections on cuBLAS even at
+    // one to four rows (the decode GEMV kernel's A/B; docs/bench.md).
+    const char* gemv = std::getenv("TANDEM_DECODE_GEMV");
+    gemv_ = !(gemv && std::string(gemv) == "0");
   }
 #endif
 }
@@ -236,23 +240,38 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
     sin_flat = sin.reshape({b * t, c.head_dim}).contiguous();
   }
 #endif
+  // A projection of the fused path: (norm(in) when `norm` is defined) · wᵀ
+  // (+ residual); the decode GEMV kernel at one to four rows, else cuBLAS.
+  auto project = [&](const at::Tensor& in, const at::Tensor& weight, const at::Tensor& residual,
+                     const at::Tensor& norm) {
+#ifdef TANDEM_HAVE_CUDA
+    if (gemv_)
+      if (auto y = decode_linear(in, weight, residual, norm, d.eps); y.defined())
+        return y;
+#endif
+    auto a = norm.defined() ? rms_norm(in, norm, d.eps) : in;
+    return residual.defined() ? at::addmm(residual, a, weight.t()) : at::mm(a, weight.t());
+  };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const auto& l = w.layers[i];
-    auto h = rms_norm(x, l.input_norm, d.eps);
-    at::Tensor q;
+    at::Tensor h, q;
+    if (!fused)
+      h = rms_norm(x, l.input_norm, d.eps);
     if (fused) {
 #ifdef TANDEM_HAVE_CUDA
       // The target's fused layout (qwen3_packed.cpp): one GEMM for q, k and
-      // v, q/k norm + RoPE in one kernel, in place.
-      const int64_t hh = d.heads * d.head_dim, kh = d.kv_heads * d.head_dim;
-      auto qkv = at::mm(h.reshape({b * t, d.hidden}), l.qkv_proj.t());
-      qk_norm_rope_inplace(qkv, l.q_norm, l.k_norm, d.heads, d.kv_heads, d.head_dim, d.eps, cos_flat, sin_flat);
+      // v (the input norm fused into it at a few rows), q/k norm + RoPE in
+      // one kernel, in place.
+      const int64_t hh = d.heads * d.head_dim;
+      auto qkv = project(x.reshape({b * t, d.hidden}), l.qkv_proj, {}, l.input_norm);
       auto split = [&](int64_t first, int64_t width, int64_t heads) {
         return qkv.narrow(1, first, width).view({b, t, heads, d.head_dim}).transpose(1, 2);  // [B, heads, T, h]
       };
+      // The keys and values go into the cache from the same kernel, at
+      // lengths_dev_ + t (the positions `pos` holds: fused implies kernel).
+      qk_norm_rope_inplace(qkv, l.q_norm, l.k_norm, d.heads, d.kv_heads, d.head_dim, d.eps, cos_flat, sin_flat,
+                           cache_.k[i], cache_.v[i], lengths_dev_, t);
       q = split(0, hh, d.heads);
-      write_cache(cache_.k[i], split(hh, kh, d.kv_heads), pos);
-      write_cache(cache_.v[i], split(hh + kh, kh, d.kv_heads), pos);
 #endif
     } else {
       q = project_q(h, l, d, cos, sin);
@@ -293,10 +312,13 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
     if (fused) {
 #ifdef TANDEM_HAVE_CUDA
       // Residual adds in the GEMMs' epilogues; out of place (a tap may be x itself).
-      x = at::addmm(x.reshape({b * t, d.hidden}), attn.reshape({b * t, d.heads * d.head_dim}), l.o_proj.t());
-      auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());
-      auto act = swiglu_rows(gu);
-      x = at::addmm(x, act, l.down_proj.t()).view({b, t, d.hidden});
+      x = project(attn.reshape({b * t, d.heads * d.head_dim}), l.o_proj, x.reshape({b * t, d.hidden}), {});
+      auto gu = project(x, l.gate_up_proj, {}, l.post_norm);
+      // SwiGLU fused into the down projection's GEMV where it runs.
+      auto down = gemv_ ? decode_linear(gu, l.down_proj, x, {}, d.eps, /*swiglu_input=*/true) : at::Tensor();
+      if (!down.defined())
+        down = project(swiglu_rows(gu), l.down_proj, x, {});
+      x = down.view({b, t, d.hidden});
 #endif
     } else {
       x = x + at::linear(attn, l.o_proj);
@@ -312,7 +334,12 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
     out.taps = at::cat(taps, -1);
   if (logit_at.defined())
     x = x.gather(1, logit_at.view({b, 1, 1}).expand({b, 1, x.size(2)}));
-  out.logits = at::linear(rms_norm(x, w.final_norm, d.eps), w.lm_head).to(at::kFloat);
+  if (fused)
+    out.logits = project(x.reshape({-1, d.hidden}), w.lm_head, {}, w.final_norm)
+                   .view({b, x.size(1), w.lm_head.size(0)})
+                   .to(at::kFloat);
+  else
+    out.logits = at::linear(rms_norm(x, w.final_norm, d.eps), w.lm_head).to(at::kFloat);
   return out;
 }
 

@@ -11,7 +11,11 @@
 /// device memory and covers the whole cache: its shapes never change, so
 /// each (T, taps, logit_at) forward is captured once as a CUDA graph and
 /// replayed (TANDEM_DECODE=eager in the environment: the kernel without
-/// graphs; TANDEM_DECODE=sdpa: SDPA, as on the CPU; for comparisons).  Longer forwards (a prefill) and the CPU run eagerly with
+/// graphs; TANDEM_DECODE=sdpa: SDPA, as on the CPU; for comparisons).  On a
+/// target with the fused layout, forwards of one to four rows in all run
+/// their projections on the decode GEMV kernel (gpu/kernels/decode_gemv.hpp,
+/// the norms and SwiGLU fused in; TANDEM_DECODE_GEMV=0: cuBLAS), and the q/k
+/// norm kernel writes the keys and values into the cache.  Longer forwards (a prefill) and the CPU run eagerly with
 /// SDPA over the longest row.
 ///
 /// Positions: row b of a decoder holds `length(b)` committed positions
@@ -88,6 +92,7 @@ private:
   bool graphs_ = false;
   bool kernel_ = true;
   bool fused_layout_ = false;  ///< the kernel modes use the target's fused layout (qwen3.hpp)
+  bool gemv_ = true;           ///< its projections at ≤ 4 rows on the decode GEMV kernel (TANDEM_DECODE_GEMV)
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<graph>> graphs_by_shape_;
   int64_t replays_ = 0;
 };

@@ -192,19 +192,258 @@ __global__ void combine_kernel(decode_attention_args a) {
   }
 }
 
+/// N consecutive elements of T in one access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) vec {
+  T t[N];
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+constexpr int warp_kernel_warps = 4;
+
+/// The bandwidth path (d = 32, 64 or 128; up to QN = 8 queries a CTA, more
+/// queries over gridDim.z): per (row, kv head, split, query group) a CTA of
+/// four warps; each warp takes its own 32-key tiles of the split, lane j
+/// scoring key j against every query (its key row read with 16-byte loads
+/// straight from global memory, the queries broadcast from shared memory),
+/// an online softmax per query across the warp, then the tile's values read
+/// a row at a time (each lane its d/32 elements) into per-lane fp32
+/// accumulators.  Loads run a tile ahead: the first tile's keys and values
+/// go out before the queries are staged, the next tile's keys as soon as the
+/// scores are done, its values once this tile's are used.  The warps'
+/// partials are merged in shared memory and written as partial_kernel's
+/// are, so combine_kernel serves both.
+template <typename T, int D, int QN>
+__global__ void __launch_bounds__(warp_kernel_warps * 32) warp_partial_kernel(decode_attention_args a) {
+  constexpr int W = warp_kernel_warps;
+  constexpr int EPL = D / 32;                 // value elements a lane
+  constexpr int VE = 16 / static_cast<int>(sizeof(T));  // key elements a 16-byte load
+  constexpr int KV = D / VE;                  // 16-byte loads a key row
+  constexpr int VB = sizeof(T) == 2 ? 16 : 8;  // value rows of a tile loaded ahead; the rest as they are used
+  __shared__ float qs[QN][D];
+  __shared__ float pw[W][QN][32];
+  __shared__ float cm[W][QN], cl[W][QN];
+  __shared__ float cacc[W][QN][D];
+  const auto g = geometry_of(a);
+  const int tq = a.queries, q_n = g.queries;
+  const int b = blockIdx.x / a.kv_heads, kh = blockIdx.x % a.kv_heads, s = blockIdx.y;
+  const int q0 = blockIdx.z * QN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t len = a.lengths[b];
+  const int64_t p_begin = static_cast<int64_t>(s) * g.span;
+  int64_t p_end = p_begin + g.span;
+  if (p_end > len + tq)
+    p_end = len + tq;
+  if (p_end > a.capacity)
+    p_end = a.capacity;
+
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const size_t row = (static_cast<size_t>(b) * a.kv_heads + kh) * a.capacity;
+  // A tile's loads: lane j's key row (KV 16-byte loads) and the first VB
+  // value rows (lane's EPL elements of each; rows past the split's end
+  // re-read its last row, weighted 0).  Issued a tile ahead: the next
+  // tile's keys once the scores are done, its values once they are used.
+  uint4 kreg[KV];
+  vec<T, EPL> vreg[VB];
+  auto load_keys = [&](int64_t p0) {
+    const int64_t key = p0 + lane;
+    if (key < p_end) {
+      const auto* kr = reinterpret_cast<const uint4*>(k + (row + key) * D);
+#pragma unroll
+      for (int c = 0; c < KV; ++c)
+        kreg[c] = __ldg(kr + c);
+    }
+  };
+  auto value_row = [&](int64_t p0, int j) {
+    const int n = static_cast<int>(p_end - p0 < 32 ? p_end - p0 : 32);
+    const int jj = j < n ? j : n - 1;
+    return *reinterpret_cast<const vec<T, EPL>*>(v + (row + p0 + jj) * D + lane * EPL);
+  };
+  auto load_values = [&](int64_t p0) {
+#pragma unroll
+    for (int j = 0; j < VB; ++j)
+      vreg[j] = value_row(p0, j);
+  };
+  int64_t p0 = p_begin + warp * 32;
+  if (p0 < p_end) {
+    load_keys(p0);
+    load_values(p0);
+  }
+
+  const T* q = static_cast<const T*>(a.q);
+  for (int i = threadIdx.x; i < QN * D; i += W * 32) {
+    const int qq = i / D, dd = i % D, qi = q0 + qq;
+    float x = 0.0f;
+    if (qi < q_n) {
+      const int grp = qi / tq, t = qi % tq, h = kh * g.groups + grp;
+      x = elem<T>::widen(q[((static_cast<size_t>(b) * a.heads + h) * tq + t) * D + dd]) * a.scale;
+    }
+    qs[qq][dd] = x;
+  }
+  __syncthreads();
+
+  float m[QN], l[QN], acc[QN][EPL];
+  int last[QN];  // the last key each query sees, from p_begin; −1: a padding query
+#pragma unroll
+  for (int qq = 0; qq < QN; ++qq) {
+    m[qq] = -INFINITY;
+    l[qq] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e)
+      acc[qq][e] = 0.0f;
+    last[qq] = q0 + qq < q_n ? static_cast<int>(len + (q0 + qq) % tq - p_begin) : -1;
+  }
+  for (; p0 < p_end; p0 += W * 32) {
+    const int64_t key = p0 + lane, next = p0 + W * 32;
+    const bool valid = key < p_end;
+    float sc[QN];
+#pragma unroll
+    for (int qq = 0; qq < QN; ++qq)
+      sc[qq] = 0.0f;
+    if (valid) {
+#pragma unroll
+      for (int c = 0; c < KV; ++c) {
+        vec<T, VE> kt;
+        memcpy(&kt, &kreg[c], sizeof kt);
+#pragma unroll
+        for (int e = 0; e < VE; ++e) {
+          const float kf = elem<T>::widen(kt.t[e]);
+#pragma unroll
+          for (int qq = 0; qq < QN; ++qq)
+            sc[qq] = fmaf(qs[qq][c * VE + e], kf, sc[qq]);
+        }
+      }
+    }
+    if (next < p_end)
+      load_keys(next);
+#pragma unroll
+    for (int qq = 0; qq < QN; ++qq) {
+      const bool vis = valid && static_cast<int>(key - p_begin) <= last[qq];
+      const float x = vis ? sc[qq] : -INFINITY;
+      const float mn = fmaxf(m[qq], warp_max(x));
+      float p = 0.0f, f = 1.0f;
+      if (mn != -INFINITY) {
+        f = m[qq] == -INFINITY ? 0.0f : __expf(m[qq] - mn);
+        p = vis ? __expf(x - mn) : 0.0f;
+      }
+      l[qq] = l[qq] * f + warp_sum(p);
+      m[qq] = mn;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e)
+        acc[qq][e] *= f;
+      pw[warp][qq][lane] = p;
+    }
+    __syncwarp();
+    auto accumulate = [&](const vec<T, EPL>& vv, int j) {
+#pragma unroll
+      for (int qq = 0; qq < QN; ++qq) {
+        const float pj = pw[warp][qq][j];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e)
+          acc[qq][e] = fmaf(pj, elem<T>::widen(vv.t[e]), acc[qq][e]);
+      }
+    };
+#pragma unroll
+    for (int j = 0; j < VB; ++j)
+      accumulate(vreg[j], j);
+#pragma unroll 8
+    for (int j = VB; j < 32; ++j)  // 4-byte types: the rest of the rows here
+      accumulate(value_row(p0, j), j);
+    if (next < p_end)
+      load_values(next);
+    __syncwarp();
+  }
+  // Merge the warps' partials.
+#pragma unroll
+  for (int qq = 0; qq < QN; ++qq) {
+    if (lane == 0) {
+      cm[warp][qq] = m[qq];
+      cl[warp][qq] = l[qq];
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; ++e)
+      cacc[warp][qq][lane * EPL + e] = acc[qq][e];
+  }
+  __syncthreads();
+  const size_t base = (static_cast<size_t>(blockIdx.x) * a.splits + s) * q_n;
+  float* po = a.workspace + base * D;
+  float* pml = a.workspace + static_cast<size_t>(a.batch) * a.kv_heads * a.splits * q_n * D + base * 2;
+  for (int i = threadIdx.x; i < QN * D; i += W * 32) {
+    const int qq = i / D, dd = i % D, qi = q0 + qq;
+    if (qi >= q_n)
+      continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+      mx = fmaxf(mx, cm[w][qq]);
+    float o = 0.0f, sum = 0.0f;
+    if (mx != -INFINITY)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        if (cm[w][qq] == -INFINITY)
+          continue;
+        const float f = __expf(cm[w][qq] - mx);
+        o += cacc[w][qq][dd] * f;
+        sum += cl[w][qq] * f;
+      }
+    po[static_cast<size_t>(qi) * D + dd] = o;
+    if (dd == 0) {
+      pml[2 * qi] = mx;
+      pml[2 * qi + 1] = sum;
+    }
+  }
+}
+
+template <typename T, int D>
+void launch_warp(const decode_attention_args& a, int q_n, cudaStream_t stream) {
+  const dim3 threads_w(warp_kernel_warps * 32);
+  auto grid = [&](int qn) { return dim3(a.batch * a.kv_heads, a.splits, (q_n + qn - 1) / qn); };
+  if (q_n <= 1)
+    warp_partial_kernel<T, D, 1><<<grid(1), threads_w, 0, stream>>>(a);
+  else if (q_n <= 2)
+    warp_partial_kernel<T, D, 2><<<grid(2), threads_w, 0, stream>>>(a);
+  else if (q_n <= 4)
+    warp_partial_kernel<T, D, 4><<<grid(4), threads_w, 0, stream>>>(a);
+  else
+    warp_partial_kernel<T, D, 8><<<grid(8), threads_w, 0, stream>>>(a);
+}
+
 template <typename T>
 void launch(const decode_attention_args& a, cudaStream_t stream) {
   const auto g = geometry_of(a);
-  const auto bytes = shared_bytes(g.queries, a.head_dim);
-  cudaFuncSetAttribute(partial_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  partial_kernel<T><<<dim3(a.batch * a.kv_heads, a.splits), threads, bytes, stream>>>(a);
+  if (a.head_dim == 128)
+    launch_warp<T, 128>(a, g.queries, stream);
+  else if (a.head_dim == 64)
+    launch_warp<T, 64>(a, g.queries, stream);
+  else if (a.head_dim == 32)
+    launch_warp<T, 32>(a, g.queries, stream);
+  else {
+    const auto bytes = shared_bytes(g.queries, a.head_dim);
+    cudaFuncSetAttribute(partial_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    partial_kernel<T><<<dim3(a.batch * a.kv_heads, a.splits), threads, bytes, stream>>>(a);
+  }
   combine_kernel<T><<<a.batch * a.queries * a.heads, a.head_dim < 32 ? 32 : a.head_dim, 0, stream>>>(a);
 }
 
 } // namespace
 
 int decode_attention_splits(int batch, int kv_heads, int capacity, int sms) {
-  const int tiles = (capacity + tile - 1) / tile;
+  // A split of at least four tiles: one for each warp of the bandwidth path.
+  const int tiles = (capacity + 4 * tile - 1) / (4 * tile);
   const int rows = batch * kv_heads > 0 ? batch * kv_heads : 1;
   int want = (2 * sms + rows - 1) / rows;
   if (want < 1)

@@ -12,11 +12,17 @@
 /// query head h reads kv head h / (H/K) (grouped-query attention, as
 /// repeat_interleave).  out [B, T, H, d] (the o-projection's input layout).
 ///
-/// Two kernels: (1) per (row, kv head, split of the cache) a CTA computes
-/// the softmax partials — running max m, sum l and the unnormalised
-/// output — of the H/K·T queries of that kv head over its keys, in tiles of
-/// 32 keys staged in shared memory, in fp32; (2) per (row, query, head) the
-/// splits are combined: M = max m_s, out = Σ o_s e^{m_s−M} / Σ l_s e^{m_s−M}.
+/// Two kernels: (1) per (row, kv head, split of the cache) the softmax
+/// partials — running max m, sum l and the unnormalised output — of the
+/// H/K·T queries of that kv head over the split's keys, in fp32; (2) per
+/// (row, query, head) the splits are combined: M = max m_s, out = Σ o_s
+/// e^{m_s−M} / Σ l_s e^{m_s−M}.  Kernel (1) for d = 32, 64 or 128 (the
+/// bandwidth path): a CTA of four warps per (row, kv head, split, group of
+/// up to 8 queries), each warp its own 32-key tiles, lane j scoring key j
+/// against the group's queries with its key row read in 16-byte loads, an
+/// online softmax across the warp, then the values a row at a time, each
+/// lane d/32 of them; the warps merged in shared memory.  Other d: a CTA per
+/// (row, kv head, split) that stages tiles of 32 keys in shared memory.
 /// The workspace (fp32 partials) is the caller's: graph-capturable, no
 /// allocation, no synchronisation.  No LibTorch here.
 ///
@@ -51,7 +57,7 @@ struct decode_attention_args {
 };
 
 /// A split count that fills the device: about two CTAs per SM over B·K·S,
-/// each split at least one tile (32 keys).
+/// each split at least four tiles (128 keys: a tile for each warp).
 int decode_attention_splits(int batch, int kv_heads, int capacity, int sms);
 
 /// Bytes of fp32 workspace the arguments need (partials of every split).

@@ -31,15 +31,19 @@ struct alignas(sizeof(T) * N) lanes {
 /// 32), EPL elements a lane.  A warp takes one token: its cos/sin once into
 /// registers, then its H + K query and key heads, 32 / LPR at a time.
 template <typename T, int EPL, int LPR>
-__global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_norm_rope_args a) {
+__global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_norm_rope_args a, int split) {
   constexpr int rows_per_pass = 32 / LPR;
   const int lane = threadIdx.x & 31;
   const int sub = lane % LPR;  // lane within the row
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * warps_per_cta + (threadIdx.x >> 5);
+  const int64_t t = gw / split;
+  const int slice = static_cast<int>(gw % split);  // this warp's share of the token's heads
   if (t >= a.tokens)  // a whole warp: no shuffle is left waiting
     return;
   const int h = a.head_dim;
   const int per_token = a.heads + a.kv_heads;
+  const bool cached = a.k_cache != nullptr;
+  const int rows = cached ? per_token + a.kv_heads : per_token;  // + the value heads, copied
   float c[EPL], s[EPL];
 #pragma unroll
   for (int e = 0; e < EPL; ++e) {  // the composite casts cos/sin to T first
@@ -50,19 +54,37 @@ __global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_nor
   T* base = static_cast<T*>(a.qkv) + t * a.row_stride + sub * EPL;
   const T* qw = static_cast<const T*>(a.q_norm) + sub * EPL;
   const T* kw = static_cast<const T*>(a.k_norm) + sub * EPL;
+  // Where this token's keys and values go in the cache (cached only).
+  int64_t pos = 0, cache_row = 0;
+  if (cached) {
+    const int64_t r = t / a.tokens_per_row;
+    pos = a.lengths[r] + t % a.tokens_per_row;
+    cache_row = r * a.kv_heads;
+  }
+  auto to_cache = [&](void* cache, int kh, const lanes<T, EPL>& v) {
+    if (pos < a.capacity)
+      *reinterpret_cast<lanes<T, EPL>*>(static_cast<T*>(cache) + ((cache_row + kh) * a.capacity + pos) * h
+                                        + sub * EPL) = v;
+  };
   // The next pass's row is loaded before this pass's shuffles (one row in
   // flight behind the arithmetic: the loads are the latency).
   auto load = [&](int head, lanes<T, EPL>& xv) {
-    if (head < per_token)
+    if (head < rows)
       xv = *reinterpret_cast<const lanes<T, EPL>*>(base + static_cast<int64_t>(head) * h);
   };
+  const int step = rows_per_pass * split;
   lanes<T, EPL> next{};
-  load(lane / LPR, next);
-  for (int head0 = 0; head0 < per_token; head0 += rows_per_pass) {
+  load(slice * rows_per_pass + lane / LPR, next);
+  for (int head0 = slice * rows_per_pass; head0 < rows; head0 += step) {
     const int head = head0 + lane / LPR;
-    const bool live = head < per_token;
+    const bool live = head < rows;
     const lanes<T, EPL> xv = next;
-    load(head + rows_per_pass, next);
+    load(head + step, next);
+    if (head0 >= per_token) {  // a pass of value heads only: copied to the cache (warp-uniform)
+      if (live)
+        to_cache(a.v_cache, head - per_token, xv);
+      continue;
+    }
     const auto wv = *reinterpret_cast<const lanes<T, EPL>*>(head < a.heads ? qw : kw);
     float v[EPL];
     float ss = 0.f;
@@ -88,25 +110,35 @@ __global__ void __launch_bounds__(warps_per_cta * 32) qk_norm_rope_kernel(qk_nor
       const float rot = low ? -partner : partner;
       out.t[e] = elem<T>::narrow(__fadd_rn(round_to<T>(__fmul_rn(v[e], c[e])), round_to<T>(__fmul_rn(rot, s[e]))));
     }
-    if (live)
+    if (live && head < per_token) {
       *reinterpret_cast<lanes<T, EPL>*>(base + static_cast<int64_t>(head) * h) = out;
+      if (cached && head >= a.heads)
+        to_cache(a.k_cache, head - a.heads, out);
+    } else if (live) {  // a value head in a pass that began with key heads (h = 16: two rows a pass)
+      to_cache(a.v_cache, head - per_token, xv);
+    }
   }
 }
 
 template <typename T>
 cudaError_t launch_qk(const qk_norm_rope_args& a, cudaStream_t stream) {
-  const int64_t ctas = (a.tokens + warps_per_cta - 1) / warps_per_cta;
+  // Few tokens (a decode step): several warps a token, so that ~1024 warps
+  // share the heads instead of one warp walking them all.
+  const int rows = a.heads + a.kv_heads + (a.k_cache ? a.kv_heads : 0);
+  int64_t split = a.tokens > 0 ? std::min<int64_t>(rows, std::max<int64_t>(1, 1024 / a.tokens)) : 1;
+  const int64_t ctas = (a.tokens * split + warps_per_cta - 1) / warps_per_cta;
   if (ctas == 0)
     return cudaSuccess;
   if (ctas > 0x7fffffff)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(ctas)), block(warps_per_cta * 32);
+  const int sp = static_cast<int>(split);
   switch (a.head_dim) {
-  case 16: qk_norm_rope_kernel<T, 1, 16><<<grid, block, 0, stream>>>(a); break;
-  case 32: qk_norm_rope_kernel<T, 1, 32><<<grid, block, 0, stream>>>(a); break;
-  case 64: qk_norm_rope_kernel<T, 2, 32><<<grid, block, 0, stream>>>(a); break;
-  case 128: qk_norm_rope_kernel<T, 4, 32><<<grid, block, 0, stream>>>(a); break;
-  case 256: qk_norm_rope_kernel<T, 8, 32><<<grid, block, 0, stream>>>(a); break;
+  case 16: qk_norm_rope_kernel<T, 1, 16><<<grid, block, 0, stream>>>(a, sp); break;
+  case 32: qk_norm_rope_kernel<T, 1, 32><<<grid, block, 0, stream>>>(a, sp); break;
+  case 64: qk_norm_rope_kernel<T, 2, 32><<<grid, block, 0, stream>>>(a, sp); break;
+  case 128: qk_norm_rope_kernel<T, 4, 32><<<grid, block, 0, stream>>>(a, sp); break;
+  case 256: qk_norm_rope_kernel<T, 8, 32><<<grid, block, 0, stream>>>(a, sp); break;
   default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -163,7 +195,9 @@ cudaError_t qk_norm_rope(const qk_norm_rope_args& a, cudaStream_t stream) {
       || a.row_stride < static_cast<int64_t>(a.heads + 2 * a.kv_heads) * a.head_dim || a.qkv == nullptr
       || a.q_norm == nullptr || a.k_norm == nullptr || a.cos == nullptr || a.sin == nullptr
       || !aligned16(a.qkv) || (a.row_stride * 2) % 16 != 0 || (a.head_dim * 2) % 16 != 0
-      || !aligned16(a.q_norm) || !aligned16(a.k_norm))
+      || !aligned16(a.q_norm) || !aligned16(a.k_norm)
+      || (a.k_cache && (!a.v_cache || !a.lengths || a.capacity < 1 || a.tokens_per_row < 1
+                        || !aligned16(a.k_cache) || !aligned16(a.v_cache))))
     return cudaErrorInvalidValue;
   return a.dtype == fused_dtype::bf16 ? launch_qk<__nv_bfloat16>(a, stream) : launch_qk<__half>(a, stream);
 }

@@ -14,9 +14,10 @@
 ///   out = T(T(y · c) + T(rot(y) · s)), c = T(cos), s = T(sin)   (RoPE, rotate_half)
 /// Only the order of the fp32 sum of squares differs from the composite
 /// (as in norm_rope.cu).  Value heads are left alone.
-/// Design: a warp a token (its cos/sin read once), 32 lanes a head row (16
-/// for h = 16), h/32 elements a lane; the RoPE partner of a lane's elements
-/// (distance h/2) is half the row's lanes away.
+/// Design: a warp a token (its cos/sin read once) or, with few tokens (a
+/// decode step), several warps a token, each a share of its heads; 32 lanes
+/// a head row (16 for h = 16), h/32 elements a lane; the RoPE partner of a
+/// lane's elements (distance h/2) is half the row's lanes away.
 ///
 /// swiglu_rows: gu [T, 2·I] (gate in columns [0, I), up in [I, 2·I), as the
 /// fused gate/up projection writes them) → out [T, I] contiguous,
@@ -40,6 +41,16 @@ struct qk_norm_rope_args {
   const void* k_norm = nullptr;               ///< [h], 16-byte aligned
   const float* cos = nullptr;                 ///< [T, h] contiguous fp32 (rope_tables)
   const float* sin = nullptr;                 ///< [T, h]
+  /// Optional, the decoder's KV cache: when k_cache is set, token t (row
+  /// t / tokens_per_row, position lengths[row] + t % tokens_per_row) also
+  /// writes its normalised, rotated key heads to k_cache and its value heads
+  /// (as they are) to v_cache, both [rows, K, capacity, h] contiguous and
+  /// 16-byte aligned; a position ≥ capacity is not written.
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int64_t* lengths = nullptr;           ///< [rows] on the device
+  int64_t capacity = 0;
+  int64_t tokens_per_row = 1;
 };
 
 /// nullptr when the kernel takes this head_dim; otherwise why not.

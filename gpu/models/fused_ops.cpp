@@ -1,10 +1,12 @@
 #include "gpu/models/fused_ops.hpp"
 
+#include <algorithm>
 #include <climits>
 
 #include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
+#include "gpu/kernels/decode_gemv.hpp"
 #include "gpu/kernels/norm_rope.hpp"
 #include "gpu/kernels/swiglu.hpp"
 #include "gpu/kernels/target_fused.hpp"
@@ -391,7 +393,8 @@ at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at
 
 void qk_norm_rope_inplace(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
-                          const at::Tensor& cos, const at::Tensor& sin) {
+                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& lengths, int64_t tokens_per_row) {
 #ifdef TANDEM_HAVE_CUDA
   c10::cuda::CUDAGuard guard(qkv.device());
   kernels::qk_norm_rope_args a;
@@ -407,10 +410,71 @@ void qk_norm_rope_inplace(const at::Tensor& qkv, const at::Tensor& q_norm, const
   a.k_norm = k_norm.data_ptr();
   a.cos = cos.data_ptr<float>();
   a.sin = sin.data_ptr<float>();
+  if (k_cache.defined()) {
+    if (!k_cache.is_contiguous() || !v_cache.is_contiguous() || k_cache.sizes() != v_cache.sizes()
+        || k_cache.dim() != 4 || k_cache.size(1) != kv_heads || k_cache.size(3) != head_dim
+        || k_cache.scalar_type() != qkv.scalar_type() || lengths.scalar_type() != at::kLong
+        || lengths.numel() != k_cache.size(0) || qkv.size(0) != k_cache.size(0) * tokens_per_row)
+      throw error(errc::bad_input, "q/k norm + rope: the caches, lengths or tokens per row do not match qkv");
+    a.k_cache = k_cache.data_ptr();
+    a.v_cache = v_cache.data_ptr();
+    a.lengths = lengths.data_ptr<int64_t>();
+    a.capacity = k_cache.size(2);
+    a.tokens_per_row = tokens_per_row;
+  }
   check_launch(kernels::qk_norm_rope(a, at::cuda::getCurrentCUDAStream()), "q/k norm + rope");
 #else
   (void)qkv, (void)q_norm, (void)k_norm, (void)heads, (void)kv_heads, (void)head_dim, (void)eps, (void)cos, (void)sin;
+  (void)k_cache, (void)v_cache, (void)lengths, (void)tokens_per_row;
   throw error(errc::device_failure, "q/k norm + rope: built without CUDA");
+#endif
+}
+
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual,
+                         const at::Tensor& norm_weight, double eps, bool swiglu_input) {
+#ifdef TANDEM_HAVE_CUDA
+  const auto t = x.scalar_type();
+  if (!x.is_cuda() || (t != at::kBFloat16 && t != at::kHalf) || x.dim() != 2 || w.dim() != 2
+      || w.scalar_type() != t || !w.is_contiguous() || w.device() != x.device() || x.stride(1) != 1
+      || w.size(1) * (swiglu_input ? 2 : 1) != x.size(1) || (swiglu_input && norm_weight.defined())
+      || (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad())))
+    return {};
+  const auto m = x.size(0), n = w.size(0);
+  if (residual.defined()
+      && (residual.scalar_type() != t || residual.dim() != 2 || residual.size(0) != m || residual.size(1) != n
+          || residual.stride(1) != 1 || residual.device() != x.device()))
+    return {};
+  if (norm_weight.defined()
+      && (norm_weight.scalar_type() != t || norm_weight.numel() != w.size(1) || !norm_weight.is_contiguous()
+          || norm_weight.device() != x.device()))
+    return {};
+  kernels::decode_gemv_args a;
+  a.m = static_cast<int>(std::min<int64_t>(m, INT_MAX));
+  a.n = n;
+  a.k = w.size(1);
+  a.swiglu_input = swiglu_input;
+  a.dtype = t == at::kHalf ? kernels::gemv_dtype::fp16 : kernels::gemv_dtype::bf16;
+  a.x = x.data_ptr();
+  a.ldx = x.stride(0);
+  a.w = w.data_ptr();
+  if (residual.defined()) {
+    a.residual = residual.data_ptr();
+    a.ldr = residual.stride(0);
+  }
+  if (norm_weight.defined())
+    a.norm_weight = norm_weight.data_ptr();
+  a.eps = static_cast<float>(eps);
+  auto y = at::empty({m, n}, x.options());
+  a.y = y.data_ptr();
+  a.ldy = n;
+  if (kernels::decode_gemv_unsupported(a))
+    return {};
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch(kernels::decode_gemv(a, at::cuda::getCurrentCUDAStream()), "decode gemv");
+  return y;
+#else
+  (void)x, (void)w, (void)residual, (void)norm_weight, (void)eps, (void)swiglu_input;
+  return {};
 #endif
 }
 

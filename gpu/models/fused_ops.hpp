@@ -53,9 +53,24 @@ at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 /// device.  qk_norm_rope_inplace: on qkv [T, (H+2K)·h] (q heads, k heads,
 /// v heads a row), each q and k head RMS-normalised by q_norm / k_norm and
 /// rotated by cos/sin [T, h] (fp32, contiguous), in place; v untouched.
+/// With k_cache defined (the decoder's caches [B, K, C, h], lengths [B]
+/// int64 on the device, T = B · tokens_per_row): token t's keys (after the
+/// norm and RoPE) and values also go to position lengths[t / tokens_per_row]
+/// + t % tokens_per_row of its row's caches, in the same kernel.
 void qk_norm_rope_inplace(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
-                          const at::Tensor& cos, const at::Tensor& sin);
+                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache = {},
+                          const at::Tensor& v_cache = {}, const at::Tensor& lengths = {},
+                          int64_t tokens_per_row = 1);
+/// y = x̂ · wᵀ (+ residual) through the decode GEMV kernel (gpu/kernels/
+/// decode_gemv.hpp) for one to four rows: x̂ = x, or rms_norm(x,
+/// norm_weight, eps) when norm_weight is defined, or swiglu_rows(x) when
+/// swiglu_input (x then [m, 2k]: gate, then up) — fused in, the same
+/// rounding.  x [m, k] (unit column stride), w [n, k] contiguous, residual
+/// [m, n] or undefined; CUDA bf16/fp16, no autograd.  An undefined tensor
+/// when the kernel does not take the operands: the caller runs cuBLAS.
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual,
+                         const at::Tensor& norm_weight, double eps, bool swiglu_input = false);
 /// silu(gate) · up over gu [T, 2I] (gate columns, then up) → [T, I].
 at::Tensor swiglu_rows(const at::Tensor& gu);
 /// The composites (the code the kernels replace; CPU path and reference).

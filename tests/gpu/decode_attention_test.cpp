@@ -88,6 +88,8 @@ TEST(decode_attention, matches_masked_sdpa_in_fp32_and_bf16) {
     {4, 4, 4, 16, 32, 129, 5, at::kFloat},     // plain heads, capacity 129
     {2, 32, 8, 1, 128, 1100, 35, at::kBFloat16},
     {3, 32, 8, 16, 128, 520, 3, at::kBFloat16},
+    {2, 16, 4, 1, 64, 300, 4, at::kBFloat16},   // d 64 and 32 on the bandwidth path in bf16
+    {3, 4, 2, 4, 32, 300, 2, at::kBFloat16},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
@@ -114,11 +116,15 @@ TEST(decode_attention, refuses_shapes_outside_its_limits) {
 
 /// Prefill of 3 rows of different lengths, 3 decode steps, one block of 16:
 /// the logits of every forward under TANDEM_DECODE=`mode`.
-std::vector<at::Tensor> decode_logits(const char* mode, int64_t* replays, at::ScalarType dtype = at::kFloat) {
+std::vector<at::Tensor> decode_logits(const char* mode, int64_t* replays, at::ScalarType dtype = at::kFloat,
+                                      bool gemv = true) {
   const auto target = qwen3_target::load(test::tiny_target_dir(), at::Device(at::kCUDA, 0), dtype, {1, 3}, true);
   setenv("TANDEM_DECODE", mode, 1);  // read when the decoder is made
+  if (!gemv)
+    setenv("TANDEM_DECODE_GEMV", "0", 1);
   target_decoder td(target, 3, 128);
   unsetenv("TANDEM_DECODE");
+  unsetenv("TANDEM_DECODE_GEMV");
   auto g = at::make_generator<at::CPUGeneratorImpl>(7);
   const auto vocab = target.config().vocab_size;
   const auto ids_opts = at::TensorOptions().dtype(at::kLong);
@@ -178,14 +184,18 @@ TEST(decode_attention, fused_bf16_decode_is_as_close_to_fp32_as_the_composites) 
   EXPECT_EQ(replays, 5);
   const auto eager = decode_logits("eager", &replays, at::kBFloat16);
   const auto sdpa = decode_logits("sdpa", &replays, at::kBFloat16);
+  // The decode steps (3 rows) run the decode GEMV kernel; without it, cuBLAS.
+  const auto blas = decode_logits("graphs", &replays, at::kBFloat16, /*gemv=*/false);
   ASSERT_EQ(graphs.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i) {
     const double e_graphs = test::rel_err(graphs[i], ref[i]), e_eager = test::rel_err(eager[i], ref[i]);
-    const double e_sdpa = test::rel_err(sdpa[i], ref[i]);
-    std::printf("forward %zu: rel err vs fp32: graphs %.3e eager %.3e sdpa %.3e\n", i, e_graphs, e_eager, e_sdpa);
+    const double e_sdpa = test::rel_err(sdpa[i], ref[i]), e_blas = test::rel_err(blas[i], ref[i]);
+    std::printf("forward %zu: rel err vs fp32: graphs %.3e eager %.3e sdpa %.3e graphs on cuBLAS %.3e\n", i,
+                e_graphs, e_eager, e_sdpa, e_blas);
     EXPECT_LT(e_graphs, 6e-2) << "forward " << i;  // the composites' own bf16 error here: 1.9e-2 to 4.5e-2 (H200)
     EXPECT_LT(e_graphs, 1.5 * e_sdpa + 2e-3) << "forward " << i;
     EXPECT_LT(e_eager, 1.5 * e_sdpa + 2e-3) << "forward " << i;
+    EXPECT_LT(e_graphs, 1.5 * e_blas + 2e-3) << "forward " << i;
   }
 }
 

@@ -34,8 +34,8 @@ void add_bench(CLI::App& app, int& exit_code) {
                 "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
   cmd->add_option("--profile-steps", opts->profile_steps,
-                  "drafter_step and target_forward: eager runs profiled after timing for the "
-                  "per-kernel-class GPU time (kernel_ms); 0 turns it off")
+                  "drafter_step and target_forward (eager runs) and target_decode (its steps as timed): "
+                  "runs profiled after timing for the per-kernel-class GPU time (kernel_ms); 0 turns it off")
     ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--trace", opts->trace_dir,
                   "drafter_step, target_forward: save the profiled runs' Chrome trace in this folder");
