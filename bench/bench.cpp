@@ -895,14 +895,10 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     j["bytes_read"] = weight_bytes + kv_bytes;
     j["hbm_bound_ms"] = bound_ms;
     j["fraction_of_hbm_bound"] = bound_ms / t.median;
-    // TANDEM_DECODE_GEMV=0: the projections on cuBLAS at batch 1 too (A/B).
-    auto env_is = [](const char* name, const char* value) {
-      const char* e = std::getenv(name);
-      return e && std::string(e) == value;
-    };
-    j["decode_gemv"] = !env_is("TANDEM_DECODE_GEMV", "0");
+    // TANDEM_DECODE_GEMV=0: the projections on cuBLAS at batch 1 too (A/B);
     // TANDEM_PDL=0: the decode GEMV launched plainly (gpu/kernels/pdl.cuh).
-    j["pdl"] = !env_is("TANDEM_PDL", "0");
+    j["decode_gemv"] = td.gemv();
+    j["pdl"] = !(std::getenv("TANDEM_PDL") && std::string(std::getenv("TANDEM_PDL")) == "0");
     const auto kernels = profile_kernels(dev, o.profile_steps,
                                          o.trace_dir.empty() ? ""
                                                              : o.trace_dir + "/target_decode_" + size + "_b"

@@ -240,23 +240,22 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
     sin_flat = sin.reshape({b * t, c.head_dim}).contiguous();
   }
 #endif
-  // A projection of the fused path: (norm(in) when `norm` is defined) · wᵀ
-  // (+ residual); the decode GEMV kernel at one to four rows, else cuBLAS.
+  // A projection of the fused path: x̂ · wᵀ (+ residual), x̂ = norm(in) when
+  // `norm` is defined, swiglu_rows(in) with `swiglu`, else in; the decode
+  // GEMV kernel (those fused in) at one to four rows, else cuBLAS.
   auto project = [&](const at::Tensor& in, const at::Tensor& weight, const at::Tensor& residual,
-                     const at::Tensor& norm) {
+                     const at::Tensor& norm, bool swiglu = false) {
 #ifdef TANDEM_HAVE_CUDA
     if (gemv_)
-      if (auto y = decode_linear(in, weight, residual, norm, d.eps); y.defined())
+      if (auto y = decode_linear(in, weight, residual, norm, d.eps, swiglu); y.defined())
         return y;
 #endif
-    auto a = norm.defined() ? rms_norm(in, norm, d.eps) : in;
+    auto a = norm.defined() ? rms_norm(in, norm, d.eps) : swiglu ? swiglu_rows(in) : in;
     return residual.defined() ? at::addmm(residual, a, weight.t()) : at::mm(a, weight.t());
   };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const auto& l = w.layers[i];
-    at::Tensor h, q;
-    if (!fused)
-      h = rms_norm(x, l.input_norm, d.eps);
+    at::Tensor q;
     if (fused) {
 #ifdef TANDEM_HAVE_CUDA
       // The target's fused layout (qwen3_packed.cpp): one GEMM for q, k and
@@ -274,6 +273,7 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
       q = split(0, hh, d.heads);
 #endif
     } else {
+      const auto h = rms_norm(x, l.input_norm, d.eps);
       q = project_q(h, l, d, cos, sin);
       write_cache(cache_.k[i], project_k(h, l, d, cos, sin), pos);
       write_cache(cache_.v[i], project_v(h, l, d), pos);
@@ -314,11 +314,7 @@ target_decoder::output target_decoder::run(const at::Tensor& ids, bool want_taps
       // Residual adds in the GEMMs' epilogues; out of place (a tap may be x itself).
       x = project(attn.reshape({b * t, d.heads * d.head_dim}), l.o_proj, x.reshape({b * t, d.hidden}), {});
       auto gu = project(x, l.gate_up_proj, {}, l.post_norm);
-      // SwiGLU fused into the down projection's GEMV where it runs.
-      auto down = gemv_ ? decode_linear(gu, l.down_proj, x, {}, d.eps, /*swiglu_input=*/true) : at::Tensor();
-      if (!down.defined())
-        down = project(swiglu_rows(gu), l.down_proj, x, {});
-      x = down.view({b, t, d.hidden});
+      x = project(gu, l.down_proj, x, {}, /*swiglu=*/true).view({b, t, d.hidden});
 #endif
     } else {
       x = x + at::linear(attn, l.o_proj);

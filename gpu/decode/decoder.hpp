@@ -74,6 +74,9 @@ public:
   const qwen3_target& target() const { return target_; }
   /// Forwards replayed from a captured graph so far (0 on the CPU).
   int64_t replays() const { return replays_; }
+  /// Whether forwards of one to four rows use the decode GEMV kernel
+  /// (TANDEM_DECODE_GEMV, read at construction).
+  bool gemv() const { return gemv_; }
   ~target_decoder();
 
 private:
@@ -92,7 +95,7 @@ private:
   bool graphs_ = false;
   bool kernel_ = true;
   bool fused_layout_ = false;  ///< the kernel modes use the target's fused layout (qwen3.hpp)
-  bool gemv_ = true;           ///< its projections at ≤ 4 rows on the decode GEMV kernel (TANDEM_DECODE_GEMV)
+  bool gemv_ = false;          ///< its projections at ≤ 4 rows on the decode GEMV kernel (CUDA; TANDEM_DECODE_GEMV)
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<graph>> graphs_by_shape_;
   int64_t replays_ = 0;
 };

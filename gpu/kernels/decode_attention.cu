@@ -192,26 +192,6 @@ __global__ void combine_kernel(decode_attention_args a) {
   }
 }
 
-/// N consecutive elements of T in one access.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) vec {
-  T t[N];
-};
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 constexpr int warp_kernel_warps = 4;
 
 /// The bandwidth path (d = 32, 64 or 128; up to QN = 8 queries a CTA, more
@@ -258,7 +238,7 @@ __global__ void __launch_bounds__(warp_kernel_warps * 32) warp_partial_kernel(de
   // re-read its last row, weighted 0).  Issued a tile ahead: the next
   // tile's keys once the scores are done, its values once they are used.
   uint4 kreg[KV];
-  vec<T, EPL> vreg[VB];
+  lanes<T, EPL> vreg[VB];
   auto load_keys = [&](int64_t p0) {
     const int64_t key = p0 + lane;
     if (key < p_end) {
@@ -271,7 +251,7 @@ __global__ void __launch_bounds__(warp_kernel_warps * 32) warp_partial_kernel(de
   auto value_row = [&](int64_t p0, int j) {
     const int n = static_cast<int>(p_end - p0 < 32 ? p_end - p0 : 32);
     const int jj = j < n ? j : n - 1;
-    return *reinterpret_cast<const vec<T, EPL>*>(v + (row + p0 + jj) * D + lane * EPL);
+    return *reinterpret_cast<const lanes<T, EPL>*>(v + (row + p0 + jj) * D + lane * EPL);
   };
   auto load_values = [&](int64_t p0) {
 #pragma unroll
@@ -317,7 +297,7 @@ __global__ void __launch_bounds__(warp_kernel_warps * 32) warp_partial_kernel(de
     if (valid) {
 #pragma unroll
       for (int c = 0; c < KV; ++c) {
-        vec<T, VE> kt;
+        lanes<T, VE> kt;
         memcpy(&kt, &kreg[c], sizeof kt);
 #pragma unroll
         for (int e = 0; e < VE; ++e) {
@@ -348,7 +328,7 @@ __global__ void __launch_bounds__(warp_kernel_warps * 32) warp_partial_kernel(de
       pw[warp][qq][lane] = p;
     }
     __syncwarp();
-    auto accumulate = [&](const vec<T, EPL>& vv, int j) {
+    auto accumulate = [&](const lanes<T, EPL>& vv, int j) {
 #pragma unroll
       for (int qq = 0; qq < QN; ++qq) {
         const float pj = pw[warp][qq][j];

@@ -19,7 +19,6 @@ constexpr int threads = warps_per_cta * 32;
 constexpr int unroll = 4;  // 16-byte loads a lane per row in flight (two rows: eight)
 constexpr int max_rows = 4;
 constexpr size_t max_smem = 96 * 1024;
-constexpr unsigned full_mask = 0xffffffffu;
 
 /// A 16-byte load of weights that are read once a step: through the
 /// non-coherent path, not allocated in L1.
@@ -70,13 +69,6 @@ __device__ __forceinline__ uint4 narrow8(const float (&f)[8]) {
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(full_mask, v, o);
-  return v;
-}
-
 enum prologue { plain = 0, norm = 1, swiglu = 2 };
 
 /// One CTA: x̂ into shared memory, then row pairs of W, grid-strided.
@@ -118,8 +110,8 @@ __global__ void __launch_bounds__(threads) gemv_kernel(decode_gemv_args a) {
         widen8<T>(gr[v], g);
         widen8<T>(ur[v], u);
 #pragma unroll
-        for (int e = 0; e < 8; ++e)  // silu as ATen computes it in fp32, times up; one rounding (swiglu_rows)
-          g[e] = g[e] / (1.f + expf(-g[e])) * u[e];
+        for (int e = 0; e < 8; ++e)  // one rounding, as swiglu_rows
+          g[e] = swiglu_value(g[e], u[e]);
         xs[m * kv + v] = narrow8<T>(g);
       }
     }
@@ -296,7 +288,7 @@ const char* decode_gemv_unsupported(const decode_gemv_args& a) {
     return "k not a positive multiple of 8 (or n < 1)";
   if (static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * element_bytes(a.dtype) > max_smem)
     return "m · k elements over 96 KiB";
-  if (!a.x || !a.w || !a.y || !aligned16(a.x) || !aligned16(a.w) || (a.m > 1 && a.ldx % 8 != 0))
+  if (!a.x || !a.w || !aligned16(a.x) || !aligned16(a.w) || (a.m > 1 && a.ldx % 8 != 0))
     return "x or W not 16-byte aligned";
   if (a.ldx < (a.swiglu_input ? 2 * a.k : a.k) || (a.m > 1 && a.ldy < a.n) || (a.residual && a.m > 1 && a.ldr < a.n))
     return "a row stride shorter than its row";
@@ -308,7 +300,7 @@ const char* decode_gemv_unsupported(const decode_gemv_args& a) {
 }
 
 cudaError_t decode_gemv(const decode_gemv_args& a, cudaStream_t stream) {
-  if (decode_gemv_unsupported(a))
+  if (decode_gemv_unsupported(a) || !a.y)
     return cudaErrorInvalidValue;
   return a.dtype == gemv_dtype::bf16 ? launch_t<__nv_bfloat16>(a, stream) : launch_t<__half>(a, stream);
 }

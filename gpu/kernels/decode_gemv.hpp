@@ -54,11 +54,13 @@ struct decode_gemv_args {
   int64_t ldy = 0;
 };
 
-/// nullptr when the kernel takes these arguments; otherwise why not.
+/// nullptr when the kernel takes these arguments; otherwise why not.  Does
+/// not look at y (any pointer: the kernel writes it element by element), so
+/// a caller can ask before allocating it.
 const char* decode_gemv_unsupported(const decode_gemv_args& a);
 
 /// Launches on `stream` (the current device).  cudaErrorInvalidValue,
-/// launching nothing, when decode_gemv_unsupported says why not.
+/// launching nothing, when decode_gemv_unsupported says why not or y is null.
 cudaError_t decode_gemv(const decode_gemv_args& a, cudaStream_t stream);
 
 } // namespace tandem::gpu::kernels

@@ -1,7 +1,9 @@
 #pragma once
 /// Element types of Tandem's kernels: widen to float for the arithmetic,
-/// narrow back with round-to-nearest-even (as LibTorch's casts do).
-/// Device code only; included by the .cu files.
+/// narrow back with round-to-nearest-even (as LibTorch's casts do); the
+/// vector of N elements moved in one access, the full-warp reductions and
+/// the SwiGLU value that several kernels share.  Device code only; included
+/// by the .cu files.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,5 +30,31 @@ struct elem<float> {
   static __device__ __forceinline__ float widen(float x) { return x; }
   static __device__ __forceinline__ float narrow(float x) { return x; }
 };
+
+/// N consecutive elements of T, loaded and stored in one access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) lanes {
+  T t[N];
+};
+
+/// The sum / max of v over the 32 lanes of a warp, in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// silu(g) · u, silu as ATen computes it in fp32: x / (1 + exp(−x)).
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g / (1.f + expf(-g)) * u;
+}
 
 } // namespace tandem::gpu::kernels

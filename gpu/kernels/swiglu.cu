@@ -72,11 +72,6 @@ struct pack {
   }
 };
 
-/// silu(g) · u, silu as ATen computes it in fp32: x / (1 + exp(−x)).
-__device__ __forceinline__ float swiglu_value(float g, float u) {
-  return g / (1.f + expf(-g)) * u;
-}
-
 /// The two gradients of silu(g) · u for dy (ATen's silu_backward for the
 /// gate, with dy · u as its incoming gradient).
 __device__ __forceinline__ void swiglu_grads(float dy, float g, float u, float& d_gate,

@@ -21,12 +21,6 @@ __device__ __forceinline__ float round_to(float x) {
   return elem<T>::widen(elem<T>::narrow(x));
 }
 
-/// N consecutive elements of T, loaded and stored in one access.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) lanes {
-  T t[N];
-};
-
 /// A (token, head) row of h = EPL·LPR elements is held by LPR lanes (16 or
 /// 32), EPL elements a lane.  A warp takes one token: its cos/sin once into
 /// registers, then its H + K query and key heads, 32 / LPR at a time.
@@ -158,9 +152,8 @@ __global__ void swiglu_rows_kernel(swiglu_rows_args a) {
     lanes<T, n> o;
 #pragma unroll
     for (int e = 0; e < n; ++e) {
-      // silu as ATen computes it in fp32, x / (1 + exp(−x)), times up; one rounding.
-      const float gf = elem<T>::widen(gv.t[e]), uf = elem<T>::widen(uv.t[e]);
-      o.t[e] = elem<T>::narrow(gf / (1.f + expf(-gf)) * uf);
+      // silu(gate) · up in fp32, one rounding.
+      o.t[e] = elem<T>::narrow(swiglu_value(elem<T>::widen(gv.t[e]), elem<T>::widen(uv.t[e])));
     }
     *reinterpret_cast<lanes<T, n>*>(static_cast<T*>(a.out) + t * a.inter + k * n) = o;
   }

@@ -464,11 +464,11 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   if (norm_weight.defined())
     a.norm_weight = norm_weight.data_ptr();
   a.eps = static_cast<float>(eps);
-  auto y = at::empty({m, n}, x.options());
-  a.y = y.data_ptr();
   a.ldy = n;
   if (kernels::decode_gemv_unsupported(a))
-    return {};
+    return {};  // before allocating y: the caller runs cuBLAS, which makes its own
+  auto y = at::empty({m, n}, x.options());
+  a.y = y.data_ptr();
   c10::cuda::CUDAGuard guard(x.device());
   check_launch(kernels::decode_gemv(a, at::cuda::getCurrentCUDAStream()), "decode gemv");
   return y;
