@@ -11,8 +11,18 @@ weights, the forward and backward run under torch.autocast(bfloat16) on CUDA,
 and torch.optim.AdamW(fused=True) updates the fp32 parameters (foreach on the
 CPU, where fused needs a recent build; fp32 throughout on the CPU).
 
-Prints one JSON line per variant: `eager`, then `compiled` (torch.compile of
-the layer stack; a line with "error" when compiling fails).  Random weights.
+Variants (one JSON line each; a line with "error" when one fails), random
+weights:
+  eager              dense boolean-mask SDPA (kv heads expanded), no compiler
+  compiled           the same, torch.compile of the layer stack and of the
+                     lm-head + loss (default mode)
+  flex-compiled      FlexAttention over the block mask of the step's anchors
+                     (GQA without expanding the kv heads; the mask built each
+                     step by create_block_mask, as a user must: the anchors
+                     change), inside torch.compile of the stack and the loss
+  flex-max-autotune  the same with mode="max-autotune" (compiles for minutes)
+The default runs eager, compiled and flex-compiled; `best` in each line's
+`strongest_so_far` helps pick the strongest Python setup of a call.
 """
 import argparse
 import json
@@ -37,7 +47,21 @@ def rope(x, cos, sin):  # x [B, H, T, hd]; cos/sin [T, hd]
     return x * cos + rot * sin
 
 
-def layer_forward(p, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh):
+def attend_sdpa(q, k, v, mask, sh):
+    """Dense SDPA: the kv heads expanded, a [1, 1, Q, S+Q] boolean mask."""
+    G = sh["H"] // sh["K"]
+    k = k.repeat_interleave(G, dim=1)
+    v = v.repeat_interleave(G, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sh["hd"] ** -0.5)
+
+
+def attend_flex(q, k, v, mask, sh):
+    """FlexAttention: `mask` is a BlockMask; grouped kv heads as they are."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return flex_attention(q, k, v, block_mask=mask, scale=sh["hd"] ** -0.5, enable_gqa=True)
+
+
+def layer_forward(p, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh, attend=attend_sdpa):
     """One Qwen3 decoder layer with KV injection: x [B, Q, D] block states, ctx [B, S, D]."""
     B, Q, D = x.shape
     H, K, hd = sh["H"], sh["K"], sh["hd"]
@@ -50,18 +74,32 @@ def layer_forward(p, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh):
     k = F.rms_norm(k, (hd,), p["k_norm"], EPS).transpose(1, 2)
     v = v.transpose(1, 2)
     q, k = rope(q, cos_q, sin_q), rope(k, cos_k, sin_k)
-    k = k.repeat_interleave(H // K, dim=1)
-    v = v.repeat_interleave(H // K, dim=1)
-    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd ** -0.5)
+    a = attend(q, k, v, mask, sh)
     x = x + F.linear(a.transpose(1, 2).reshape(B, Q, H * hd), p["wo"])
     h = F.rms_norm(x, (D,), p["post_norm"], EPS)
     return x + F.linear(F.silu(F.linear(h, p["wg"])) * F.linear(h, p["wu"]), p["wd"])
 
 
-def stack_forward(layers, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh):
+def stack_forward(layers, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh, attend=attend_sdpa):
     for p in layers:
-        x = layer_forward(p, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh)
+        x = layer_forward(p, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh, attend)
     return x
+
+
+def head_loss(h, norm, head, labels, weight):
+    """Final norm, full fp32 logits, decay-weighted CE."""
+    h = F.rms_norm(h, (h.shape[-1],), norm, EPS)
+    logits = F.linear(h, head).float()  # [Q, V] fp32
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    return (ce * weight).sum() / (weight.sum() + 1e-6)
+
+
+VARIANTS = {  # name: (attention, torch.compile mode or None)
+    "eager": ("sdpa", None),
+    "compiled": ("sdpa", "default"),
+    "flex-compiled": ("flex", "default"),
+    "flex-max-autotune": ("flex", "max-autotune"),
+}
 
 
 def make_params(sh, dev, gen):
@@ -87,7 +125,12 @@ def rope_tables(pos, hd, dtype):
     return f.cos().to(dtype), f.sin().to(dtype)
 
 
-def run_variant(name, sh, dev, args, compiled):
+def make_step(name, sh, dev):
+    """The variant's training step: step(tokens=None, taps=None) -> the loss (a
+    0-d tensor, not read back).  tokens [S] and taps [S, 5·D] default to random
+    ones drawn here (bench/reference_pipeline.py passes a target's)."""
+    attention, mode = VARIANTS[name]
+    compiled = mode is not None
     gen = torch.Generator(device=dev).manual_seed(7)
     cuda = dev.type == "cuda"
     cdt = torch.bfloat16 if cuda else torch.float32
@@ -101,12 +144,26 @@ def run_variant(name, sh, dev, args, compiled):
     head = torch.randn(V, D, generator=gen, device=dev).mul_(0.02).to(cdt)    # frozen
     tokens = torch.randint(V, (1, S), generator=gen, device=dev)
     taps = torch.randn(1, S, TAPS * D, generator=gen, device=dev).to(cdt)
-    stack = torch.compile(stack_forward) if compiled else stack_forward
+    if attention == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+    if compiled:
+        stack = torch.compile(stack_forward, mode=mode)
+        loss_fn = torch.compile(head_loss, mode=mode)
+    else:
+        stack, loss_fn = stack_forward, head_loss
+    attend = attend_flex if attention == "flex" else attend_sdpa
+    anchor_buf = torch.zeros(N, dtype=torch.long, device=dev)
+
+    def visible(b, h, qi, kv):
+        """Query qi (block qi // Bs) sees context keys before its anchor and its own block."""
+        blk = qi // Bs
+        return torch.where(kv < S, kv < anchor_buf[blk], (kv - S) // Bs == blk)
     k_in_block = torch.arange(Bs, device=dev)
     wk = torch.exp(-(k_in_block - 1).clamp_min(0).float() / gamma) * (k_in_block > 0)
     cos_c, sin_c = rope_tables(torch.arange(S, device=dev), sh["hd"], cdt)
 
-    def step():
+    def step(tokens=tokens, taps=taps):
+        tokens, taps = tokens.reshape(1, S), taps.reshape(1, S, TAPS * D).to(cdt)
         # Anchors: N of the S-Bs+1 candidates (loss on every token), sorted.
         anchors = torch.rand(S - Bs + 1, generator=gen, device=dev).topk(N).indices.sort().values
         pos = (anchors[:, None] + k_in_block[None, :]).reshape(-1)            # [Q]
@@ -114,24 +171,37 @@ def run_variant(name, sh, dev, args, compiled):
         ids[:, 0] = tokens[0, anchors]
         labels = tokens[0, pos]
         weight = wk.repeat(N)
-        blk = torch.arange(Q, device=dev) // Bs
-        ctx_vis = torch.arange(S, device=dev)[None, :] < anchors[blk][:, None]   # kv < anchor_j
-        mask = torch.cat((ctx_vis, blk[:, None] == blk[None, :]), dim=1)[None, None]
+        if attention == "flex":
+            anchor_buf.copy_(anchors)  # one mask_mod for every step: no recompilation
+            mask = create_block_mask(visible, None, None, Q, S + Q, device=dev)
+        else:
+            blk = torch.arange(Q, device=dev) // Bs
+            ctx_vis = torch.arange(S, device=dev)[None, :] < anchors[blk][:, None]   # kv < anchor_j
+            mask = torch.cat((ctx_vis, blk[:, None] == blk[None, :]), dim=1)[None, None]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             x = embed[ids.reshape(1, Q)]
             ctx = F.rms_norm(F.linear(taps, top["fc"]), (D,), top["hidden_norm"], EPS)
             cos_q, sin_q = rope_tables(pos, sh["hd"], cdt)
             cos_k, sin_k = torch.cat((cos_c, cos_q)), torch.cat((sin_c, sin_q))
-            h = stack(layers, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh)
-            h = F.rms_norm(h, (D,), top["norm"], EPS)
-            logits = F.linear(h[0], head).float()                              # [Q, V] fp32
-        ce = F.cross_entropy(logits, labels, reduction="none")
-        loss = (ce * weight).sum() / (weight.sum() + 1e-6)
+            h = stack(layers, x, ctx, cos_q, sin_q, cos_k, sin_k, mask, sh, attend)
+            loss = loss_fn(h[0], top["norm"], head, labels, weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
+
+    info = dict(precision="fp32 params (masters) + autocast bf16, AdamW fused" if cuda
+                else "fp32, AdamW foreach",
+                attention="flex_attention, block mask of the anchors, grouped kv heads" if attention == "flex"
+                else "sdpa dense bool mask, kv heads expanded",
+                ce="full fp32 logits", compiled=compiled, compile_mode=mode)
+    return step, info
+
+
+def run_variant(name, sh, dev, args):
+    step, info = make_step(name, sh, dev)
+    cuda = dev.type == "cuda"
 
     def sync():
         if cuda:
@@ -153,11 +223,7 @@ def run_variant(name, sh, dev, args, compiled):
     return dict(variant=name, samples_ms=ms, median_ms=med,
                 mad_ms=statistics.median(abs(x - med) for x in ms),
                 peak_mem_gib=torch.cuda.max_memory_allocated(dev) / 2**30 if cuda else 0.0,
-                loss=loss_v, torch=torch.__version__, warmup=args.warmup, iters=args.iters,
-                precision="fp32 params (masters) + autocast bf16, AdamW fused" if cuda
-                else "fp32, AdamW foreach",
-                attention="sdpa dense bool mask, kv heads expanded",
-                ce="full fp32 logits", compiled=compiled)
+                loss=loss_v, torch=torch.__version__, warmup=args.warmup, iters=args.iters, **info)
 
 
 def main():
@@ -166,7 +232,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--variants", default="eager,compiled")
+    ap.add_argument("--variants", default="eager,compiled,flex-compiled",
+                    help="comma-separated, of: " + ", ".join(VARIANTS))
     args = ap.parse_args()
     args.warmup = max(args.warmup, 2)  # the compiled variant compiles in its first step
     dev = torch.device(args.device)
@@ -174,9 +241,15 @@ def main():
         torch.cuda.set_device(dev)
     torch.backends.cuda.matmul.allow_tf32 = True
     sh = SHAPES[args.size]
+    best = None
     for name in args.variants.split(","):
         try:
-            line = run_variant(name, sh, dev, args, compiled=(name == "compiled"))
+            if name not in VARIANTS:
+                raise ValueError(f"unknown variant '{name}' (one of {', '.join(VARIANTS)})")
+            line = run_variant(name, sh, dev, args)
+            if best is None or line["median_ms"] < best[1]:
+                best = (name, line["median_ms"])
+            line["strongest_so_far"] = best[0]
         except Exception as e:  # noqa: BLE001 — reported as a JSON line, then the next variant
             msg = f"{type(e).__name__}: {e}"
             line = dict(variant=name, error=msg[-2000:], torch=torch.__version__)
