@@ -605,8 +605,10 @@ void control_server::stop() {
     m.acceptor.close(ec);
   });
   // The answers under way (a POST /v1/stop's, which ends the run) are
-  // written first: 2 s at most (a control actor that is gone answers 503 at once).
-  for (int i = 0; i < 200 && m.in_flight.load() > 0; ++i)
+  // written first: 10 s at most (a control actor that is gone answers 503 at
+  // once; 2 s were not always enough on two loaded cores: the shell then saw
+  // the connection close without its answer).
+  for (int i = 0; i < 1000 && m.in_flight.load() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.io->stop();
   if (m.thread.joinable())

@@ -667,10 +667,12 @@ struct drafter_engine::impl {
       sg.doc_lengths.copy_(batch[2], true);
       sg.taps.copy_(taps, true);
     }
+    // A turn: a target on this GPU runs its forward before or after the step, not beside it.
     if (comm)  // never a replay on a communicator aborted meanwhile (abort_group)
-      comm->enqueue([this] { sg.graph->replay(); }, "drafter step " + std::to_string(applied + 1) + " (graph replay)");
+      comm->enqueue([this] { sg.graph->replay(/*take_turn=*/true); },
+                    "drafter step " + std::to_string(applied + 1) + " (graph replay)");
     else
-      sg.graph->replay();
+      sg.graph->replay(/*take_turn=*/true);
     return sg.out;
   }
 #endif

@@ -1,12 +1,16 @@
 #include "gpu/engine/graph.hpp"
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -29,7 +33,51 @@ struct capture_in_progress {
   ~capture_in_progress() { --in_capture; }
 };
 
+std::atomic<int64_t> turns_taken{0};
+
+#ifdef TANDEM_HAVE_CUDA
+/// One device's training turns: the end of the last one, and the lock that
+/// keeps "wait for the last, launch, record the end" in one piece.
+struct device_turn_state {
+  std::mutex lock;
+  cudaEvent_t last = nullptr;  ///< created on first use, on the device; never destroyed (process lifetime)
+  bool any = false;
+};
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw error(errc::device_failure, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+device_turn_state& turn_state(int device) {
+  static std::mutex table_lock;
+  static std::vector<std::unique_ptr<device_turn_state>> table;
+  std::lock_guard<std::mutex> g(table_lock);
+  if (static_cast<size_t>(device) >= table.size())
+    table.resize(static_cast<size_t>(device) + 1);
+  auto& t = table[static_cast<size_t>(device)];
+  if (!t)
+    t = std::make_unique<device_turn_state>();
+  return *t;
+}
+#endif
+
 } // namespace
+
+bool device_turns_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_SHARED_GPU");
+    const std::string mode = v ? v : "turns";
+    if (mode != "turns" && mode != "concurrent")
+      throw error(errc::bad_input, "TANDEM_SHARED_GPU='" + mode + "' is not one of turns, concurrent");
+    return mode == "turns";
+  }();
+  return on;
+}
+
+int64_t device_turns_taken() {
+  return turns_taken.load();
+}
 
 int64_t captures_in_process() {
   return capture_count.load();
@@ -103,12 +151,25 @@ void captured_step::capture(const std::function<void()>& body,
   ++capture_count;
 }
 
-void captured_step::replay() {
+void captured_step::replay(bool take_turn) {
   if (!graph_)
     throw error(errc::bad_input, "captured_step: replay before capture");
   c10::cuda::CUDAGuard device_guard(device_);
   c10::cuda::CUDAStreamGuard stream_guard(stream_);
+  if (!take_turn || !device_turns_enabled()) {
+    graph_->replay();
+    return;
+  }
+  auto& t = turn_state(device_.index());
+  std::lock_guard<std::mutex> hold(t.lock);
+  if (!t.last)
+    check_cuda(cudaEventCreateWithFlags(&t.last, cudaEventDisableTiming), "device turns: cudaEventCreate");
+  if (t.any)
+    check_cuda(cudaStreamWaitEvent(stream_.stream(), t.last, 0), "device turns: cudaStreamWaitEvent");
   graph_->replay();
+  check_cuda(cudaEventRecord(t.last, stream_.stream()), "device turns: cudaEventRecord");
+  t.any = true;
+  ++turns_taken;
 }
 
 void captured_step::reset() {

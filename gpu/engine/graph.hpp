@@ -38,6 +38,18 @@ int64_t captures_in_process();
 /// process: 1 once anything was captured (the capture lock), 0 before.
 int64_t max_concurrent_captures();
 
+/// Training turns on a shared GPU.  When a target and a drafter share a
+/// device, their graphs (the target's forward, the drafter's step) replayed
+/// with take_turn run one after the other, in the order they were launched:
+/// each such replay's stream first waits for the end of the previous one on
+/// that device (a CUDA event; no host thread blocks).  Run side by side, the
+/// two took each other's SMs and caches: docs/bench.md ("One GPU, turns")
+/// has the A/B.  `TANDEM_SHARED_GPU=concurrent` turns it off (read once).
+bool device_turns_enabled();
+
+/// Replays taken as turns so far in this process (every device).
+int64_t device_turns_taken();
+
 #ifdef TANDEM_HAVE_CUDA
 
 class captured_step {
@@ -62,8 +74,9 @@ public:
   /// when capture fails (the graph is left uncaptured).
   void capture(const std::function<void()>& body, const std::vector<at::Generator>& generators);
 
-  /// Launches the graph on stream(); asynchronous.
-  void replay();
+  /// Launches the graph on stream(); asynchronous.  take_turn: the replay is
+  /// one of the device's training turns (see device_turns below).
+  void replay(bool take_turn = false);
 
   /// Drops the graph and its memory pool (a restarted engine captures anew).
   void reset();

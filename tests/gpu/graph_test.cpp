@@ -172,3 +172,36 @@ TEST(graph, eight_engines_capture_their_first_graphs_at_once_20_fresh_processes)
   }
   EXPECT_EQ(failures, 0);
 }
+
+// Training turns on a shared GPU (captured_step::replay(take_turn)): graph A
+// doubles x 400 times (milliseconds of work), graph B, on its own stream and
+// launched right after A with no other ordering, copies x into y.  Taken as
+// turns, B starts only once A has ended: y is the final x, every round.  Side
+// by side (no turns) B would read a half-doubled x.
+TEST(graph, replays_taken_as_turns_run_one_after_the_other) {
+  if (!have_gpu())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  if (!device_turns_enabled())
+    GTEST_SKIP() << "SKIPPED: TANDEM_SHARED_GPU=concurrent";
+  const auto dev = torch::Device(torch::kCUDA, 0);
+  auto x = torch::ones({1 << 22}, torch::dtype(torch::kFloat64).device(dev));
+  auto y = torch::zeros_like(x);
+  captured_step a(dev), b(dev);
+  a.capture([&] {
+    for (int i = 0; i < 400; ++i)
+      x.mul_(2.0).div_(2.0).mul_(1.0 + 1.0 / 1024);
+  }, {});
+  b.capture([&] { y.copy_(x); }, {});
+  const auto taken = device_turns_taken();
+  for (int round = 0; round < 5; ++round) {
+    x.fill_(1.0);
+    torch::cuda::synchronize(0);
+    a.replay(/*take_turn=*/true);
+    b.replay(/*take_turn=*/true);
+    torch::cuda::synchronize(0);
+    EXPECT_TRUE(torch::equal(x, y)) << "round " << round << ": B ran beside A (y " << y[0].item<double>()
+                                    << ", x " << x[0].item<double>() << ")";
+    EXPECT_GT(x[0].item<double>(), 1.4) << "A did its work";
+  }
+  EXPECT_EQ(device_turns_taken() - taken, 10);
+}
