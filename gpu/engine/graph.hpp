@@ -6,7 +6,8 @@
 /// several threads captured their first graphs at once ("The graph should be
 /// registered to the state", the CUDA generator registration race), so every
 /// capture in this process, of any engine, holds one capture lock from
-/// capture_begin to instantiate.  Replays are not serialised.
+/// capture_begin to instantiate.  Replays are not serialised, except the
+/// training turns of engines that share a device (replay(take_turn), below).
 ///
 /// Per graph: its own side stream (warm-up, capture and replay all run on
 /// it), cudaStreamCaptureModeThreadLocal (other threads' CUDA calls are not
