@@ -132,7 +132,7 @@ at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const 
   return fused_linear(x, w.v_proj).view({b, t, d.kv_heads, d.head_dim}).transpose(1, 2);
 }
 
-at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
+at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w, const at::Tensor& residual) {
   // fused_linear: at::linear, except inside a weight_grad_accumulation scope
   // (the drafter's training step), where the weight gradients go straight
   // into W.grad() (gpu/models/linear.hpp).
@@ -142,7 +142,7 @@ at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w) {
   // CPU keeps the composite, bit for bit (parity, bit-exact resume), and so
   // does fp32 on CUDA (fused_swiglu falls back to it).
   auto act = x.is_cuda() ? fused_swiglu(gate, up) : swiglu_composite(gate, up);
-  return fused_linear(act, w.down_proj);
+  return residual.defined() ? fused_linear_residual(act, w.down_proj, residual) : fused_linear(act, w.down_proj);
 }
 
 doc_layout make_doc_layout(const at::Tensor& doc_lengths, int64_t seq_len) {

@@ -89,8 +89,9 @@ at::Tensor project_k(const at::Tensor& x, const decoder_layer_weights& w, const 
                      const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d);
 
-/// SwiGLU MLP of a decoder layer.
-at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w);
+/// SwiGLU MLP of a decoder layer; with `residual` defined, residual + MLP(x)
+/// with the add in the down projection's GEMM (fused_linear_residual).
+at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w, const at::Tensor& residual = {});
 
 /// Where each token's document starts and ends, for rows that pack several
 /// documents.  All [B, S] int64 on the tokens' device.

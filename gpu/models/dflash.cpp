@@ -94,7 +94,7 @@ void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
 }
 
 at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
-                          const dflash_inputs& in) {
+                          const dflash_inputs& in, int64_t scored_only) {
   const auto d = dims_of(cfg);
   const auto b = in.block_embeds.size(0), q_len = in.block_embeds.size(1);
   // H_t = RMSNorm(fc(concat(taps))): the same context for every layer.
@@ -102,8 +102,18 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
   auto [cos_c, sin_c] = rope_tables(in.ctx_positions, d.head_dim, cfg.layer.rope_theta);
   auto [cos_q, sin_q] = rope_tables(in.block_positions, d.head_dim, cfg.layer.rope_theta);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
+  TORCH_CHECK(scored_only == 0 || (scored_only >= 2 && q_len % scored_only == 0), "dflash_forward: block size ",
+              scored_only, " does not divide the ", q_len, " block positions (or is below 2)");
+  // Positions 1 … Bs−1 of every block of t [B, Q, C] (a copy).
+  auto scored_rows = [&](const at::Tensor& t) {
+    const auto c = t.size(-1);
+    return t.reshape({b, q_len / scored_only, scored_only, c}).narrow(2, 1, scored_only - 1)
+      .reshape({b, q_len / scored_only * (scored_only - 1), c});
+  };
+  const bool fuse_residual = in.block_embeds.is_cuda();
   auto x = in.block_embeds;
-  for (const auto& l : w.layers) {
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    const auto& l = w.layers[li];
     auto h = rms_norm(x, l.input_norm, d.eps);
     auto q = project_q(h, l, d, cos_q, sin_q);
     auto k_ctx = project_k(ctx, l, d, cos_c, sin_c);
@@ -118,8 +128,18 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
       auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), d.heads);
       attn = at::scaled_dot_product_attention(q, k, v, in.visible, 0.0, false, scale);
     }
-    x = x + fused_linear(attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim}), l.o_proj);
-    x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+    auto a = attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim});
+    if (scored_only > 0 && li + 1 == w.layers.size()) {
+      a = scored_rows(a);  // position 0's o projection and MLP in the last layer feed nothing
+      x = scored_rows(x);
+    }
+    if (fuse_residual) {
+      x = fused_linear_residual(a, l.o_proj, x);
+      x = swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l, x);
+    } else {
+      x = x + fused_linear(a, l.o_proj);
+      x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
+    }
   }
   return rms_norm(x, w.norm, d.eps);
 }

@@ -60,7 +60,14 @@ struct dflash_inputs {
 
 /// Drafter forward: block hidden states after the final norm, [B, Q, D].
 /// Differentiable in the drafter's weights.
+///
+/// scored_only = Bs (> 0; training): the last layer computes, after its
+/// attention, only positions 1 … Bs − 1 of every block (position 0 is the
+/// anchor's own token, never scored, and no later layer reads it), so the
+/// result is [B, Q·(Bs − 1)/Bs, D], block by block.  On CUDA the layers'
+/// residual adds also go into the o and down projections' GEMMs
+/// (fused_linear_residual); the CPU keeps its composites bit for bit.
 at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
-                          const dflash_inputs& in);
+                          const dflash_inputs& in, int64_t scored_only = 0);
 
 } // namespace tandem::gpu

@@ -249,13 +249,19 @@ chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tenso
                                        const block_batch& batch, const objective_options& opts) {
   const auto bs = opts.block_size;
   const auto d = hidden.size(-1);
-  TORCH_CHECK(bs >= 2 && hidden.dim() == 3 && hidden.size(1) % bs == 0, "scored_cross_entropy: block size ",
-              bs, " does not divide the ", hidden.size(1), " block positions (or is below 2)");
+  const auto q_len = batch.labels.size(-1);
+  const bool all_rows = hidden.dim() == 3 && hidden.size(1) == q_len;
+  TORCH_CHECK(bs >= 2 && q_len % bs == 0 && hidden.dim() == 3
+                && (all_rows || hidden.size(1) == q_len / bs * (bs - 1)),
+              "scored_cross_entropy: hidden ", hidden.sizes(), " holds neither the ", q_len,
+              " block positions nor their scored ones (block size ", bs, ")");
   // Position 0 of every block is the anchor's own token: never scored (its
   // mask is 0), so its rows skip the lm-head, which is ~1/Bs of the step's
   // two largest GEMMs.  Rows go block by block, positions 1 … Bs−1.
   auto scored_rows = [bs](const at::Tensor& t) { return t.reshape({-1, bs}).narrow(1, 1, bs - 1).reshape({-1}); };
-  return chunked_cross_entropy(hidden.reshape({-1, bs, d}).narrow(1, 1, bs - 1).reshape({-1, d}), head,
+  return chunked_cross_entropy(all_rows ? hidden.reshape({-1, bs, d}).narrow(1, 1, bs - 1).reshape({-1, d})
+                                        : hidden.reshape({-1, d}),
+                               head,
                                scored_rows(batch.labels), scored_rows(batch.loss_weight),
                                scored_rows(batch.mask), opts.chunk_rows);
 }
@@ -263,7 +269,11 @@ chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tenso
 objective_output dflash_objective(const dflash_weights& w, const dflash_config& cfg,
                                   const block_batch& batch, const at::Tensor& lm_head,
                                   const objective_options& opts) {
-  auto hidden = dflash_forward(w, cfg, batch.inputs);                       // [B, Q, D]
+  // On CUDA [B, N·(Bs−1), D]: the last layer skips position 0 of every
+  // block.  The CPU keeps [B, N·Bs, D] (its results stay bit for bit what
+  // they were; scored_cross_entropy drops position 0 then).
+  const bool cuda = batch.inputs.block_embeds.is_cuda();
+  auto hidden = dflash_forward(w, cfg, batch.inputs, cuda ? opts.block_size : 0);
   auto ce = scored_cross_entropy(hidden, lm_head, batch, opts);
   const auto bs = opts.block_size;
   objective_output out;

@@ -70,8 +70,9 @@ double default_gamma(int64_t block_size);
 
 /// chunked_cross_entropy over the rows that can be scored: positions
 /// 1 … Bs − 1 of every block of `hidden` [B, N·Bs, D] (position 0 is the
-/// anchor's own token, never scored).  `row_hits` is [B·N·(Bs − 1)], block
-/// by block.
+/// anchor's own token, never scored), or `hidden` as it is when it holds
+/// only those, [B, N·(Bs − 1), D] (dflash_forward's scored_only).
+/// `row_hits` is [B·N·(Bs − 1)], block by block.
 chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tensor& head,
                                        const block_batch& batch, const objective_options& opts);
 

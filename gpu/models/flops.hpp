@@ -38,7 +38,8 @@ inline double attention_flops(const matmul_dims& c, double pairs) {
 
 /// One drafter step: forward = layers · (linear + attention over visible
 /// pairs) + fc + lm-head over the scored positions 1 … Bs − 1 of each block
-/// (position 0, the anchor's own token, skips it); backward = 2 × layers +
+/// (position 0, the anchor's own token, skips it, and the last layer's o
+/// projection and MLP, which feed only the lm-head); backward = 2 × layers +
 /// fc's weight gradient + the lm-head's input gradient (it is frozen).  `anchor_sum` = Σ_j anchor_j
 /// over the batch (each block sees its anchor's prefix and its own block).
 /// Nothing is counted for clip and AdamW (memory-bound).
@@ -51,7 +52,9 @@ inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers,
   const double one = layer_linear_flops(layer, batch * q, batch * seq) + attention_flops(layer, pairs);
   const double fc = 2.0 * batch * seq * n_taps * d * d;
   const double head_f = 2.0 * batch * anchors * (block - 1) * d * layer.vocab;
-  return 3 * static_cast<double>(draft_layers) * one + 2 * fc + 2 * head_f;
+  const double hq = layer.heads * layer.head_dim;
+  const double unscored = draft_layers > 0 ? 2.0 * batch * anchors * (hq * d + 3 * d * layer.intermediate) : 0.0;
+  return 3 * (static_cast<double>(draft_layers) * one - unscored) + 2 * fc + 2 * head_f;
 }
 
 /// Σ anchor_j at its expected value when the N anchors of each row are

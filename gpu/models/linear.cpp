@@ -39,6 +39,47 @@ struct in_place_linear : torch::autograd::Function<in_place_linear> {
   }
 };
 
+/// residual + x·Wᵀ, with in_place_linear's weight gradient.
+struct in_place_linear_residual : torch::autograd::Function<in_place_linear_residual> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& residual, int64_t writes) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["writes"] = writes;
+    const auto out = w.size(0), in = w.size(1);
+    return at::addmm(residual.reshape({-1, out}), x.reshape({-1, in}), w.t()).view(residual.sizes());
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& w = saved[1];
+    const auto& g = grads[0];
+    at::Tensor dx;
+    if (ctx->needs_input_grad(0))
+      dx = at::matmul(g, w);
+    auto dw = w.grad();
+    auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
+    const auto out = w.size(0), in = w.size(1);
+    const auto gt = g.reshape({-1, out}).t();
+    const auto x2 = x.reshape({-1, in});
+    if (writes->first(dw.data_ptr()))
+      at::mm_out(dw, gt, x2);
+    else
+      dw.addmm_(gt, x2);
+    return {dx, at::Tensor(), ctx->needs_input_grad(2) ? g : at::Tensor(), at::Tensor()};
+  }
+};
+
+/// fused_linear's in-place path applies to `w`.
+bool writes_in_place(const at::Tensor& w) {
+  if (current_writes == nullptr || !at::GradMode::is_enabled() || !w.requires_grad() || w.dim() != 2)
+    return false;
+  const auto& grad = w.grad();
+  return grad.defined() && grad.sizes() == w.sizes() && grad.scalar_type() == w.scalar_type()
+         && grad.is_contiguous();
+}
+
 } // namespace
 
 bool grad_writes::first(const void* grad) {
@@ -70,13 +111,19 @@ bool weight_grad_accumulation::active() {
 }
 
 at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w) {
-  if (current_writes == nullptr || !at::GradMode::is_enabled() || !w.requires_grad() || w.dim() != 2)
-    return at::linear(x, w);
-  const auto& grad = w.grad();
-  if (!grad.defined() || grad.sizes() != w.sizes() || grad.scalar_type() != w.scalar_type()
-      || !grad.is_contiguous())
+  if (!writes_in_place(w))
     return at::linear(x, w);
   return in_place_linear::apply(x, w, reinterpret_cast<int64_t>(current_writes));
+}
+
+at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual) {
+  TORCH_CHECK(w.dim() == 2 && residual.size(-1) == w.size(0) && x.size(-1) == w.size(1)
+                && residual.numel() / w.size(0) == x.numel() / w.size(1),
+              "fused_linear_residual: x ", x.sizes(), ", W ", w.sizes(), " and residual ", residual.sizes(),
+              " do not fit");
+  if (!writes_in_place(w))
+    return at::addmm(residual.reshape({-1, w.size(0)}), x.reshape({-1, w.size(1)}), w.t()).view(residual.sizes());
+  return in_place_linear_residual::apply(x, w, residual, reinterpret_cast<int64_t>(current_writes));
 }
 
 } // namespace tandem::gpu

@@ -35,6 +35,11 @@ namespace tandem::gpu {
 
 at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w);
 
+/// residual + x·Wᵀ in one GEMM (addmm's β = 1 epilogue: one rounding of the
+/// fp32 sum, no separate add kernel), `residual` shaped as the output; its
+/// gradient is the output's.  The weight gradient as fused_linear's.
+at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual);
+
 /// The weights whose gradient was written since the scope opened (backward
 /// runs on autograd's threads, hence the lock).  Owned by the caller; must
 /// outlive the backward of the step it tracks.
