@@ -1,10 +1,13 @@
 // DFlash objective pieces that need no reference package: anchor sampling
 // properties, padding safety, and the chunked cross-entropy against plain
 // LibTorch cross-entropy (forward and gradient) for several chunk sizes, and
-// the scored rows (positions 1 … Bs−1) against every row.
+// the scored rows (positions 1 … Bs−1) against every row; the forward that
+// skips the unscored rows in its last layer against the full one, and
+// fused_linear_residual against residual + linear (float64).
 #include <gtest/gtest.h>
 
 #include "gpu/models/dflash_objective.hpp"
+#include "gpu/models/linear.hpp"
 #include "gpu/pch.hpp"
 
 using namespace tandem::gpu;
@@ -13,6 +16,49 @@ namespace {
 
 at::Generator gen(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+/// A small drafter (hidden 16, 2 heads over 1 kv head of 8, intermediate 32,
+/// two taps, vocabulary 40) with `layers` random layers of `dtype`.
+std::pair<dflash_config, dflash_weights> tiny_drafter(at::Generator& g, int64_t layers, int64_t bs,
+                                                      at::ScalarType dtype = at::kFloat) {
+  const int64_t d = 16, taps = 2, v = 40;
+  dflash_config cfg;
+  cfg.layer.hidden_size = d;
+  cfg.layer.intermediate_size = 32;
+  cfg.layer.num_hidden_layers = layers;
+  cfg.layer.num_attention_heads = 2;
+  cfg.layer.num_key_value_heads = 1;
+  cfg.layer.head_dim = 8;
+  cfg.layer.rms_norm_eps = 1e-6;
+  cfg.layer.rope_theta = 10000;
+  cfg.layer.vocab_size = v;
+  cfg.block_size = bs;
+  cfg.mask_token_id = v - 1;
+  cfg.target_layer_ids = {0, 1};
+  const auto o = at::TensorOptions().dtype(dtype);
+  dflash_weights w;
+  w.fc = at::randn({d, taps * d}, g, o) * 0.2;
+  w.hidden_norm = at::ones({d}, o);
+  w.norm = at::ones({d}, o);
+  for (int64_t i = 0; i < layers; ++i) {
+    decoder_layer_weights l;
+    l.input_norm = at::ones({d}, o);
+    l.post_norm = at::ones({d}, o);
+    l.q_proj = at::randn({16, d}, g, o) * 0.2;
+    l.k_proj = at::randn({8, d}, g, o) * 0.2;
+    l.v_proj = at::randn({8, d}, g, o) * 0.2;
+    l.o_proj = at::randn({d, 16}, g, o) * 0.2;
+    l.q_norm = at::ones({8}, o);
+    l.k_norm = at::ones({8}, o);
+    l.gate_proj = at::randn({32, d}, g, o) * 0.2;
+    l.up_proj = at::randn({32, d}, g, o) * 0.2;
+    l.down_proj = at::randn({d, 32}, g, o) * 0.2;
+    w.layers.push_back(l);
+  }
+  for (auto& [name, p] : dflash_parameters(w))
+    p->requires_grad_(true);
+  return {cfg, w};
 }
 
 } // namespace
@@ -124,38 +170,9 @@ TEST(objective, rows_without_anchors_give_zero_loss_not_nan) {
   // and every gradient finite (padding blocks must not poison anything).
   const int64_t s = 24, d = 16, taps = 2, v = 40, bs = 4;
   auto g = gen(3);
-  tandem::gpu::dflash_config cfg;
-  cfg.layer.hidden_size = d;
-  cfg.layer.intermediate_size = 32;
-  cfg.layer.num_hidden_layers = 1;
-  cfg.layer.num_attention_heads = 2;
-  cfg.layer.num_key_value_heads = 1;
-  cfg.layer.head_dim = 8;
-  cfg.layer.rms_norm_eps = 1e-6;
-  cfg.layer.rope_theta = 10000;
-  cfg.layer.vocab_size = v;
-  cfg.block_size = bs;
-  cfg.mask_token_id = v - 1;
-  cfg.target_layer_ids = {0, 1};
-  dflash_weights w;
-  w.fc = at::randn({d, taps * d}, g) * 0.2;
-  w.hidden_norm = at::ones({d});
-  w.norm = at::ones({d});
-  decoder_layer_weights l;
-  l.input_norm = at::ones({d});
-  l.post_norm = at::ones({d});
-  l.q_proj = at::randn({16, d}, g) * 0.2;
-  l.k_proj = at::randn({8, d}, g) * 0.2;
-  l.v_proj = at::randn({8, d}, g) * 0.2;
-  l.o_proj = at::randn({d, 16}, g) * 0.2;
-  l.q_norm = at::ones({8});
-  l.k_norm = at::ones({8});
-  l.gate_proj = at::randn({32, d}, g) * 0.2;
-  l.up_proj = at::randn({32, d}, g) * 0.2;
-  l.down_proj = at::randn({d, 32}, g) * 0.2;
-  w.layers.push_back(l);
-  for (auto& [name, p] : dflash_parameters(w))
-    p->requires_grad_(true);
+  auto drafter = tiny_drafter(g, 1, bs);
+  auto& cfg = drafter.first;
+  auto& w = drafter.second;
   auto embed = at::randn({v, d}, g);
   auto tokens = at::randint(v, {2, s}, g, at::kLong);
   auto loss_mask = at::zeros({2, s}, at::kByte);
@@ -173,6 +190,86 @@ TEST(objective, rows_without_anchors_give_zero_loss_not_nan) {
   out.loss.backward();
   for (auto& [name, p] : dflash_parameters(w))
     EXPECT_TRUE(at::isfinite(p->grad()).all().item<bool>()) << name;
+}
+
+TEST(objective, the_last_layer_computes_only_the_scored_rows_and_they_are_the_same) {
+  // dflash_forward(..., Bs) drops each block's position 0 after the last
+  // layer's attention: its rows are exactly the full forward's rows 1 … Bs−1
+  // (in float64), and the objective's loss and every weight gradient are
+  // those of the full forward.
+  const int64_t s = 40, d = 16, taps = 2, v = 40, bs = 4, n = 6;
+  auto g = gen(5);
+  auto drafter = tiny_drafter(g, 2, bs, at::kDouble);
+  auto& cfg = drafter.first;
+  auto& w = drafter.second;
+  auto embed = at::randn({v, d}, g, at::kDouble);
+  auto tokens = at::randint(v, {2, s}, g, at::kLong);
+  auto loss_mask = at::ones({2, s}, at::kByte);
+  auto docs = make_doc_layout(at::tensor({16, 24, 40, 0}, at::kLong).view({2, 2}), s);
+  auto a = sample_anchors(loss_mask, docs, n, bs, gen(4));
+  auto batch = make_block_batch(tokens, loss_mask, docs, at::randn({2, s, taps * d}, g, at::kDouble), a, embed,
+                                bs, cfg.mask_token_id, default_gamma(bs));
+  ASSERT_GT(batch.mask.sum().item<double>(), 0);
+  auto full = dflash_forward(w, cfg, batch.inputs);
+  auto part = dflash_forward(w, cfg, batch.inputs, bs);
+  ASSERT_EQ(part.size(1), n * (bs - 1));
+  auto expect = full.reshape({2, n, bs, d}).narrow(2, 1, bs - 1).reshape({2, n * (bs - 1), d});
+  EXPECT_LE((part - expect).abs().max().item<double>(), 1e-12);
+  EXPECT_THROW(dflash_forward(w, cfg, batch.inputs, 5), c10::Error) << "5 does not divide the block positions";
+
+  objective_options opts;
+  opts.block_size = bs;
+  opts.chunk_rows = 7;
+  auto grads = [&](const at::Tensor& hidden) {
+    auto ce = scored_cross_entropy(hidden, embed, batch, opts);
+    std::vector<at::Tensor> out{ce.weighted_ce.detach()};
+    auto params = dflash_parameters(w);
+    std::vector<at::Tensor> ps;
+    for (auto& [name, p] : params)
+      ps.push_back(*p);
+    for (auto& t : torch::autograd::grad({ce.weighted_ce}, ps, {}, /*retain_graph=*/false, false, true))
+      out.push_back(t.defined() ? t : at::zeros({0}, at::kDouble));
+    return out;
+  };
+  const auto a_full = grads(full), a_part = grads(part);
+  ASSERT_EQ(a_full.size(), a_part.size());
+  for (size_t i = 0; i < a_full.size(); ++i)
+    EXPECT_LE((a_full[i] - a_part[i]).abs().max().item<double>(), 1e-10 * (1 + a_full[i].abs().max().item<double>()))
+      << "tensor " << i << " (0: the loss, then the parameters' gradients)";
+}
+
+TEST(objective, fused_linear_residual_is_the_residual_plus_the_linear) {
+  // residual + x·Wᵀ in one addmm, with the gradients of the composite for x,
+  // W and the residual (float64), and inside a weight_grad_accumulation scope
+  // W's gradient written into W.grad() (first write, then accumulated).
+  auto g = gen(8);
+  auto x = at::randn({2, 5, 6}, g, at::kDouble).requires_grad_(true);
+  auto w = at::randn({4, 6}, g, at::kDouble).requires_grad_(true);
+  auto r = at::randn({2, 5, 4}, g, at::kDouble).requires_grad_(true);
+  auto dy = at::randn({2, 5, 4}, g, at::kDouble);
+  auto y = fused_linear_residual(x, w, r);
+  auto y_ref = r + at::linear(x, w);
+  EXPECT_LE((y - y_ref).abs().max().item<double>(), 1e-12);
+  auto gf = torch::autograd::grad({y}, {x, w, r}, {dy});
+  auto gr = torch::autograd::grad({y_ref}, {x, w, r}, {dy});
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_LE((gf[i] - gr[i]).abs().max().item<double>(), 1e-12) << "gradient " << i;
+  EXPECT_THROW(fused_linear_residual(x, w, at::zeros({2, 5, 3}, at::kDouble)), c10::Error);
+
+  // In place: two uses of W in one scope, W.grad() = both contributions.
+  w.mutable_grad() = at::full({4, 6}, 7.0, at::kDouble);  // stale: the first write overwrites it
+  grad_writes writes;
+  at::Tensor loss;
+  {
+    weight_grad_accumulation scope(writes);
+    auto y1 = fused_linear_residual(x, w, r);
+    auto y2 = fused_linear_residual(x * 2, w, r);
+    loss = (y1 * dy).sum() + (y2 * dy).sum();
+  }
+  loss.backward();
+  const auto expect = 3 * at::matmul(dy.reshape({-1, 4}).t(), x.detach().reshape({-1, 6}));
+  EXPECT_LE((w.grad() - expect).abs().max().item<double>(), 1e-10);
+  EXPECT_EQ(writes.count(), 1u);
 }
 
 TEST(objective, default_gamma_follows_dflash) {
