@@ -68,8 +68,8 @@ struct control_server::impl {
   tcp::acceptor acceptor{*io};
   std::thread thread;
   std::atomic<bool> stopped{false};
-  /// Requests asked of the control actor whose answer is not written yet:
-  /// stop() lets them finish (a POST /v1/stop gets its answer).
+  /// HTTP requests asked of the control actor whose answer is not written
+  /// yet: stop() lets them finish (a POST /v1/stop gets its answer).
   std::atomic<int> in_flight{0};
   uint16_t port = 0;  ///< bound
 #ifdef TANDEM_HAVE_TLS
@@ -183,14 +183,15 @@ class ws_session : public std::enable_shared_from_this<ws_session<Stream>> {
     });
   }
 
+  // Not counted in server_.in_flight: stop() waits for answers to requests
+  // (a POST /v1/stop's), not for a dashboard's next frame, whose write a
+  // stalled client may never take.
   void push() {
     last_ = std::chrono::steady_clock::now();
-    ++server_.in_flight;
     server_.ask({"GET", target_, "", source_}, [self = this->shared_from_this()](control_server::impl::asked a) {
       self->frame_ = a.status == 200 ? std::move(a.body) : nlohmann::json{{"error", a.body}}.dump();
       self->ws_.text(true);
       self->ws_.async_write(net::buffer(self->frame_), [self](beast::error_code ec, size_t) {
-        --self->server_.in_flight;
         if (!ec)
           self->read();
       });

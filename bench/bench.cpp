@@ -373,8 +373,9 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
     auto b = make_block_batch(tokens, loss_mask, docs, hidden, a, embed, s.block, cfg.mask_token_id, oo.gamma,
                                 /*dense_mask=*/false);
     clock.mark();
-    // dflash_objective, split at its phases.
-    auto h = dflash_forward(w, cfg, b.inputs);  // [B, Q, D]
+    // dflash_objective, split at its phases (as it does: on CUDA the last
+    // layer skips each block's unscored position 0).
+    auto h = dflash_forward(w, cfg, b.inputs, dev.is_cuda() ? s.block : 0);
     clock.mark();
     auto ce = scored_cross_entropy(h, head, b, oo);
     auto loss = ce.weighted_ce / (b.loss_weight.sum() + 1e-6);

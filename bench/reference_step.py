@@ -156,7 +156,7 @@ def make_step(name, sh, dev):
 
     def visible(b, h, qi, kv):
         """Query qi (block qi // Bs) sees context keys before its anchor and its own block."""
-        blk = qi // Bs
+        blk = (qi // Bs).clamp(max=N - 1)  # rows past Q (FlexAttention pads to its tile) read a real anchor
         return torch.where(kv < S, kv < anchor_buf[blk], (kv - S) // Bs == blk)
     k_in_block = torch.arange(Bs, device=dev)
     wk = torch.exp(-(k_in_block - 1).clamp_min(0).float() / gamma) * (k_in_block > 0)

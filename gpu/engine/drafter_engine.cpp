@@ -1304,6 +1304,7 @@ struct drafter_engine::impl {
 };
 
 drafter_engine::drafter_engine(const drafter_engine_options& opts) {
+  (void)device_turns_enabled();  // a bad TANDEM_SHARED_GPU fails here, not at the first step
   try {
     impl_ = std::make_unique<impl>(opts);
   } catch (const c10::OutOfMemoryError& e) {

@@ -50,12 +50,14 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 device_turn_state& turn_state(int device) {
-  static std::mutex table_lock;
-  static std::vector<std::unique_ptr<device_turn_state>> table;
-  std::lock_guard<std::mutex> g(table_lock);
-  if (static_cast<size_t>(device) >= table.size())
-    table.resize(static_cast<size_t>(device) + 1);
-  auto& t = table[static_cast<size_t>(device)];
+  // Never destroyed: a thread still replaying at exit finds it alive.
+  static auto* table_lock = new std::mutex;
+  static auto* table = new std::vector<std::unique_ptr<device_turn_state>>;
+  std::lock_guard<std::mutex> g(*table_lock);
+  const auto at = static_cast<size_t>(device < 0 ? 0 : device);
+  if (at >= table->size())
+    table->resize(at + 1);
+  auto& t = (*table)[at];
   if (!t)
     t = std::make_unique<device_turn_state>();
   return *t;
@@ -160,7 +162,7 @@ void captured_step::replay(bool take_turn) {
     graph_->replay();
     return;
   }
-  auto& t = turn_state(device_.index());
+  auto& t = turn_state(stream_.device_index());
   std::lock_guard<std::mutex> hold(t.lock);
   if (!t.last)
     check_cuda(cudaEventCreateWithFlags(&t.last, cudaEventDisableTiming), "device turns: cudaEventCreate");

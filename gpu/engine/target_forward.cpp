@@ -27,6 +27,7 @@ target_forward_runner::target_forward_runner(const qwen3_target& target, at::Dev
   const auto packed = target.packed_path();
   mask_ = mode == "mask" || packed != "packed";
   graphs_ = mode == "graphs" && !mask_ && device.is_cuda();
+  (void)device_turns_enabled();  // a bad TANDEM_SHARED_GPU fails here, not at the first batch
   path_ = mode == "mask" ? "mask (asked)" : graphs_ ? "packed (graphs)" : packed;
 }
 

@@ -57,7 +57,7 @@ struct in_place_linear_residual : torch::autograd::Function<in_place_linear_resi
     const auto& g = grads[0];
     at::Tensor dx;
     if (ctx->needs_input_grad(0))
-      dx = at::matmul(g, w);
+      dx = at::matmul(g, w).view(x.sizes());
     auto dw = w.grad();
     auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
     const auto out = w.size(0), in = w.size(1);
@@ -117,10 +117,12 @@ at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w) {
 }
 
 at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual) {
-  TORCH_CHECK(w.dim() == 2 && residual.size(-1) == w.size(0) && x.size(-1) == w.size(1)
-                && residual.numel() / w.size(0) == x.numel() / w.size(1),
+  TORCH_CHECK(w.dim() == 2 && w.numel() > 0 && x.dim() >= 1 && x.dim() == residual.dim()
+                && residual.size(-1) == w.size(0) && x.size(-1) == w.size(1)
+                && x.sizes().slice(0, x.dim() - 1) == residual.sizes().slice(0, residual.dim() - 1)
+                && x.scalar_type() == residual.scalar_type(),
               "fused_linear_residual: x ", x.sizes(), ", W ", w.sizes(), " and residual ", residual.sizes(),
-              " do not fit");
+              " do not fit (or differ in dtype)");
   if (!writes_in_place(w))
     return at::addmm(residual.reshape({-1, w.size(0)}), x.reshape({-1, w.size(1)}), w.t()).view(residual.sizes());
   return in_place_linear_residual::apply(x, w, residual, reinterpret_cast<int64_t>(current_writes));

@@ -255,6 +255,8 @@ TEST(objective, fused_linear_residual_is_the_residual_plus_the_linear) {
   for (size_t i = 0; i < 3; ++i)
     EXPECT_LE((gf[i] - gr[i]).abs().max().item<double>(), 1e-12) << "gradient " << i;
   EXPECT_THROW(fused_linear_residual(x, w, at::zeros({2, 5, 3}, at::kDouble)), c10::Error);
+  EXPECT_THROW(fused_linear_residual(x.detach().reshape({5, 2, 6}), w, r), c10::Error)
+    << "as many rows, in another order: refused, not paired wrongly";
 
   // In place: two uses of W in one scope, W.grad() = both contributions.
   w.mutable_grad() = at::full({4, 6}, 7.0, at::kDouble);  // stale: the first write overwrites it
