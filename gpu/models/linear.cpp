@@ -6,6 +6,27 @@ namespace {
 
 thread_local grad_writes* current_writes = nullptr;
 
+/// The backward of y = (…) + x·Wᵀ with x and W saved: writes gᵀx into
+/// W.grad() (the first write of the scope's step overwrites, later ones
+/// accumulate) and returns dx (undefined when x needs none).
+at::Tensor in_place_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& g) {
+  const auto saved = ctx->get_saved_variables();
+  const auto& x = saved[0];
+  const auto& w = saved[1];
+  at::Tensor dx;
+  if (ctx->needs_input_grad(0))
+    dx = at::matmul(g, w).view(x.sizes());
+  auto dw = w.grad();
+  auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
+  const auto gt = g.reshape({-1, w.size(0)}).t();
+  const auto x2 = x.reshape({-1, w.size(1)});
+  if (writes->first(dw.data_ptr()))
+    at::mm_out(dw, gt, x2);
+  else
+    dw.addmm_(gt, x2);
+  return dx;
+}
+
 /// y = x·Wᵀ whose backward writes gᵀx into W.grad() (overwriting on the
 /// step's first contribution, accumulating after) and returns no gradient
 /// for W.
@@ -19,23 +40,7 @@ struct in_place_linear : torch::autograd::Function<in_place_linear> {
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    const auto& w = saved[1];
-    const auto& g = grads[0];
-    at::Tensor dx;
-    if (ctx->needs_input_grad(0))
-      dx = at::matmul(g, w);
-    auto dw = w.grad();
-    auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
-    const auto out = w.size(0), in = w.size(1);
-    const auto gt = g.reshape({-1, out}).t();
-    const auto x2 = x.reshape({-1, in});
-    if (writes->first(dw.data_ptr()))
-      at::mm_out(dw, gt, x2);
-    else
-      dw.addmm_(gt, x2);
-    return {dx, at::Tensor(), at::Tensor()};
+    return {in_place_backward(ctx, grads[0]), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -51,23 +56,8 @@ struct in_place_linear_residual : torch::autograd::Function<in_place_linear_resi
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    const auto& w = saved[1];
     const auto& g = grads[0];
-    at::Tensor dx;
-    if (ctx->needs_input_grad(0))
-      dx = at::matmul(g, w).view(x.sizes());
-    auto dw = w.grad();
-    auto* writes = reinterpret_cast<grad_writes*>(ctx->saved_data["writes"].toInt());
-    const auto out = w.size(0), in = w.size(1);
-    const auto gt = g.reshape({-1, out}).t();
-    const auto x2 = x.reshape({-1, in});
-    if (writes->first(dw.data_ptr()))
-      at::mm_out(dw, gt, x2);
-    else
-      dw.addmm_(gt, x2);
-    return {dx, at::Tensor(), ctx->needs_input_grad(2) ? g : at::Tensor(), at::Tensor()};
+    return {in_place_backward(ctx, g), at::Tensor(), ctx->needs_input_grad(2) ? g : at::Tensor(), at::Tensor()};
   }
 };
 

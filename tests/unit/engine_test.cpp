@@ -347,8 +347,11 @@ TEST(engine, thirty_steps_on_a_fixed_batch_reduce_the_loss) {
       const double linear = 2 * T * (D * H * h + H * h * D + 3 * D * I) + 2 * (T + C) * 2 * D * K * h;
       const double pairs = rows * N * (S - Bs) / 2 * Bs + T * Bs;
       const double attention = 4 * pairs * H * h;
-      const double scored = rows * N * (Bs - 1);  // the lm-head skips each block's position 0
-      const double want = 3 * L * (linear + attention) + 2 * (2 * C * taps * D * D) + 2 * (2 * scored * D * V);
+      const double scored = rows * N * (Bs - 1);  // the lm-head skips each block's position 0,
+      // and so do the last layer's o projection and MLP (unscored: one row a block)
+      const double unscored = 2 * rows * N * (H * h * D + 3 * D * I);
+      const double want = 3 * (L * (linear + attention) - unscored) + 2 * (2 * C * taps * D * D)
+                          + 2 * (2 * scored * D * V);
       EXPECT_NEAR(r.tflop * 1e12, want, want * 1e-12) << "step_result.tflop";
     }
     loss.push_back(r.loss);
