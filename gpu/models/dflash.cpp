@@ -1,6 +1,7 @@
 #include "gpu/models/dflash.hpp"
 
 #include <fstream>
+#include <vector>
 
 #include "gpu/device/error.hpp"
 #include "gpu/models/dflash_attention.hpp"
@@ -93,6 +94,18 @@ void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
   std::filesystem::rename(tmp, dir / "config.json");
 }
 
+at::Tensor scored_positions(const at::Tensor& t, int64_t block_size) {
+  TORCH_CHECK(block_size >= 2 && t.dim() >= 2 && t.size(1) % block_size == 0, "scored_positions: block size ",
+              block_size, " does not divide the ", t.dim() >= 2 ? t.size(1) : 0, " block positions (or is below 2)");
+  const auto blocks = t.size(1) / block_size;
+  std::vector<int64_t> split{t.size(0), blocks, block_size}, kept{t.size(0), blocks * (block_size - 1)};
+  for (int64_t i = 2; i < t.dim(); ++i) {
+    split.push_back(t.size(i));
+    kept.push_back(t.size(i));
+  }
+  return t.reshape(split).narrow(2, 1, block_size - 1).reshape(kept);
+}
+
 at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
                           const dflash_inputs& in, int64_t scored_only) {
   const auto d = dims_of(cfg);
@@ -104,12 +117,6 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
   TORCH_CHECK(scored_only == 0 || (scored_only >= 2 && q_len % scored_only == 0), "dflash_forward: block size ",
               scored_only, " does not divide the ", q_len, " block positions (or is below 2)");
-  // Positions 1 … Bs−1 of every block of t [B, Q, C] (a copy).
-  auto scored_rows = [&](const at::Tensor& t) {
-    const auto c = t.size(-1);
-    return t.reshape({b, q_len / scored_only, scored_only, c}).narrow(2, 1, scored_only - 1)
-      .reshape({b, q_len / scored_only * (scored_only - 1), c});
-  };
   const bool fuse_residual = in.block_embeds.is_cuda();
   auto x = in.block_embeds;
   for (size_t li = 0; li < w.layers.size(); ++li) {
@@ -130,8 +137,8 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
     }
     auto a = attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim});
     if (scored_only > 0 && li + 1 == w.layers.size()) {
-      a = scored_rows(a);  // position 0's o projection and MLP in the last layer feed nothing
-      x = scored_rows(x);
+      a = scored_positions(a, scored_only);  // position 0's o projection and MLP in the last layer feed nothing
+      x = scored_positions(x, scored_only);
     }
     if (fuse_residual) {
       x = fused_linear_residual(a, l.o_proj, x);

@@ -58,6 +58,11 @@ struct dflash_inputs {
   at::Tensor keep;             ///< [B, N] bool: false = padding block, sees nothing
 };
 
+/// Positions 1 … Bs−1 of every block of `t`, whose dimension 1 holds N·Bs
+/// block positions ([B, N·Bs, …]): [B, N·(Bs−1), …], block by block (a copy).
+/// Position 0 is the anchor's own token, never scored.
+at::Tensor scored_positions(const at::Tensor& t, int64_t block_size);
+
 /// Drafter forward: block hidden states after the final norm, [B, Q, D].
 /// Differentiable in the drafter's weights.
 ///

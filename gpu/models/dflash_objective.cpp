@@ -258,10 +258,8 @@ chunked_ce_result scored_cross_entropy(const at::Tensor& hidden, const at::Tenso
   // Position 0 of every block is the anchor's own token: never scored (its
   // mask is 0), so its rows skip the lm-head, which is ~1/Bs of the step's
   // two largest GEMMs.  Rows go block by block, positions 1 … Bs−1.
-  auto scored_rows = [bs](const at::Tensor& t) { return t.reshape({-1, bs}).narrow(1, 1, bs - 1).reshape({-1}); };
-  return chunked_cross_entropy(all_rows ? hidden.reshape({-1, bs, d}).narrow(1, 1, bs - 1).reshape({-1, d})
-                                        : hidden.reshape({-1, d}),
-                               head,
+  auto scored_rows = [bs](const at::Tensor& t) { return scored_positions(t, bs).reshape({-1}); };
+  return chunked_cross_entropy((all_rows ? scored_positions(hidden, bs) : hidden).reshape({-1, d}), head,
                                scored_rows(batch.labels), scored_rows(batch.loss_weight),
                                scored_rows(batch.mask), opts.chunk_rows);
 }

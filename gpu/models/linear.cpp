@@ -6,6 +6,11 @@ namespace {
 
 thread_local grad_writes* current_writes = nullptr;
 
+/// residual + x·Wᵀ in one addmm, shaped as the residual.
+at::Tensor addmm_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual) {
+  return at::addmm(residual.reshape({-1, w.size(0)}), x.reshape({-1, w.size(1)}), w.t()).view(residual.sizes());
+}
+
 /// The backward of y = (…) + x·Wᵀ with x and W saved: writes gᵀx into
 /// W.grad() (the first write of the scope's step overwrites, later ones
 /// accumulate) and returns dx (undefined when x needs none).
@@ -50,8 +55,7 @@ struct in_place_linear_residual : torch::autograd::Function<in_place_linear_resi
                             const at::Tensor& residual, int64_t writes) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["writes"] = writes;
-    const auto out = w.size(0), in = w.size(1);
-    return at::addmm(residual.reshape({-1, out}), x.reshape({-1, in}), w.t()).view(residual.sizes());
+    return addmm_residual(x, w, residual);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -114,7 +118,7 @@ at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const
               "fused_linear_residual: x ", x.sizes(), ", W ", w.sizes(), " and residual ", residual.sizes(),
               " do not fit (or differ in dtype)");
   if (!writes_in_place(w))
-    return at::addmm(residual.reshape({-1, w.size(0)}), x.reshape({-1, w.size(1)}), w.t()).view(residual.sizes());
+    return addmm_residual(x, w, residual);
   return in_place_linear_residual::apply(x, w, residual, reinterpret_cast<int64_t>(current_writes));
 }
 
