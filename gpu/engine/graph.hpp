@@ -44,7 +44,7 @@ int64_t max_concurrent_captures();
 /// with take_turn run one after the other, in the order they were launched:
 /// each such replay's stream first waits for the end of the previous one on
 /// that device (a CUDA event; no host thread blocks).  Run side by side, the
-/// two took each other's SMs and caches: docs/bench.md ("One GPU, turns")
+/// two took each other's SMs and caches: docs/bench.md ("Kept: training turns on a shared GPU")
 /// has the A/B.  `TANDEM_SHARED_GPU=concurrent` turns it off (read once).
 bool device_turns_enabled();
 
