@@ -17,7 +17,8 @@ Four runs of the tiny run_test.toml on the CPU (two epochs, log_every 1):
   Bad requests: an unknown fault kind, a drafter that does not exist, a negative or
   missing multiplier, a step already taken, log_every 0 -> 4xx, the run unharmed.
 - S: only `lr_scale 0.5 at 25` (HTTP), run through.
-- B: as S, stopped (POST /v1/stop) after step 30 and resumed with `tandem run --resume`:
+- B: as S, paused after step 30 (held while a shell attaches), stopped (POST /v1/stop) there
+  and resumed with `tandem run --resume`:
   the multiplier travels in the checkpoint, so every step's loss and lr equal S's, bit
   for bit. An interactive `tandem shell --follow` attached to B says the run ended, waits,
   and reconnects to the resumed run.
@@ -194,6 +195,11 @@ b_metrics = os.path.join(b_dir, "metrics.jsonl")
 deadline = time.time() + 120
 while time.time() < deadline and max(by_step(b_metrics) or [0]) < 30 and b.poll() is None:
     time.sleep(0.02)
+# Held where it is until the stop: the tiny run is quick, and left running while the shell
+# below starts and connects it could train every step first (then the stop finds nothing
+# left, the resumed run has no step to train and ends before its control.json is read).
+status, body = http(ctl, "POST", "/v1/pause")
+check(status == 200, f"B: pause after step 30: {status} {body}")
 # An interactive shell with --follow outlives the stop and reconnects to the resumed run.
 follower = subprocess.Popen([tandem, "shell", b_dir, "--follow"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -215,6 +221,8 @@ status, body = http(ctl, "POST", "/v1/stop")
 check(status == 200, f"B: stop {status} {body}")
 finish(b, "B (stopped)")
 stopped_at = max(by_step(b_metrics) or [0])
+# A stop before the last step, or the resume below would have nothing to show.
+check(30 <= stopped_at < max(S), f"B: stopped at step {stopped_at}, within 30..{max(S) - 1}")
 follower.stdin.write("status\n")
 follower.stdin.flush()
 check(follower_says("waiting for the run to come back"), f"B: the shell waits: {said}")

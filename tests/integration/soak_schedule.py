@@ -23,6 +23,10 @@
   losses METRICS_A METRICS_B
       The first step whose loss differs between two runs (the last record of
       each step counts: a step re-trained after a rollback is logged again).
+  events METRICS
+      The run's events other than steps and checkpoints (resumes, failures,
+      restarts, ends), one a line after the last step logged before it: where
+      a difference found by `losses` came in.
 
 Everything is read from structured output (JSON lines, safetensors bytes).
 """
@@ -192,6 +196,16 @@ def describe(x, y):
     return f" (max |a-b| {max(d):.3g}, {sum(1 for e in d if e)} of {n} elements)"
 
 
+def events(path):
+    last = None
+    for x in records(path):
+        if x["event"] == "step":
+            last = x["step"]
+        elif x["event"] not in ("checkpoint", "epoch"):
+            keep = ("reason", "restore_from", "restore_step", "from", "step", "tier")
+            print(f"after step {last}: {x['event']} {json.dumps({k: x[k] for k in keep if k in x})}")
+
+
 def first_loss_difference(a, b):
     def losses(path):
         # (a non-finite step's record carries the step before it)
@@ -220,5 +234,7 @@ if __name__ == "__main__":
         sys.exit(1 if d else 0)
     elif cmd == "losses":
         print(json.dumps(first_loss_difference(args[0], args[1])))
+    elif cmd == "events":
+        events(args[0])
     else:
         sys.exit(f"unknown subcommand {cmd}")

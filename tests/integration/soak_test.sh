@@ -112,8 +112,11 @@ check helper ledger "$metrics" "$epochs" "$samples"
 # 3. Bit for bit the fault-free run's training state.
 a=$(newest "$ref"); b=$(newest "$work/soak")
 echo "final checkpoints: $(basename "$a") (fault-free), $(basename "$b") (faults)"
-if ! check helper same "$a" "$b"; then
+# (check's own status is its last echo's: test the comparison itself.)
+check helper same "$a" "$b"
+if ! helper same "$a" "$b" > /dev/null; then
   echo "first step whose loss differs: $(helper losses "$ref/metrics.jsonl" "$metrics")"
+  echo "the faulty run's events:"; helper events "$metrics"
 fi
 
 echo "soak: $((SECONDS - t0)) s; SOAK_SEED=$seed"
