@@ -590,14 +590,18 @@ std::string kernel_class(const std::string& name) {
     return "memset";
   if (has("nccl"))
     return "nccl";
-  if (has("kernels::") && (has("fwd_kernel") || has("delta_kernel") || has("bwd_")))
+  // By argument type, so that other kernels named fwd/bwd (norms, SwiGLU) stay out;
+  // FlashAttention (the target's) before "gemm", whose names its cutlass types match.
+  if (has("dflash_attention_") || has("flash_fwd") || has("flash_bwd") || has("fmha"))
     return "attention";
   if (has("ce_grad"))
     return "ce_grad";
   if (has("gemv"))  // Tandem's decode GEMV and cuBLAS's gemv kernels
     return "gemv";
-  if (has("rms_norm") || has("rope_kernel"))
+  if (has("rms_norm") || has("rope_kernel"))  // also the target's qk_norm_rope
     return "norm_rope";
+  if (has("swiglu"))
+    return "swiglu";
   if (has("adamw") || has("sumsq") || has("fused_adam") || has("multi_tensor"))
     return "optimizer";
   if (has("gemm") || has("nvjet") || has("cutlass") || has("xmma") || has("sm90_") || has("Kernel2"))

@@ -211,6 +211,7 @@ rms_norm_bwd_kernel(rms_norm_bwd_args a) {
     dot = row_sum<TPR>(dot, red) * inv_dim;
     if (live && a.dx != nullptr) {
       T* dx = static_cast<T*>(a.dx) + row * a.dim;
+      const T* add = a.dx_add == nullptr ? nullptr : static_cast<const T*>(a.dx_add) + row * a.dim;
 #pragma unroll
       for (int j = 0; j < MAXV; ++j) {
         const int c = lane + j * TPR;
@@ -218,6 +219,13 @@ rms_norm_bwd_kernel(rms_norm_bwd_args a) {
 #pragma unroll
           for (int e = 0; e < vec; ++e)
             g[j].v[e] = rstd * (g[j].v[e] - xh[j].v[e] * dot);
+          if (add != nullptr) {  // the other use's gradient, before the one rounding
+            chunk<T> r;
+            r.load(add + c * vec);
+#pragma unroll
+            for (int e = 0; e < vec; ++e)
+              g[j].v[e] += r.v[e];
+          }
           g[j].store(dx + c * vec);
         }
       }
@@ -443,8 +451,8 @@ cudaError_t rms_norm_forward(const rms_norm_fwd_args& a, cudaStream_t stream) {
 cudaError_t rms_norm_backward(const rms_norm_bwd_args& a, cudaStream_t stream) {
   const auto c = config_for(a.dim, a.dtype);
   if (c.tpr == 0 || a.rows < 0 || !aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.dy)
-      || !aligned16(a.dx) || a.rstd == nullptr
-      || (a.dweight != nullptr && a.partials == nullptr))
+      || !aligned16(a.dx) || !aligned16(a.dx_add) || a.rstd == nullptr
+      || (a.dweight != nullptr && a.partials == nullptr) || (a.dx_add != nullptr && a.dx == nullptr))
     return cudaErrorInvalidValue;
   if (a.dx == nullptr && a.dweight == nullptr)
     return cudaSuccess;

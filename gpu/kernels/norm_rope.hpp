@@ -9,7 +9,7 @@
 ///   forward   n = T(x · rstd), rstd = rsqrt(mean(x²) + eps) in fp32;
 ///             y = T(w · n)                  (Hugging Face Qwen3's rounding:
 ///             normalise in fp32, cast to T, then scale by w in T)
-///   backward  g = dy · w (fp32), dx = rstd · (g − x̂ · mean(g · x̂)), x̂ = x · rstd;
+///   backward  g = dy · w (fp32), dx = rstd · (g − x̂ · mean(g · x̂)) [+ dx_add], x̂ = x · rstd;
 ///             dw = Σ_rows dy · n, in two deterministic stages: each CTA sums
 ///             its rows in a fixed order into one fp32 partial row, then a
 ///             second kernel sums the partials in a fixed order.  No atomics:
@@ -57,6 +57,9 @@ struct rms_norm_bwd_args {
   const float* rstd = nullptr; ///< [rows] from the forward
   const void* dy = nullptr;    ///< [rows, D] contiguous, 16-byte aligned
   void* dx = nullptr;          ///< [rows, D] contiguous, or nullptr (not needed)
+  const void* dx_add = nullptr;///< [rows, D] contiguous, 16-byte aligned, or nullptr: added
+                               ///< to dx before its one rounding (the gradient x gets
+                               ///< from another use, e.g. a residual); may alias dx
   void* dweight = nullptr;     ///< [D] in x's dtype, or nullptr (frozen weight)
   float* partials = nullptr;   ///< [rms_norm_bwd_partial_rows(rows, D), D] fp32
                                ///< workspace; needed only with dweight

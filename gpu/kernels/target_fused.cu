@@ -130,8 +130,10 @@ cudaError_t launch_qk(const qk_norm_rope_args& a, cudaStream_t stream) {
   switch (a.head_dim) {
   case 16: qk_norm_rope_kernel<T, 1, 16><<<grid, block, 0, stream>>>(a, sp); break;
   case 32: qk_norm_rope_kernel<T, 1, 32><<<grid, block, 0, stream>>>(a, sp); break;
-  case 64: qk_norm_rope_kernel<T, 2, 32><<<grid, block, 0, stream>>>(a, sp); break;
-  case 128: qk_norm_rope_kernel<T, 4, 32><<<grid, block, 0, stream>>>(a, sp); break;
+  // 16 lanes a row from d = 64 on (two rows a pass, 8 or 16 bytes a lane):
+  // half the passes of 32 lanes a row, wider accesses.
+  case 64: qk_norm_rope_kernel<T, 4, 16><<<grid, block, 0, stream>>>(a, sp); break;
+  case 128: qk_norm_rope_kernel<T, 8, 16><<<grid, block, 0, stream>>>(a, sp); break;
   case 256: qk_norm_rope_kernel<T, 8, 32><<<grid, block, 0, stream>>>(a, sp); break;
   default: return cudaErrorInvalidValue;
   }

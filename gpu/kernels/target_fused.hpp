@@ -16,8 +16,9 @@
 /// (as in norm_rope.cu).  Value heads are left alone.
 /// Design: a warp a token (its cos/sin read once) or, with few tokens (a
 /// decode step), several warps a token, each a share of its heads; 32 lanes
-/// a head row (16 for h = 16), h/32 elements a lane; the RoPE partner of a
-/// lane's elements (distance h/2) is half the row's lanes away.
+/// a head row for h = 32 and 256, 16 for the others (two rows a pass), h/32
+/// or h/16 elements a lane; the RoPE partner of a lane's elements (distance
+/// h/2) is half the row's lanes away.
 ///
 /// swiglu_rows: gu [T, 2·I] (gate in columns [0, I), up in [I, 2·I), as the
 /// fused gate/up projection writes them) → out [T, I] contiguous,

@@ -113,31 +113,47 @@ at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
   return groups == 1 ? kv : kv.repeat_interleave(groups, 1);
 }
 
+at::Tensor q_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
+                   const at::Tensor& cos, const at::Tensor& sin) {
+  const auto b = raw.size(0), t = raw.size(1);
+  auto q = rms_norm(raw.view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps);
+  return apply_rope(q.transpose(1, 2), cos, sin);
+}
+
+at::Tensor k_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
+                   const at::Tensor& cos, const at::Tensor& sin) {
+  const auto b = raw.size(0), t = raw.size(1);
+  auto k = rms_norm(raw.view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps);
+  return apply_rope(k.transpose(1, 2), cos, sin);
+}
+
+at::Tensor v_heads(const at::Tensor& raw, const layer_dims& d) {
+  const auto b = raw.size(0), t = raw.size(1);
+  return raw.view({b, t, d.kv_heads, d.head_dim}).transpose(1, 2);
+}
+
 at::Tensor project_q(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
                      const at::Tensor& cos, const at::Tensor& sin) {
-  const auto b = x.size(0), t = x.size(1);
-  auto q = rms_norm(fused_linear(x, w.q_proj).view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps);
-  return apply_rope(q.transpose(1, 2), cos, sin);
+  return q_heads(fused_linear(x, w.q_proj), w, d, cos, sin);
 }
 
 at::Tensor project_k(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d,
                      const at::Tensor& cos, const at::Tensor& sin) {
-  const auto b = x.size(0), t = x.size(1);
-  auto k = rms_norm(fused_linear(x, w.k_proj).view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps);
-  return apply_rope(k.transpose(1, 2), cos, sin);
+  return k_heads(fused_linear(x, w.k_proj), w, d, cos, sin);
 }
 
 at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d) {
-  const auto b = x.size(0), t = x.size(1);
-  return fused_linear(x, w.v_proj).view({b, t, d.kv_heads, d.head_dim}).transpose(1, 2);
+  return v_heads(fused_linear(x, w.v_proj), d);
 }
 
 at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w, const at::Tensor& residual) {
-  // fused_linear: at::linear, except inside a weight_grad_accumulation scope
-  // (the drafter's training step), where the weight gradients go straight
-  // into W.grad() (gpu/models/linear.hpp).
-  auto gate = fused_linear(x, w.gate_proj);
-  auto up = fused_linear(x, w.up_proj);
+  // fused_linears: at::linear each, except inside a weight_grad_accumulation
+  // scope (the drafter's training step), where the weight gradients go
+  // straight into W.grad() and x's gradient is summed in the GEMMs
+  // (gpu/models/linear.hpp).
+  auto gu = fused_linears(x, {w.gate_proj, w.up_proj});
+  const auto& gate = gu[0];
+  const auto& up = gu[1];
   // CUDA bf16/fp16: one fused kernel each way (gpu/kernels/swiglu.cu); the
   // CPU keeps the composite, bit for bit (parity, bit-exact resume), and so
   // does fp32 on CUDA (fused_swiglu falls back to it).

@@ -89,6 +89,14 @@ at::Tensor project_k(const at::Tensor& x, const decoder_layer_weights& w, const 
                      const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor project_v(const at::Tensor& x, const decoder_layer_weights& w, const layer_dims& d);
 
+/// The same from projections already made (raw = x·Wᵀ [B, T, heads·h], e.g.
+/// by fused_linears): project_q(x) = q_heads(x·Wqᵀ), and so on.
+at::Tensor q_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
+                   const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor k_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
+                   const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor v_heads(const at::Tensor& raw, const layer_dims& d);
+
 /// SwiGLU MLP of a decoder layer; with `residual` defined, residual + MLP(x)
 /// with the add in the down projection's GEMM (fused_linear_residual).
 at::Tensor swiglu_mlp(const at::Tensor& x, const decoder_layer_weights& w, const at::Tensor& residual = {});

@@ -1,10 +1,12 @@
 #include "gpu/models/dflash.hpp"
 
 #include <fstream>
+#include <tuple>
 #include <vector>
 
 #include "gpu/device/error.hpp"
 #include "gpu/models/dflash_attention.hpp"
+#include "gpu/models/fused_ops.hpp"
 #include "gpu/models/linear.hpp"
 #include "gpu/io/safetensors.hpp"
 
@@ -117,16 +119,42 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
   TORCH_CHECK(scored_only == 0 || (scored_only >= 2 && q_len % scored_only == 0), "dflash_forward: block size ",
               scored_only, " does not divide the ", q_len, " block positions (or is below 2)");
-  const bool fuse_residual = in.block_embeds.is_cuda();
+  // CUDA: the residual adds go into the o and down GEMMs, each input's
+  // gradient is summed in the GEMMs of its projections (fused_linears) or in
+  // the norm's backward kernel (fused_rms_norm_passing), and every layer's
+  // context keys and values are projected by one node.  The CPU keeps the
+  // composites, bit for bit.
+  const bool fuse = in.block_embeds.is_cuda();
+  std::vector<at::Tensor> ctx_kv;  // fuse: layer i's k at 2i, v at 2i + 1
+  if (fuse) {
+    std::vector<at::Tensor> kv_w;
+    for (const auto& l : w.layers) {
+      kv_w.push_back(l.k_proj);
+      kv_w.push_back(l.v_proj);
+    }
+    ctx_kv = fused_linears(ctx, kv_w);
+  }
   auto x = in.block_embeds;
   for (size_t li = 0; li < w.layers.size(); ++li) {
     const auto& l = w.layers[li];
-    auto h = rms_norm(x, l.input_norm, d.eps);
-    auto q = project_q(h, l, d, cos_q, sin_q);
-    auto k_ctx = project_k(ctx, l, d, cos_c, sin_c);
-    auto k_blk = project_k(h, l, d, cos_q, sin_q);
-    auto v_ctx = project_v(ctx, l, d);
-    auto v_blk = project_v(h, l, d);
+    at::Tensor h, x_res, q, k_ctx, k_blk, v_ctx, v_blk;
+    if (fuse) {
+      std::tie(h, x_res) = fused_rms_norm_passing(x, l.input_norm, d.eps);
+      auto qkv = fused_linears(h, {l.q_proj, l.k_proj, l.v_proj});
+      q = q_heads(qkv[0], l, d, cos_q, sin_q);
+      k_blk = k_heads(qkv[1], l, d, cos_q, sin_q);
+      v_blk = v_heads(qkv[2], d);
+      k_ctx = k_heads(ctx_kv[2 * li], l, d, cos_c, sin_c);
+      v_ctx = v_heads(ctx_kv[2 * li + 1], d);
+    } else {
+      h = rms_norm(x, l.input_norm, d.eps);
+      x_res = x;
+      q = project_q(h, l, d, cos_q, sin_q);
+      k_ctx = project_k(ctx, l, d, cos_c, sin_c);
+      k_blk = project_k(h, l, d, cos_q, sin_q);
+      v_ctx = project_v(ctx, l, d);
+      v_blk = project_v(h, l, d);
+    }
     at::Tensor attn;  // [B, H, Q, h]
     if (in.ctx_lo.defined()) {
       attn = dflash_attention(q, k_ctx, v_ctx, k_blk, v_blk, in.ctx_lo, in.ctx_hi, in.keep, scale);
@@ -138,13 +166,14 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
     auto a = attn.transpose(1, 2).reshape({b, q_len, d.heads * d.head_dim});
     if (scored_only > 0 && li + 1 == w.layers.size()) {
       a = scored_positions(a, scored_only);  // position 0's o projection and MLP in the last layer feed nothing
-      x = scored_positions(x, scored_only);
+      x_res = scored_positions(x_res, scored_only);
     }
-    if (fuse_residual) {
-      x = fused_linear_residual(a, l.o_proj, x);
-      x = swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l, x);
+    if (fuse) {
+      x = fused_linear_residual(a, l.o_proj, x_res);
+      auto [h2, x_res2] = fused_rms_norm_passing(x, l.post_norm, d.eps);
+      x = swiglu_mlp(h2, l, x_res2);
     } else {
-      x = x + fused_linear(a, l.o_proj);
+      x = x_res + fused_linear(a, l.o_proj);
       x = x + swiglu_mlp(rms_norm(x, l.post_norm, d.eps), l);
     }
   }

@@ -183,15 +183,23 @@ public:
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    return norm_backward(ctx, grads[0], at::Tensor());
+  }
+
+  /// dx (plus `dx_add`, when defined, in the same kernel) and dweight.
+  static torch::autograd::variable_list norm_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
+                                                      const at::Tensor& dx_add) {
     const auto s = ctx->get_saved_variables();
     const auto& x = s[0];
     const auto& w = s[1];
     const auto& rstd = s[2];
     const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
-    if (!grads[0].defined() || (!want_dx && !want_dw))
+    if (!g.defined())
+      return {want_dx ? dx_add : at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!want_dx && !want_dw)
       return {at::Tensor(), at::Tensor(), at::Tensor()};
     c10::cuda::CUDAGuard guard(x.device());
-    auto dy = dense_aligned(grads[0].to(x.scalar_type()));
+    auto dy = dense_aligned(g.to(x.scalar_type()));
     const auto d = x.size(-1);
     const auto rows = d == 0 ? 0 : x.numel() / d;
     kernels::rms_norm_bwd_args a;
@@ -203,9 +211,14 @@ public:
     a.rstd = rstd.data_ptr<float>();
     a.dy = dy.data_ptr();
     at::Tensor dx, dw, partials;
+    at::Tensor add;
     if (want_dx) {
       dx = at::empty(x.sizes(), x.options());
       a.dx = dx.data_ptr();
+      if (dx_add.defined()) {
+        add = dense_aligned(dx_add.to(x.scalar_type()).reshape(x.sizes()));
+        a.dx_add = add.data_ptr();
+      }
     }
     if (want_dw) {
       dw = at::empty({d}, w.options());
@@ -217,6 +230,24 @@ public:
     check_launch(kernels::rms_norm_backward(a, at::cuda::getCurrentCUDAStream()),
                  "rms_norm backward");
     return {dx, dw, at::Tensor()};
+  }
+};
+
+/// {rms_norm(x), x}: the second output passes x on to a later use (a
+/// residual add), and the backward adds that use's gradient to the norm's dx
+/// inside the norm's kernel, where autograd would sum the two with an add.
+class rms_norm_passing_fn : public torch::autograd::Function<rms_norm_passing_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& weight,
+                                                double eps) {
+    auto y = rms_norm_fn::forward(ctx, x, weight, eps)[0];
+    return {y, x};  // an input returned as is: autograd makes it a view with this node as its grad_fn
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return rms_norm_fn::norm_backward(ctx, grads[0], grads[1]);
   }
 };
 
@@ -378,6 +409,17 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
   }
 #endif
   return rms_norm_composite(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_passing(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#ifdef TANDEM_HAVE_CUDA
+  if (norm_unsupported(x, weight).empty() && at::GradMode::is_enabled()
+      && (x.requires_grad() || weight.requires_grad())) {
+    auto out = rms_norm_passing_fn::apply(x, weight, eps);
+    return {out[0], out[1]};
+  }
+#endif
+  return {fused_rms_norm(x, weight, eps), x};
 }
 
 at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

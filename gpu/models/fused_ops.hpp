@@ -35,6 +35,13 @@ namespace tandem::gpu {
 /// computed only when it requires grad).
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+/// {fused_rms_norm(x, weight, eps), x'} with x' = x, for a caller that also
+/// adds x to something later (a residual): on the kernel path with autograd
+/// on, x' is a view of x whose gradient the norm's backward kernel adds to
+/// its own dx before rounding (one pass, no separate add; one rounding where
+/// autograd's sum has two).  Elsewhere x' is x itself.
+std::pair<at::Tensor, at::Tensor> fused_rms_norm_passing(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 /// x: [B, heads, T, d] (any strides); cos/sin: [B or 1, T, d] float32 from
 /// rope_tables.  Returns x rotated in x's dtype ("rotate_half" layout), with
 /// x's memory layout where x is dense.  Differentiable in x.

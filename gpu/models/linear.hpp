@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "gpu/pch.hpp"
 
@@ -39,6 +40,14 @@ at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w);
 /// fp32 sum, no separate add kernel), `residual` shaped as the output; its
 /// gradient is the output's.  The weight gradient as fused_linear's.
 at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual);
+
+/// {x·W₁ᵀ, x·W₂ᵀ, …}: several projections of one input.  When every Wᵢ
+/// takes fused_linear's in-place path, one autograd node whose backward
+/// sums the input's gradient in the GEMMs' β = 1 epilogue (dx = g₁W₁, then
+/// dx += g₂W₂, …: no add kernels, where autograd would sum n separate dx
+/// with n − 1 adds) and writes each weight gradient in place; otherwise n
+/// fused_linear calls (bit for bit today's path: the CPU, inference).
+std::vector<at::Tensor> fused_linears(const at::Tensor& x, at::TensorList ws);
 
 /// The weights whose gradient was written since the scope opened (backward
 /// runs on autograd's threads, hence the lock).  Owned by the caller; must

@@ -87,9 +87,11 @@ reference reference64(const at::Tensor& logits, const ce_inputs& t) {
 }
 
 #ifdef TANDEM_HAVE_CUDA
-void check_kernel(int64_t rows, int64_t vocab, bool write_grad) {
+/// `stride` > vocab: the logits are rows of a wider buffer (16-byte-aligned
+/// rows whose vocabulary is not a multiple of 8: the vector path's tail).
+void check_kernel(int64_t rows, int64_t vocab, bool write_grad, int64_t stride = 0) {
   SCOPED_TRACE(::testing::Message() << "[" << rows << ", " << vocab << "]"
-                                    << (write_grad ? "" : " forward only"));
+                                    << (write_grad ? "" : " forward only") << " stride " << stride);
   auto g = gen(3);
   auto x = (at::randn({rows, vocab}, g) * 3).to(at::kCUDA, at::kBFloat16);
   // An exact tie for the max in row 5: the first index must win.
@@ -99,7 +101,8 @@ void check_kernel(int64_t rows, int64_t vocab, bool write_grad) {
   t.labels[5] = 7;
   auto ref = reference64(x, t);
 
-  auto buf = x.clone();
+  auto buf = stride > vocab ? at::zeros({rows, stride}, x.options()).narrow(1, 0, vocab) : at::empty_like(x);
+  buf.copy_(x);
   auto out = at::empty({3, rows}, x.options().dtype(at::kFloat));
   tandem::gpu::kernels::ce_grad_args a;
   a.rows = rows;
@@ -142,6 +145,7 @@ TEST(ce_grad, cuda_kernel_matches_float64_at_qwen3_vocab) {
 #ifdef TANDEM_HAVE_CUDA
   check_kernel(300, 151936, /*write_grad=*/true);
   check_kernel(64, 151936, /*write_grad=*/false);
+  check_kernel(40, 250003, /*write_grad=*/true, 250008);  // aligned rows, a 3-element tail
 #endif
 }
 
@@ -149,8 +153,9 @@ TEST(ce_grad, cuda_kernel_matches_float64_at_small_vocab) {
   if (!have_cuda())
     GTEST_SKIP() << "SKIPPED: no CUDA device visible";
 #ifdef TANDEM_HAVE_CUDA
-  check_kernel(300, 1003, /*write_grad=*/true);
+  check_kernel(300, 1003, /*write_grad=*/true);  // unaligned rows: the scalar path
   check_kernel(300, 1024, /*write_grad=*/true);
+  check_kernel(300, 1003, /*write_grad=*/true, 1008);  // aligned, with a tail
 #endif
 }
 

@@ -151,6 +151,43 @@ TEST(fused_ops, cuda_rms_norm_per_head_rows_match_float64) {
   check_norm({{64, 8, 128}, at::kBFloat16, /*strided=*/true});
 }
 
+TEST(fused_ops, cuda_rms_norm_passing_adds_the_other_use_s_gradient_in_the_kernel) {
+  // {rms_norm(x), x'}: the drafter's norm whose input is also a residual.
+  // dx = the norm's dx + x''s gradient, against float64 autograd of the
+  // composite used twice (bf16 and fp32, D 4096), and the same forward as
+  // fused_rms_norm; x' unused gives the norm's dx alone.
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  for (auto dtype : {at::kBFloat16, at::kFloat}) {
+    SCOPED_TRACE(::testing::Message() << "dtype " << dtype);
+    auto g = gen(12);
+    const int64_t rows = 96, d = 4096;
+    auto x = (at::randn({2, rows / 2, d}, g) * 3).to(at::kCUDA, dtype);
+    auto w = (1 + 0.1 * at::randn({d}, g)).to(at::kCUDA, dtype);
+    auto dy = at::randn({2, rows / 2, d}, g).to(at::kCUDA, dtype);
+    auto dr = at::randn({2, rows / 2, d}, g).to(at::kCUDA, dtype);
+    auto xl = x.detach().requires_grad_(true), wl = w.detach().requires_grad_(true);
+    auto [y, xp] = fused_rms_norm_passing(xl, wl, qwen3_eps);
+    EXPECT_TRUE(at::equal(y.detach(), fused_rms_norm(x, w, qwen3_eps)));
+    EXPECT_TRUE(at::equal(xp.detach(), x));
+    ASSERT_TRUE(xp.grad_fn() != nullptr);  // the node's own view, not x itself
+    torch::autograd::backward({y, xp}, {dy, dr});
+
+    auto xr = x.detach().to(at::kDouble).requires_grad_(true), wr = w.detach().to(at::kDouble).requires_grad_(true);
+    torch::autograd::backward({rms_norm_composite(xr, wr, qwen3_eps), xr * 1.0}, {dy.to(at::kDouble), dr.to(at::kDouble)});
+    const bool bf16 = dtype == at::kBFloat16;
+    EXPECT_LT(rel_err(xl.grad(), xr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+    EXPECT_LT(rel_err(wl.grad(), wr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+
+    // The other use's gradient absent: the norm's dx alone, as rms_norm's.
+    auto xa = x.detach().requires_grad_(true), xb = x.detach().requires_grad_(true);
+    auto ya = fused_rms_norm_passing(xa, w, qwen3_eps).first;
+    ya.backward(dy);
+    fused_rms_norm(xb, w, qwen3_eps).backward(dy);
+    EXPECT_TRUE(at::equal(xa.grad(), xb.grad()));
+  }
+}
+
 TEST(fused_ops, cuda_rope_forward_is_the_composite_and_backward_matches_float64) {
   if (!have_cuda())
     GTEST_SKIP() << "SKIPPED: no CUDA device visible";

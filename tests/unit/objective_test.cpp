@@ -274,6 +274,52 @@ TEST(objective, fused_linear_residual_is_the_residual_plus_the_linear) {
   EXPECT_EQ(writes.count(), 1u);
 }
 
+TEST(objective, fused_linears_sum_the_input_gradient_and_write_each_weight_gradient) {
+  // {x·W₁ᵀ, x·W₂ᵀ, x·W₃ᵀ} with the gradients of three at::linear (float64):
+  // outside a scope it is three fused_linear; inside, one node whose dx is
+  // summed by addmm and whose weight gradients land in W.grad() — a weight
+  // used by two nodes (W₂ here, as the drafter's k and v are on the block
+  // and on the context) gets both contributions.
+  auto g = gen(9);
+  auto x = at::randn({2, 5, 6}, g, at::kDouble).requires_grad_(true);
+  auto x2 = at::randn({3, 6}, g, at::kDouble).requires_grad_(true);
+  std::vector<at::Tensor> w{at::randn({4, 6}, g, at::kDouble).requires_grad_(true),
+                            at::randn({2, 6}, g, at::kDouble).requires_grad_(true),
+                            at::randn({3, 6}, g, at::kDouble).requires_grad_(true)};
+  std::vector<at::Tensor> dy{at::randn({2, 5, 4}, g, at::kDouble), at::randn({2, 5, 2}, g, at::kDouble),
+                             at::randn({2, 5, 3}, g, at::kDouble)};
+  auto dy2 = at::randn({3, 2}, g, at::kDouble);
+  auto reference = [&] {
+    auto loss = (at::linear(x2, w[1]) * dy2).sum();
+    for (size_t i = 0; i < 3; ++i)
+      loss = loss + (at::linear(x, w[i]) * dy[i]).sum();
+    return torch::autograd::grad({loss}, {x, x2, w[0], w[1], w[2]});
+  }();
+  auto outside = fused_linears(x, w);
+  ASSERT_EQ(outside.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(at::equal(outside[i], at::linear(x, w[i]))) << "output " << i;
+
+  for (auto& wi : w)
+    wi.mutable_grad() = at::full(wi.sizes(), 7.0, at::kDouble);  // stale: first writes overwrite
+  grad_writes writes;
+  at::Tensor loss;
+  {
+    weight_grad_accumulation scope(writes);
+    auto ys = fused_linears(x, w);
+    auto y2 = fused_linear(x2, w[1]);
+    loss = (y2 * dy2).sum();
+    for (size_t i = 0; i < 3; ++i)
+      loss = loss + (ys[i] * dy[i]).sum();
+  }
+  auto dx = torch::autograd::grad({loss}, {x, x2});
+  EXPECT_LE((dx[0] - reference[0]).abs().max().item<double>(), 1e-10);
+  EXPECT_LE((dx[1] - reference[1]).abs().max().item<double>(), 1e-10);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_LE((w[i].grad() - reference[2 + i]).abs().max().item<double>(), 1e-10) << "weight " << i;
+  EXPECT_EQ(writes.count(), 3u);
+}
+
 TEST(objective, default_gamma_follows_dflash) {
   EXPECT_EQ(default_gamma(16), 7.0);
   EXPECT_EQ(default_gamma(10), 5.0);
