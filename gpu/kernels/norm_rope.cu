@@ -129,12 +129,39 @@ rms_norm_fwd_kernel(rms_norm_fwd_args a) {
   ss = row_sum<TPR>(ss, red);
   // The composite: mean = sum · (1/D) (PyTorch's mean), + eps, rsqrt — in fp32.
   const float rstd = rsqrtf(ss * (1.f / static_cast<float>(a.dim)) + a.eps);
+  const T* w = static_cast<const T*>(a.weight);
+  T* y = static_cast<T*>(a.y) + row * a.dim;
+  if constexpr (MAXV == 1) {
+    if (a.rope_cos != nullptr) {  // RoPE on the normalised row (launch checked chunks == TPR)
+      chunk<T> wv;
+      wv.load(w + lane * vec);
+      float c[vec], sn[vec];
+      const int64_t tab = (live ? row / a.rope_heads : 0) * a.dim + lane * vec;
+      load_floats(c, a.rope_cos + tab);
+      load_floats(sn, a.rope_sin + tab);
+      const bool low = lane < TPR / 2;
+#pragma unroll
+      for (int e = 0; e < vec; ++e) {
+        // y = T(w · T(x · rstd)), then rope_kernel's forward on T(y): its partner
+        // (distance D/2) is TPR/2 lanes away.
+        const float yv = round_to<T>(__fmul_rn(wv.v[e], round_to<T>(__fmul_rn(v[0].v[e], rstd))));
+        const float partner = __shfl_xor_sync(full_mask, yv, TPR / 2);
+        const float rot = low ? -partner : partner;
+        v[0].v[e] = __fadd_rn(round_to<T>(__fmul_rn(yv, round_to<T>(c[e]))),
+                              round_to<T>(__fmul_rn(rot, round_to<T>(sn[e]))));
+      }
+      if (!live)
+        return;
+      if (a.rstd != nullptr && lane == 0)
+        a.rstd[row] = rstd;
+      v[0].store(y + lane * vec);
+      return;
+    }
+  }
   if (!live)
     return;
   if (a.rstd != nullptr && lane == 0)
     a.rstd[row] = rstd;
-  const T* w = static_cast<const T*>(a.weight);
-  T* y = static_cast<T*>(a.y) + row * a.dim;
 #pragma unroll
   for (int j = 0; j < MAXV; ++j) {
     const int c = lane + j * TPR;
@@ -198,6 +225,23 @@ rms_norm_bwd_kernel(rms_norm_bwd_args a) {
       } else {
         xh[j].zero();
         g[j].zero();
+      }
+      if constexpr (MAXV == 1) {
+        if (a.rope_cos != nullptr) {  // dy is RoPE's output gradient: rope_kernel's backward, rounded to T
+          float cs[vec], sn[vec];
+          const int64_t tab = (live ? row / a.rope_heads : 0) * a.dim + lane * vec;
+          load_floats(cs, a.rope_cos + tab);
+          load_floats(sn, a.rope_sin + tab);
+          const bool low = lane < TPR / 2;
+#pragma unroll
+          for (int e = 0; e < vec; ++e) {
+            const float p = g[j].v[e] * round_to<T>(sn[e]);
+            const float partner = __shfl_xor_sync(full_mask, p, TPR / 2);
+            const float own = g[j].v[e];
+            const float cl = round_to<T>(cs[e]);
+            g[j].v[e] = round_to<T>(low ? own * cl + partner : own * cl - partner);
+          }
+        }
       }
 #pragma unroll
       for (int e = 0; e < vec; ++e) {
@@ -436,8 +480,28 @@ int64_t rms_norm_bwd_partial_rows(int64_t rows, int dim, norm_dtype dtype) {
   return c.tpr == 0 || rows <= 0 ? 0 : bwd_grid(rows, c);
 }
 
+/// RoPE fused into the norm: each row's chunks fill its TPR lanes exactly.
+static bool rope_fits(const norm_config& c, int dim, norm_dtype dtype, const float* cos, const float* sin,
+               int64_t heads) {
+  if (cos == nullptr && sin == nullptr)
+    return true;
+  return cos != nullptr && sin != nullptr && heads >= 1 && c.maxv == 1 && c.tpr <= 32
+         && c.tpr == dim / chunk_elems(dtype) && aligned16(cos) && aligned16(sin);
+}
+
+const char* rms_norm_rope_unsupported(int dim, norm_dtype dtype) {
+  const auto c = config_for(dim, dtype);
+  if (c.tpr == 0 || c.maxv != 1 || c.tpr > 32 || c.tpr != dim / chunk_elems(dtype))
+    return dtype == norm_dtype::fp32 ? "rms_norm + RoPE kernel: D must be 16, 32, 64 or 128"
+                                     : "rms_norm + RoPE kernel: D must be 32, 64, 128 or 256";
+  return nullptr;
+}
+
+
 cudaError_t rms_norm_forward(const rms_norm_fwd_args& a, cudaStream_t stream) {
   const auto c = config_for(a.dim, a.dtype);
+  if (!rope_fits(c, a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
+    return cudaErrorInvalidValue;
   if (c.tpr == 0 || a.rows < 0 || !aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.y))
     return cudaErrorInvalidValue;
   if (a.rows == 0)
@@ -450,6 +514,8 @@ cudaError_t rms_norm_forward(const rms_norm_fwd_args& a, cudaStream_t stream) {
 
 cudaError_t rms_norm_backward(const rms_norm_bwd_args& a, cudaStream_t stream) {
   const auto c = config_for(a.dim, a.dtype);
+  if (!rope_fits(c, a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
+    return cudaErrorInvalidValue;
   if (c.tpr == 0 || a.rows < 0 || !aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.dy)
       || !aligned16(a.dx) || !aligned16(a.dx_add) || a.rstd == nullptr
       || (a.dweight != nullptr && a.partials == nullptr) || (a.dx_add != nullptr && a.dx == nullptr))

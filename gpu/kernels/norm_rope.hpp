@@ -46,6 +46,14 @@ struct rms_norm_fwd_args {
   const void* weight = nullptr;///< [D] contiguous, 16-byte aligned, x's dtype
   void* y = nullptr;           ///< [rows, D] contiguous, 16-byte aligned
   float* rstd = nullptr;       ///< [rows] or nullptr (inference: not saved)
+  /// With both set, RoPE follows the norm in the same kernel: y = rope(T(w · n))
+  /// with the RoPE forward's roundings below; row r takes row r / rope_heads of
+  /// the [rows / rope_heads, D] fp32 tables (16-byte aligned).  Needs a row
+  /// held by 4..32 lanes, one 16-byte chunk each (D = 32..256 in bf16/fp16,
+  /// 16..128 in fp32), else cudaErrorInvalidValue.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int64_t rope_heads = 1;
 };
 
 struct rms_norm_bwd_args {
@@ -63,10 +71,18 @@ struct rms_norm_bwd_args {
   void* dweight = nullptr;     ///< [D] in x's dtype, or nullptr (frozen weight)
   float* partials = nullptr;   ///< [rms_norm_bwd_partial_rows(rows, D), D] fp32
                                ///< workspace; needed only with dweight
+  /// As in the forward: dy is then the gradient of RoPE's output, taken back
+  /// through RoPE's backward (rounded to T, as its kernel stores it) first.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int64_t rope_heads = 1;
 };
 
 /// nullptr when the kernels take rows of width `dim` in `dtype`; otherwise why not.
 const char* rms_norm_unsupported(int dim, norm_dtype dtype);
+
+/// nullptr when the norm kernels can fuse RoPE (rope_cos/rope_sin) at width `dim`.
+const char* rms_norm_rope_unsupported(int dim, norm_dtype dtype);
 
 /// Rows of the fp32 workspace the backward needs for dweight (a fixed
 /// function of the sizes, so the reduction order is too).

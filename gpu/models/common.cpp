@@ -116,6 +116,8 @@ at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
 at::Tensor q_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
                    const at::Tensor& cos, const at::Tensor& sin) {
   const auto b = raw.size(0), t = raw.size(1);
+  if (raw.is_cuda())  // the norm and RoPE as one kernel each way when training (fused_ops.hpp)
+    return fused_rms_norm_rope(raw.view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps, cos, sin);
   auto q = rms_norm(raw.view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps);
   return apply_rope(q.transpose(1, 2), cos, sin);
 }
@@ -123,6 +125,8 @@ at::Tensor q_heads(const at::Tensor& raw, const decoder_layer_weights& w, const 
 at::Tensor k_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
                    const at::Tensor& cos, const at::Tensor& sin) {
   const auto b = raw.size(0), t = raw.size(1);
+  if (raw.is_cuda())
+    return fused_rms_norm_rope(raw.view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps, cos, sin);
   auto k = rms_norm(raw.view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps);
   return apply_rope(k.transpose(1, 2), cos, sin);
 }

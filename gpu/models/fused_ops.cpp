@@ -251,6 +251,81 @@ public:
   }
 };
 
+/// RoPE(rms_norm(x)) over x [B, T, heads, h] (kernel-ready) with per-token
+/// tables [B·T, h]: one kernel each way (the norm kernels' rope_cos/rope_sin),
+/// the numbers of fused_rms_norm followed by fused_apply_rope.  Returns
+/// [B, T, heads, h]; the caller transposes.
+class rms_norm_rope_fn : public torch::autograd::Function<rms_norm_rope_fn> {
+public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& weight, const at::Tensor& cos,
+                                                const at::Tensor& sin, double eps) {
+    c10::cuda::CUDAGuard guard(x.device());
+    auto xr = dense_aligned(x), wr = dense_aligned(weight);
+    const auto d = x.size(-1);
+    const auto rows = d == 0 ? 0 : x.numel() / d;
+    auto y = at::empty(xr.sizes(), xr.options());
+    auto rstd = at::empty({rows}, xr.options().dtype(at::kFloat));
+    kernels::rms_norm_fwd_args a;
+    a.rows = rows;
+    a.dim = static_cast<int>(d);
+    a.eps = static_cast<float>(eps);
+    a.dtype = kernel_dtype(x.scalar_type());
+    a.x = xr.data_ptr();
+    a.weight = wr.data_ptr();
+    a.y = y.data_ptr();
+    a.rstd = rstd.data_ptr<float>();
+    a.rope_cos = cos.data_ptr<float>();
+    a.rope_sin = sin.data_ptr<float>();
+    a.rope_heads = x.size(2);
+    check_launch(kernels::rms_norm_forward(a, at::cuda::getCurrentCUDAStream()), "rms_norm + RoPE forward");
+    ctx->save_for_backward({xr, wr, rstd, cos, sin});
+    return {y};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto& x = s[0];
+    const auto& w = s[1];
+    const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
+    torch::autograd::variable_list none{at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined() || (!want_dx && !want_dw))
+      return none;
+    c10::cuda::CUDAGuard guard(x.device());
+    auto dy = dense_aligned(grads[0].to(x.scalar_type()));
+    const auto d = x.size(-1);
+    const auto rows = d == 0 ? 0 : x.numel() / d;
+    kernels::rms_norm_bwd_args a;
+    a.rows = rows;
+    a.dim = static_cast<int>(d);
+    a.dtype = kernel_dtype(x.scalar_type());
+    a.x = x.data_ptr();
+    a.weight = w.data_ptr();
+    a.rstd = s[2].data_ptr<float>();
+    a.dy = dy.data_ptr();
+    a.rope_cos = s[3].data_ptr<float>();
+    a.rope_sin = s[4].data_ptr<float>();
+    a.rope_heads = x.size(2);
+    at::Tensor dx, dw, partials;
+    if (want_dx) {
+      dx = at::empty(x.sizes(), x.options());
+      a.dx = dx.data_ptr();
+    }
+    if (want_dw) {
+      dw = at::empty({d}, w.options());
+      partials = at::empty({kernels::rms_norm_bwd_partial_rows(rows, a.dim, a.dtype), d},
+                           x.options().dtype(at::kFloat));
+      a.dweight = dw.data_ptr();
+      a.partials = partials.data_ptr<float>();
+    }
+    check_launch(kernels::rms_norm_backward(a, at::cuda::getCurrentCUDAStream()), "rms_norm + RoPE backward");
+    none[0] = dx;
+    none[1] = dw;
+    return none;
+  }
+};
+
 // ---- RoPE ------------------------------------------------------------------
 
 /// A size-1 dimension's stride is never used: 0 (views leave any value there).
@@ -420,6 +495,39 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_passing(const at::Tensor& x, co
   }
 #endif
   return {fused_rms_norm(x, weight, eps), x};
+}
+
+std::string fused_rms_norm_rope_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                     const at::Tensor& sin) {
+#ifdef TANDEM_HAVE_CUDA
+  if (x.dim() != 4)
+    return "composite (x is not [B, T, heads, h])";
+  if (auto why = norm_unsupported(x, weight); !why.empty())
+    return "composite (" + why + ")";
+  if (auto why = rope_unsupported(x.transpose(1, 2), cos, sin); !why.empty())
+    return "composite (" + why + ")";
+  kernels::norm_dtype dt{};
+  kernel_dtype(x.scalar_type(), dt);
+  if (const char* why = kernels::rms_norm_rope_unsupported(static_cast<int>(x.size(-1)), dt))
+    return std::string("composite (") + why + ")";
+  return "cuda kernel";
+#else
+  (void)x; (void)weight; (void)cos; (void)sin;
+  return "composite (built without CUDA)";
+#endif
+}
+
+at::Tensor fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin) {
+#ifdef TANDEM_HAVE_CUDA
+  if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad())
+      && fused_rms_norm_rope_path(x, weight, cos, sin) == "cuda kernel") {
+    const auto b = x.size(0), t = x.size(1), h = x.size(3);
+    auto table = [&](const at::Tensor& c) { return c.expand({b, t, h}).contiguous().view({b * t, h}); };
+    return rms_norm_rope_fn::apply(x, weight, table(cos), table(sin), eps)[0].transpose(1, 2);
+  }
+#endif
+  return fused_apply_rope(fused_rms_norm(x, weight, eps).transpose(1, 2), cos, sin);
 }
 
 at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -47,6 +47,18 @@ std::pair<at::Tensor, at::Tensor> fused_rms_norm_passing(const at::Tensor& x, co
 /// x's memory layout where x is dense.  Differentiable in x.
 at::Tensor fused_apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+/// fused_apply_rope(fused_rms_norm(x, weight, eps).transpose(1, 2), cos, sin)
+/// for x [B, T, heads, h] (q or k heads, per-head norm weight [h]), cos/sin
+/// [B or 1, T, h]: returns [B, heads, T, h].  Training (autograd on, x or
+/// weight requiring grad) on the kernel path runs the norm and RoPE as one
+/// kernel each way (the same roundings: RoPE's backward result is rounded to
+/// x's dtype before the norm's backward reads it, as between the two
+/// kernels); otherwise the two calls.  `_path` says which and why.
+at::Tensor fused_rms_norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin);
+std::string fused_rms_norm_rope_path(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                     const at::Tensor& sin);
+
 /// silu(gate) · up, SwiGLU's elementwise half (the kernel path takes bf16
 /// and fp16 gate and up of one shape and device, any strides: it makes them
 /// contiguous, and returns a contiguous tensor).  Differentiable in both;

@@ -188,6 +188,56 @@ TEST(fused_ops, cuda_rms_norm_passing_adds_the_other_use_s_gradient_in_the_kerne
   }
 }
 
+TEST(fused_ops, cuda_rms_norm_rope_is_the_norm_then_rope_in_one_kernel_each_way) {
+  // The drafter's q/k heads when training: fused_rms_norm_rope against the two
+  // kernels it fuses (same output bits; gradients within a rounding: the
+  // compiler may contract RoPE's backward differently) and against float64
+  // autograd of the composites; per-token tables [B, T, h] and shared [1, T, h];
+  // a head_dim the fused kernel does not take falls back to the two calls.
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  for (auto dtype : {at::kBFloat16, at::kFloat})
+    for (int64_t h : {64, 128})
+      for (bool shared_table : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "dtype " << dtype << " h " << h << (shared_table ? " [1, T, h]" : ""));
+        auto g = gen(13);
+        const int64_t b = 2, t = 300, heads = 8;
+        auto x = (at::randn({b, t, heads, h}, g) * 3).to(at::kCUDA, dtype);
+        auto w = (1 + 0.3 * at::randn({h}, g)).to(at::kCUDA, dtype);
+        auto dy = at::randn({b, heads, t, h}, g).to(at::kCUDA, dtype);
+        auto pos = at::randint(0, 40000, {shared_table ? 1 : b, t}, g).to(at::kCUDA);
+        auto [cos, sin] = rope_tables(pos, h, 1e6);
+        ASSERT_EQ(fused_rms_norm_rope_path(x, w, cos, sin), "cuda kernel");
+
+        auto xf = x.detach().requires_grad_(true), wf = w.detach().requires_grad_(true);
+        auto yf = fused_rms_norm_rope(xf, wf, qwen3_eps, cos, sin);
+        ASSERT_EQ(yf.sizes(), at::IntArrayRef({b, heads, t, h}));
+        yf.backward(dy);
+        auto xu = x.detach().requires_grad_(true), wu = w.detach().requires_grad_(true);
+        auto yu = fused_apply_rope(fused_rms_norm(xu, wu, qwen3_eps).transpose(1, 2), cos, sin);
+        yu.backward(dy);
+        EXPECT_TRUE(at::equal(yf.detach(), yu.detach()));
+        const bool bf16 = dtype == at::kBFloat16;
+        EXPECT_LT(rel_err(xf.grad(), xu.grad()), bf16 ? 1e-2 : 1e-5);
+        EXPECT_LT(rel_err(wf.grad(), wu.grad()), bf16 ? 1e-2 : 1e-5);
+
+        auto xr = x.detach().to(at::kDouble).requires_grad_(true), wr = w.detach().to(at::kDouble).requires_grad_(true);
+        auto yr = apply_rope_composite(rms_norm_composite(xr, wr, qwen3_eps).transpose(1, 2),
+                                       cos.to(dtype).to(at::kDouble), sin.to(dtype).to(at::kDouble));
+        yr.backward(dy.to(at::kDouble));
+        EXPECT_LT(rel_err(yf, yr), bf16 ? bf16_fwd_rel : fp32_rel);
+        EXPECT_LT(rel_err(xf.grad(), xr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+        EXPECT_LT(rel_err(wf.grad(), wr.grad()), bf16 ? bf16_grad_rel : fp32_rel);
+      }
+  auto g = gen(14);
+  auto x16 = at::randn({1, 5, 2, 16}, g).to(at::kCUDA, at::kBFloat16).requires_grad_(true);
+  auto w16 = at::ones({16}, x16.options()).detach();
+  auto [c16, s16] = rope_tables(at::arange(5, at::TensorOptions().device(at::kCUDA)).unsqueeze(0), 16, 1e6);
+  EXPECT_NE(fused_rms_norm_rope_path(x16, w16, c16, s16), "cuda kernel");
+  EXPECT_TRUE(at::equal(fused_rms_norm_rope(x16, w16, qwen3_eps, c16, s16).detach(),
+                        fused_apply_rope(fused_rms_norm(x16, w16, qwen3_eps).transpose(1, 2), c16, s16).detach()));
+}
+
 TEST(fused_ops, cuda_rope_forward_is_the_composite_and_backward_matches_float64) {
   if (!have_cuda())
     GTEST_SKIP() << "SKIPPED: no CUDA device visible";
