@@ -1,3 +1,7 @@
+# The copies, adds and fills of one profiled step in a Chrome trace saved by
+# `tandem bench drafter_step --trace DIR` (3 profiled steps: the first is read),
+# each with its size and the kernels on either side, to tell where it comes from:
+#   python gpu/dev/trace_copies.py DIR/drafter_step_8b.json
 import json, sys, collections
 d = json.load(open(sys.argv[1])); steps = 3
 ev = [e for e in d.get("traceEvents", []) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
