@@ -1050,8 +1050,13 @@ struct drafter_engine::impl {
       return memory_held;  // a snapshot still reads it: kept at its step until that copy lands
 #endif
     detail::device_scope scope(device);
+    // Held until the copy is issued (on the CPU: done): restore_memory takes
+    // the slot for a newer incarnation under the same lock, so an older one
+    // (hung, waking up, or still draining its mailbox) either finishes its
+    // copy first — the marker then names its step, which the restore
+    // refuses — or sees the new owner and writes nothing.
+    std::lock_guard<std::mutex> lock(memory_mutex);
     {
-      std::lock_guard<std::mutex> lock(memory_mutex);
       auto& slot = memory_table[opts.memory_slot];
       if (slot && slot->owner > incarnation)
         return -1;  // a newer incarnation of this drafter owns it
@@ -1105,8 +1110,9 @@ struct drafter_engine::impl {
   void restore_memory(int64_t step) {
     detail::device_scope scope(device);
     std::shared_ptr<memory_restore_point> p;
+    // Held from taking the slot to the end of the copy out of it (see keep_restore_point).
+    std::lock_guard<std::mutex> lock(memory_mutex);
     {
-      std::lock_guard<std::mutex> lock(memory_mutex);
       auto it = memory_table.find(opts.memory_slot);
       if (it != memory_table.end())
         p = it->second;
@@ -1119,11 +1125,8 @@ struct drafter_engine::impl {
       refuse("does not exist");
     if (!memory_fits(*p))
       refuse("is of another device or shape");
-    {
-      // Taken now: an older incarnation (hung, waking up) no longer writes it.
-      std::lock_guard<std::mutex> lock(memory_mutex);
-      p->owner = std::max(p->owner, incarnation);
-    }
+    // Taken now: an older incarnation (hung, waking up) no longer writes it.
+    p->owner = std::max(p->owner, incarnation);
     int64_t held = -1;
     try {
 #ifdef TANDEM_HAVE_CUDA
