@@ -3,7 +3,8 @@
 # Qwen3 of the parity fixtures and a small synthetic token dataset:
 #   1. two epochs train, the loss falls, every epoch commits every sample;
 #   2. injected faults (throw, nan, hang) each end in a restart from the
-#      restore point in device memory (no step lost), and with
+#      restore point in device memory (no step lost: the last loss is the
+#      plain run's, bit for bit), and with
 #      checkpoint.memory_every = 0 from the newest checkpoint; the run
 #      completes with an exact ledger;
 #   2b. a drafter busy with a slow snapshot is not taken for dead;
@@ -38,6 +39,8 @@ check test "$(field "$s" failed)" = 3
 check test "$(field "$s" restarted)" = 3
 check test "$(field "$s" end)" = epochs
 check both_epochs_exact "$s"
+# Restores from device memory lose nothing: the last step's loss is the plain run's, bit for bit.
+check test "$(field "$s" last)" = "$(field "$(summary "$work/plain/metrics.jsonl")" last)"
 check grep -q '"reason":"drafter 0 hung' "$work/faults/metrics.jsonl"
 check grep -q 'non-finite loss' "$work/faults/metrics.jsonl"
 check grep -q 'injected fault (throw_in_step)' "$work/faults/metrics.jsonl"
