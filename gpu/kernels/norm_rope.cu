@@ -100,6 +100,16 @@ __device__ __forceinline__ float row_sum(float x, float* red) {
 
 // ---- RMSNorm ---------------------------------------------------------------
 
+/// The cos/sin of a lane's chunk (one of `vec` elements) of token `token`'s
+/// row in [tokens, dim] tables: the norms' fused RoPE.
+template <int vec>
+__device__ __forceinline__ void rope_chunk(float (&c)[vec], float (&s)[vec], const float* cos, const float* sin,
+                                           int64_t token, int dim, int lane) {
+  const int64_t at = token * dim + lane * vec;
+  load_floats(c, cos + at);
+  load_floats(s, sin + at);
+}
+
 /// TPR threads a row, MAXV 16-byte chunks a thread; 256 / TPR rows a CTA.
 template <typename T, int TPR, int MAXV>
 __global__ void __launch_bounds__(block_threads)
@@ -136,9 +146,7 @@ rms_norm_fwd_kernel(rms_norm_fwd_args a) {
       chunk<T> wv;
       wv.load(w + lane * vec);
       float c[vec], sn[vec];
-      const int64_t tab = (live ? row / a.rope_heads : 0) * a.dim + lane * vec;
-      load_floats(c, a.rope_cos + tab);
-      load_floats(sn, a.rope_sin + tab);
+      rope_chunk(c, sn, a.rope_cos, a.rope_sin, live ? row / a.rope_heads : 0, a.dim, lane);
       const bool low = lane < TPR / 2;
 #pragma unroll
       for (int e = 0; e < vec; ++e) {
@@ -229,9 +237,7 @@ rms_norm_bwd_kernel(rms_norm_bwd_args a) {
       if constexpr (MAXV == 1) {
         if (a.rope_cos != nullptr) {  // dy is RoPE's output gradient: rope_kernel's backward, rounded to T
           float cs[vec], sn[vec];
-          const int64_t tab = (live ? row / a.rope_heads : 0) * a.dim + lane * vec;
-          load_floats(cs, a.rope_cos + tab);
-          load_floats(sn, a.rope_sin + tab);
+          rope_chunk(cs, sn, a.rope_cos, a.rope_sin, live ? row / a.rope_heads : 0, a.dim, lane);
           const bool low = lane < TPR / 2;
 #pragma unroll
           for (int e = 0; e < vec; ++e) {

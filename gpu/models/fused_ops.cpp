@@ -145,8 +145,15 @@ std::string swiglu_unsupported(const at::Tensor& gate, const at::Tensor& up) {
 // ---- RMSNorm ---------------------------------------------------------------
 
 /// y (and rstd, when `save`) for kernel-ready x and weight.
+/// RoPE fused into the norm kernels: per-token tables [tokens, h] (fp32,
+/// contiguous) and the rows a token (heads).
+struct norm_rope_tables {
+  at::Tensor cos, sin;
+  int64_t heads = 1;
+};
+
 std::pair<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::Tensor& weight,
-                                               double eps, bool save) {
+                                               double eps, bool save, const norm_rope_tables* rope = nullptr) {
   c10::cuda::CUDAGuard guard(x.device());
   const auto d = x.size(-1);
   const auto rows = d == 0 ? 0 : x.numel() / d;
@@ -163,8 +170,13 @@ std::pair<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::Te
   a.weight = weight.data_ptr();
   a.y = y.data_ptr();
   a.rstd = save ? rstd.data_ptr<float>() : nullptr;
+  if (rope != nullptr) {
+    a.rope_cos = rope->cos.data_ptr<float>();
+    a.rope_sin = rope->sin.data_ptr<float>();
+    a.rope_heads = rope->heads;
+  }
   check_launch(kernels::rms_norm_forward(a, at::cuda::getCurrentCUDAStream()),
-               "rms_norm forward");
+               rope != nullptr ? "rms_norm + RoPE forward" : "rms_norm forward");
   return {y, rstd};
 }
 
@@ -186,9 +198,11 @@ public:
     return norm_backward(ctx, grads[0], at::Tensor());
   }
 
-  /// dx (plus `dx_add`, when defined, in the same kernel) and dweight.
+  /// dx (plus `dx_add`, when defined, in the same kernel) and dweight; with
+  /// `rope`, g is RoPE's output gradient (rms_norm_rope_fn).
   static torch::autograd::variable_list norm_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
-                                                      const at::Tensor& dx_add) {
+                                                      const at::Tensor& dx_add,
+                                                      const norm_rope_tables* rope = nullptr) {
     const auto s = ctx->get_saved_variables();
     const auto& x = s[0];
     const auto& w = s[1];
@@ -210,6 +224,11 @@ public:
     a.weight = w.data_ptr();
     a.rstd = rstd.data_ptr<float>();
     a.dy = dy.data_ptr();
+    if (rope != nullptr) {
+      a.rope_cos = rope->cos.data_ptr<float>();
+      a.rope_sin = rope->sin.data_ptr<float>();
+      a.rope_heads = rope->heads;
+    }
     at::Tensor dx, dw, partials;
     at::Tensor add;
     if (want_dx) {
@@ -228,7 +247,7 @@ public:
       a.partials = partials.data_ptr<float>();
     }
     check_launch(kernels::rms_norm_backward(a, at::cuda::getCurrentCUDAStream()),
-                 "rms_norm backward");
+                 rope != nullptr ? "rms_norm + RoPE backward" : "rms_norm backward");
     return {dx, dw, at::Tensor()};
   }
 };
@@ -260,25 +279,9 @@ public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& weight, const at::Tensor& cos,
                                                 const at::Tensor& sin, double eps) {
-    c10::cuda::CUDAGuard guard(x.device());
     auto xr = dense_aligned(x), wr = dense_aligned(weight);
-    const auto d = x.size(-1);
-    const auto rows = d == 0 ? 0 : x.numel() / d;
-    auto y = at::empty(xr.sizes(), xr.options());
-    auto rstd = at::empty({rows}, xr.options().dtype(at::kFloat));
-    kernels::rms_norm_fwd_args a;
-    a.rows = rows;
-    a.dim = static_cast<int>(d);
-    a.eps = static_cast<float>(eps);
-    a.dtype = kernel_dtype(x.scalar_type());
-    a.x = xr.data_ptr();
-    a.weight = wr.data_ptr();
-    a.y = y.data_ptr();
-    a.rstd = rstd.data_ptr<float>();
-    a.rope_cos = cos.data_ptr<float>();
-    a.rope_sin = sin.data_ptr<float>();
-    a.rope_heads = x.size(2);
-    check_launch(kernels::rms_norm_forward(a, at::cuda::getCurrentCUDAStream()), "rms_norm + RoPE forward");
+    const norm_rope_tables rope{cos, sin, x.size(2)};
+    auto [y, rstd] = norm_forward(xr, wr, eps, /*save=*/true, &rope);
     ctx->save_for_backward({xr, wr, rstd, cos, sin});
     return {y};
   }
@@ -286,43 +289,10 @@ public:
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const auto& x = s[0];
-    const auto& w = s[1];
-    const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
-    torch::autograd::variable_list none{at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    if (!grads[0].defined() || (!want_dx && !want_dw))
-      return none;
-    c10::cuda::CUDAGuard guard(x.device());
-    auto dy = dense_aligned(grads[0].to(x.scalar_type()));
-    const auto d = x.size(-1);
-    const auto rows = d == 0 ? 0 : x.numel() / d;
-    kernels::rms_norm_bwd_args a;
-    a.rows = rows;
-    a.dim = static_cast<int>(d);
-    a.dtype = kernel_dtype(x.scalar_type());
-    a.x = x.data_ptr();
-    a.weight = w.data_ptr();
-    a.rstd = s[2].data_ptr<float>();
-    a.dy = dy.data_ptr();
-    a.rope_cos = s[3].data_ptr<float>();
-    a.rope_sin = s[4].data_ptr<float>();
-    a.rope_heads = x.size(2);
-    at::Tensor dx, dw, partials;
-    if (want_dx) {
-      dx = at::empty(x.sizes(), x.options());
-      a.dx = dx.data_ptr();
-    }
-    if (want_dw) {
-      dw = at::empty({d}, w.options());
-      partials = at::empty({kernels::rms_norm_bwd_partial_rows(rows, a.dim, a.dtype), d},
-                           x.options().dtype(at::kFloat));
-      a.dweight = dw.data_ptr();
-      a.partials = partials.data_ptr<float>();
-    }
-    check_launch(kernels::rms_norm_backward(a, at::cuda::getCurrentCUDAStream()), "rms_norm + RoPE backward");
-    none[0] = dx;
-    none[1] = dw;
-    return none;
+    const norm_rope_tables rope{s[3], s[4], s[0].size(2)};
+    auto out = rms_norm_fn::norm_backward(ctx, grads[0], at::Tensor(), &rope);
+    out.resize(5);  // x, weight; nothing for cos, sin, eps
+    return out;
   }
 };
 
