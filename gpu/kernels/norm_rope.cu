@@ -486,16 +486,9 @@ int64_t rms_norm_bwd_partial_rows(int64_t rows, int dim, norm_dtype dtype) {
   return c.tpr == 0 || rows <= 0 ? 0 : bwd_grid(rows, c);
 }
 
-/// RoPE fused into the norm: each row's chunks fill its TPR lanes exactly.
-static bool rope_fits(const norm_config& c, int dim, norm_dtype dtype, const float* cos, const float* sin,
-               int64_t heads) {
-  if (cos == nullptr && sin == nullptr)
-    return true;
-  return cos != nullptr && sin != nullptr && heads >= 1 && c.maxv == 1 && c.tpr <= 32
-         && c.tpr == dim / chunk_elems(dtype) && aligned16(cos) && aligned16(sin);
-}
-
 const char* rms_norm_rope_unsupported(int dim, norm_dtype dtype) {
+  // A row's chunks fill its TPR lanes exactly, within one warp (the partner
+  // half is TPR/2 lanes away).
   const auto c = config_for(dim, dtype);
   if (c.tpr == 0 || c.maxv != 1 || c.tpr > 32 || c.tpr != dim / chunk_elems(dtype))
     return dtype == norm_dtype::fp32 ? "rms_norm + RoPE kernel: D must be 16, 32, 64 or 128"
@@ -503,10 +496,17 @@ const char* rms_norm_rope_unsupported(int dim, norm_dtype dtype) {
   return nullptr;
 }
 
+/// No RoPE asked, or tables and a width the fused RoPE takes.
+static bool rope_fits(int dim, norm_dtype dtype, const float* cos, const float* sin, int64_t heads) {
+  if (cos == nullptr && sin == nullptr)
+    return true;
+  return cos != nullptr && sin != nullptr && heads >= 1 && aligned16(cos) && aligned16(sin)
+         && rms_norm_rope_unsupported(dim, dtype) == nullptr;
+}
 
 cudaError_t rms_norm_forward(const rms_norm_fwd_args& a, cudaStream_t stream) {
   const auto c = config_for(a.dim, a.dtype);
-  if (!rope_fits(c, a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
+  if (!rope_fits(a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
     return cudaErrorInvalidValue;
   if (c.tpr == 0 || a.rows < 0 || !aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.y))
     return cudaErrorInvalidValue;
@@ -520,7 +520,7 @@ cudaError_t rms_norm_forward(const rms_norm_fwd_args& a, cudaStream_t stream) {
 
 cudaError_t rms_norm_backward(const rms_norm_bwd_args& a, cudaStream_t stream) {
   const auto c = config_for(a.dim, a.dtype);
-  if (!rope_fits(c, a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
+  if (!rope_fits(a.dim, a.dtype, a.rope_cos, a.rope_sin, a.rope_heads))
     return cudaErrorInvalidValue;
   if (c.tpr == 0 || a.rows < 0 || !aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.dy)
       || !aligned16(a.dx) || !aligned16(a.dx_add) || a.rstd == nullptr

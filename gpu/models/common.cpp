@@ -113,22 +113,26 @@ at::Tensor expand_kv_heads(const at::Tensor& kv, int64_t heads) {
   return groups == 1 ? kv : kv.repeat_interleave(groups, 1);
 }
 
+namespace {
+
+/// RoPE(norm(raw)) for raw [B, T, heads·h]: fused_rms_norm_rope, which is the
+/// two calls (rms_norm, apply_rope) except when training on CUDA, where it is
+/// one kernel each way.
+at::Tensor normed_heads(const at::Tensor& raw, const at::Tensor& norm, int64_t heads, const layer_dims& d,
+                        const at::Tensor& cos, const at::Tensor& sin) {
+  return fused_rms_norm_rope(raw.view({raw.size(0), raw.size(1), heads, d.head_dim}), norm, d.eps, cos, sin);
+}
+
+} // namespace
+
 at::Tensor q_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
                    const at::Tensor& cos, const at::Tensor& sin) {
-  const auto b = raw.size(0), t = raw.size(1);
-  if (raw.is_cuda())  // the norm and RoPE as one kernel each way when training (fused_ops.hpp)
-    return fused_rms_norm_rope(raw.view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps, cos, sin);
-  auto q = rms_norm(raw.view({b, t, d.heads, d.head_dim}), w.q_norm, d.eps);
-  return apply_rope(q.transpose(1, 2), cos, sin);
+  return normed_heads(raw, w.q_norm, d.heads, d, cos, sin);
 }
 
 at::Tensor k_heads(const at::Tensor& raw, const decoder_layer_weights& w, const layer_dims& d,
                    const at::Tensor& cos, const at::Tensor& sin) {
-  const auto b = raw.size(0), t = raw.size(1);
-  if (raw.is_cuda())
-    return fused_rms_norm_rope(raw.view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps, cos, sin);
-  auto k = rms_norm(raw.view({b, t, d.kv_heads, d.head_dim}), w.k_norm, d.eps);
-  return apply_rope(k.transpose(1, 2), cos, sin);
+  return normed_heads(raw, w.k_norm, d.kv_heads, d, cos, sin);
 }
 
 at::Tensor v_heads(const at::Tensor& raw, const layer_dims& d) {

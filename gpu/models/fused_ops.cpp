@@ -144,7 +144,6 @@ std::string swiglu_unsupported(const at::Tensor& gate, const at::Tensor& up) {
 
 // ---- RMSNorm ---------------------------------------------------------------
 
-/// y (and rstd, when `save`) for kernel-ready x and weight.
 /// RoPE fused into the norm kernels: per-token tables [tokens, h] (fp32,
 /// contiguous) and the rows a token (heads).
 struct norm_rope_tables {
@@ -152,6 +151,8 @@ struct norm_rope_tables {
   int64_t heads = 1;
 };
 
+/// y (and rstd, when `save`) for kernel-ready x and weight; with `rope`,
+/// y = RoPE(norm(x)).
 std::pair<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::Tensor& weight,
                                                double eps, bool save, const norm_rope_tables* rope = nullptr) {
   c10::cuda::CUDAGuard guard(x.device());

@@ -11,9 +11,6 @@ at::Tensor addmm_residual(const at::Tensor& x, const at::Tensor& w, const at::Te
   return at::addmm(residual.reshape({-1, w.size(0)}), x.reshape({-1, w.size(1)}), w.t()).view(residual.sizes());
 }
 
-/// The backward of y = (…) + x·Wᵀ with x and W saved: writes gᵀx into
-/// W.grad() (the first write of the scope's step overwrites, later ones
-/// accumulate) and returns dx (undefined when x needs none).
 /// W.grad() = gᵀx on the scope's first write to it this step, += after.
 void write_weight_grad(grad_writes& writes, const at::Tensor& w, const at::Tensor& g, const at::Tensor& x) {
   auto dw = w.grad();
@@ -25,6 +22,9 @@ void write_weight_grad(grad_writes& writes, const at::Tensor& w, const at::Tenso
     dw.addmm_(gt, x2);
 }
 
+/// The backward of y = (…) + x·Wᵀ with x and W saved: writes gᵀx into
+/// W.grad() (the first write of the scope's step overwrites, later ones
+/// accumulate) and returns dx (undefined when x needs none).
 at::Tensor in_place_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& g) {
   const auto saved = ctx->get_saved_variables();
   const auto& x = saved[0];
@@ -36,24 +36,7 @@ at::Tensor in_place_backward(torch::autograd::AutogradContext* ctx, const at::Te
   return dx;
 }
 
-/// y = x·Wᵀ whose backward writes gᵀx into W.grad() (overwriting on the
-/// step's first contribution, accumulating after) and returns no gradient
-/// for W.
-struct in_place_linear : torch::autograd::Function<in_place_linear> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& w, int64_t writes) {
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["writes"] = writes;  // the grad_writes of the scope, by address
-    return at::linear(x, w);
-  }
-
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
-                                               torch::autograd::tensor_list grads) {
-    return {in_place_backward(ctx, grads[0]), at::Tensor(), at::Tensor()};
-  }
-};
-
-/// residual + x·Wᵀ, with in_place_linear's weight gradient.
+/// residual + x·Wᵀ, with in_place_linears' weight gradient.
 struct in_place_linear_residual : torch::autograd::Function<in_place_linear_residual> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& residual, int64_t writes) {
@@ -69,8 +52,10 @@ struct in_place_linear_residual : torch::autograd::Function<in_place_linear_resi
   }
 };
 
-/// {x·W₁ᵀ, …}, in_place_linear's weight gradients; the backward sums the
-/// input gradient in the GEMMs' β = 1 epilogue: dx = g₁W₁, dx += g₂W₂, …
+/// {x·W₁ᵀ, …} whose backward writes each gᵢᵀx into Wᵢ.grad() (overwriting
+/// on the step's first contribution, accumulating after), returns no
+/// gradient for the Wᵢ, and sums the input gradient in the GEMMs' β = 1
+/// epilogue: dx = g₁W₁, dx += g₂W₂, …  (fused_linear: one weight.)
 struct in_place_linears : torch::autograd::Function<in_place_linears> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 at::TensorList ws, int64_t writes) {
@@ -81,7 +66,7 @@ struct in_place_linears : torch::autograd::Function<in_place_linears> {
       out.push_back(at::linear(x, w));
     }
     ctx->save_for_backward(saved);
-    ctx->saved_data["writes"] = writes;
+    ctx->saved_data["writes"] = writes;  // the grad_writes of the scope, by address
     return out;
   }
 
@@ -154,7 +139,7 @@ bool weight_grad_accumulation::active() {
 at::Tensor fused_linear(const at::Tensor& x, const at::Tensor& w) {
   if (!writes_in_place(w))
     return at::linear(x, w);
-  return in_place_linear::apply(x, w, reinterpret_cast<int64_t>(current_writes));
+  return in_place_linears::apply(x, at::TensorList(w), reinterpret_cast<int64_t>(current_writes))[0];
 }
 
 at::Tensor fused_linear_residual(const at::Tensor& x, const at::Tensor& w, const at::Tensor& residual) {
