@@ -1261,11 +1261,10 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     wg::fence_proxy_async();
     __syncthreads();  // item it landed everywhere; item it - 1's stage is free
     const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
-    const bool meets = wkey0 < r.hi && wkey0 + KEYS > r.lo;  // warpgroup-uniform
     const int buf = it % NS;
     const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
     float st[32], dpt[32];
-    if (meets) {
+    {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)
@@ -1279,7 +1278,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     // The next copy goes out while the tensor cores work (its stage is the
     // one item it - 1 used: free since the barrier; docs/bench.md).
     load_item(it + NS - 1, (it + NS - 1) % NS);
-    if (meets) {
+    {
       const float* const lse = ld_s + buf * 128;
       const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
       const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
