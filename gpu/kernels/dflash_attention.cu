@@ -372,7 +372,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [3 stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
@@ -626,7 +626,7 @@ __host__ __device__ constexpr int dq_region_bytes(int d, int warps, int bn, int 
   const int rows = 4 * bn > 32 * warps ? 4 * bn : 32 * warps;
   const int tiles = 2 * (d + 8) * rows;
   const int sums = (warps / group) * 2 * 16 * d * 4;
-  const int wg_tiles = d == 128 ? 1024 + 4 * 64 * 128 * 2 : 0;  // dq_ctx_wg's pipeline
+  const int wg_tiles = d == 128 ? 1024 + 6 * 64 * 128 * 2 : 0;  // dq_ctx_wg's pipeline
   const int most = tiles > sums ? tiles : sums;
   return most > wg_tiles ? most : wg_tiles;
 }
@@ -689,7 +689,7 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [3 stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
@@ -706,22 +706,25 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
     cp_async_commit();
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
-  // The next copy is issued before the tile's wgmmas (docs/bench.md).
-  if (tiles > 0)
-    load(qt.u_lo, 0);
+  // Three stages, two tiles in flight: one barrier a tile (tile t's, after
+  // which tile t - 1's stage is free for tile t + 2); the next copy is
+  // issued before the tile's wgmmas (docs/bench.md).
+  constexpr int NS = 3;
+  for (int i = 0; i < 2 && i < tiles; ++i)
+    load(qt.u_lo + i * BN, i);
   for (int t = 0; t < tiles; ++t) {
     const int start = qt.u_lo + t * BN;
-    if (t + 1 < tiles) {
-      load(start + BN, (t + 1) & 1);
+    if (t + 1 < tiles)
       cp_async_wait<1>();
-    } else {
+    else
       cp_async_wait<0>();
-    }
     wg::fence_proxy_async();
     __syncthreads();
+    if (t + 2 < tiles)
+      load(start + 2 * BN, (t + 2) % NS);
     const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
     if (qt.live && vlo < vhi) {  // warpgroup-uniform: one block
-      const uint32_t kb = base + (t & 1) * 2 * TILE, vb = kb + TILE;
+      const uint32_t kb = base + (t % NS) * 2 * TILE, vb = kb + TILE;
       float s[32], dp[32];
       wg::fence();
 #pragma unroll
@@ -759,8 +762,8 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
       wg::commit();
       wg::wait<0>();
     }
-    __syncthreads();
   }
+  __syncthreads();  // the last stage read everywhere before the caller reuses the memory
 #endif  // dq_body keeps the mma.sync loop where wgmma is not compiled
 }
 
