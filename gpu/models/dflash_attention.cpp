@@ -296,6 +296,14 @@ at::Tensor dflash_visible_mask(const at::Tensor& ctx_lo, const at::Tensor& ctx_h
   return layout_mask(ctx_lo, ctx_hi, keep, ctx_len, block_size, /*padding_sees_own_block=*/false);
 }
 
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale) {
+  const int64_t scores = q.numel() / std::max<int64_t>(q.size(-1), 1) * k.size(-2);
+  if (q.is_cuda() && scores * 4 <= masked_attention_math_bytes)
+    return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, mask, 0.0, false, {}, scale));
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+}
+
 at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
                                   const at::Tensor& v_ctx, const at::Tensor& k_blk,
                                   const at::Tensor& v_blk, const at::Tensor& ctx_lo,
@@ -306,7 +314,7 @@ at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
   auto mask = layout_mask(ctx_lo, ctx_hi, keep, m.ctx_len, m.block_size, true);
   auto k = expand_kv_heads(at::cat({k_ctx, k_blk}, 2), m.heads);
   auto v = expand_kv_heads(at::cat({v_ctx, v_blk}, 2), m.heads);
-  auto out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+  auto out = masked_attention(q, k, v, mask, scale);
   auto rows = keep.to(at::kBool).repeat_interleave(m.block_size, 1).view({m.batch, 1, m.q_len, 1});
   return at::where(rows, out, at::zeros({}, out.options()));
 }

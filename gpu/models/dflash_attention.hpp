@@ -33,7 +33,18 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
 std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, int64_t block_size);
 
-/// The fallback: SDPA over the dense mask, differentiable through autograd.
+/// Attention of q over k, v [B, H, *, d] under a boolean mask, differentiable
+/// through autograd.  On CUDA, SDPA takes the memory-efficient kernel for a
+/// boolean mask, whose backward sums dQ over key splits with atomics (not
+/// run-to-run deterministic); so there, while the dense scores fit in
+/// masked_attention_math_bytes, the math composite runs instead (bit-for-bit
+/// repeatable), and past that SDPA (the memory the scores would take matters
+/// more).  Elsewhere SDPA.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale);
+inline constexpr int64_t masked_attention_math_bytes = int64_t{1} << 30;
+
+/// The fallback: masked_attention over the dense mask.
 at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
                                   const at::Tensor& v_ctx, const at::Tensor& k_blk,
                                   const at::Tensor& v_blk, const at::Tensor& ctx_lo,

@@ -300,6 +300,12 @@ TEST(dflash_attention, cuda_unsupported_operands_fall_back_to_dense) {
     const double tol = dtype == at::kFloat ? 1e-4 : bf16_grad_rel;  // CUDA SDPA in fp32: ~1e-6
     expect_close(got, ref, tol, tol);
     expect_padding_zero(got, c);
+    // Repeatable bit for bit (masked_attention: SDPA's memory-efficient
+    // backward would sum dQ with atomics in whatever order they land).
+    auto again = ours(o, c, scale);
+    EXPECT_TRUE(at::equal(got.out, again.out)) << path;
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << path << ": gradient " << i;
   }
 }
 
