@@ -1144,11 +1144,15 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
 /// Shared memory of the wgmma key-major role: 1024 bytes of alignment
 /// slack, K and V of each warpgroup, two stages of Q and dO (4 heads × 16
 /// rows each), lse and delta, the block list.
-constexpr int dkv_wg_stages = 4;
+/// Its pipeline stages: four with two warpgroups a CTA (one CTA an SM), two
+/// with one (variant bit 0), so that two such CTAs fit an SM.
+__host__ __device__ constexpr int dkv_wg_stages(int warps) {
+  return warps >= 8 ? 4 : 2;
+}
 
 __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
-  return 1024 + (warps / 4) * 2 * 16384 + dkv_wg_stages * 2 * 16384
-         + dkv_wg_stages * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
+  return 1024 + (warps / 4) * 2 * 16384 + dkv_wg_stages(warps) * 2 * 16384
+         + dkv_wg_stages(warps) * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
 }
 
 /// One CTA of 128 context keys, two warpgroups of 64 (dK/dV in registers):
@@ -1156,8 +1160,8 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
 /// heads of the GQA group (one pipeline stage), the warpgroup computes
 /// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × 64 queries, both operands in shared
 /// memory), Pᵀ and dSᵀ in registers, then dV += Pᵀ·dO and dK += dSᵀ·Q (A from
-/// registers, B N-major from the same stage).  Four stages, the next three
-/// items in flight (the alternatives measured: docs/bench.md); inside an
+/// registers, B N-major from the same stage).  dkv_wg_stages(W) stages, all but one
+/// holding items in flight (the alternatives measured: docs/bench.md); inside an
 /// item, Pᵀ is computed while dPᵀ is still in the tensor cores, and dSᵀ
 /// while dV is.  The same blocks, order and roundings
 /// as dkv_body, so the same gradients up to the fp32 summation order inside
@@ -1174,7 +1178,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   unsigned char* const base =
     reinterpret_cast<unsigned char*>(smem_raw) + ((1024u - (raw & 1023u)) & 1023u);
   unsigned char* const kv_s = base;                  // [2 warpgroups][K, V][TILE]
-  constexpr int NS = dkv_wg_stages;
+  constexpr int NS = dkv_wg_stages(W);
   unsigned char* const st_s = base + (W / 4) * 2 * TILE;  // [NS][Q, dO][TILE]
   float* const ld_s = reinterpret_cast<float*>(st_s + NS * 2 * TILE);  // [NS][4][lse, delta][16]
   int* const list_s = reinterpret_cast<int*>(ld_s + NS * 4 * 2 * 16);  // [N] blocks,
