@@ -1380,7 +1380,12 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
   const int kv = a.shape.kv_heads;
   int id = blockIdx.x;
   const int dkv_ctas = grid.dkv_tiles * kv * a.shape.batch;
-  if (id < dkv_ctas) {
+  if (id < dkv_ctas && (a.variant & 256)) {
+    // Longest first: every (row, kv head)'s tile 0 (the most blocks), then
+    // every tile 1, …, so that no long tile starts in the second wave.
+    const int rows = kv * a.shape.batch, rest = id % rows;
+    dkv_role<T, D, W, Wg>(a, id / rows, rest % kv, rest / kv, smem, grid);
+  } else if (id < dkv_ctas) {
     dkv_role<T, D, W, Wg>(a, id % grid.dkv_tiles, (id / grid.dkv_tiles) % kv,
                           id / grid.dkv_tiles / kv, smem, grid);
   } else {
@@ -1445,6 +1450,8 @@ constexpr int fwd_bn = 64;
 ///   64  mma.sync everywhere where wgmma is the default (d = 128 and G a
 ///       multiple of 4; off sm_90a the wgmma paths fall back to mma.sync)
 ///   128 the query-major role with mma.sync, the key-major one with wgmma
+///   256 the one-launch backward's key-major CTAs longest first (all tile 0s,
+///       then all tile 1s, …) instead of tile-fastest
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks

@@ -232,8 +232,9 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # Kernel variants (dflash_attention.cu, bf16 d=128 only): bit 0 eight-warp CTAs, bit 1
 # separate backward launches, bit 2 one head per key-major item, bit 3 64-key dq tiles,
 # bits 4 / 5 (with 1) skip the key-major / query-major role (timing only), bit 6 mma.sync
-# everywhere instead of wgmma (d 128, G a multiple of 4), bit 7 the query-major role with mma.sync.
-VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
+# everywhere instead of wgmma (d 128, G a multiple of 4), bit 7 the query-major role with mma.sync,
+# bit 8 the one-launch backward's key-major CTAs longest first.
+VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
