@@ -1380,14 +1380,14 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
   const int kv = a.shape.kv_heads;
   int id = blockIdx.x;
   const int dkv_ctas = grid.dkv_tiles * kv * a.shape.batch;
-  if (id < dkv_ctas && (a.variant & 256)) {
-    // Longest first: every (row, kv head)'s tile 0 (the most blocks), then
-    // every tile 1, …, so that no long tile starts in the second wave.
-    const int rows = kv * a.shape.batch, rest = id % rows;
-    dkv_role<T, D, W, Wg>(a, id / rows, rest % kv, rest / kv, smem, grid);
-  } else if (id < dkv_ctas) {
-    dkv_role<T, D, W, Wg>(a, id % grid.dkv_tiles, (id / grid.dkv_tiles) % kv,
-                          id / grid.dkv_tiles / kv, smem, grid);
+  if (id < dkv_ctas) {
+    // Tile-fastest, or (variant bit 8) longest first: every (row, kv head)'s
+    // tile 0 (the most blocks), then every tile 1, …
+    const int rows = kv * a.shape.batch;
+    const bool lpt = (a.variant & 256) != 0;
+    const int tile = lpt ? id / rows : id % grid.dkv_tiles;
+    const int rest = lpt ? id % rows : id / grid.dkv_tiles;
+    dkv_role<T, D, W, Wg>(a, tile, rest % kv, rest / kv, smem, grid);
   } else {
     id -= dkv_ctas;
     dq_body<T, D, W, BN, Wg>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv,
