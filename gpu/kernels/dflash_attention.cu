@@ -372,7 +372,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [3 stages][K, V][TILE]
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
