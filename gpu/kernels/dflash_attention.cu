@@ -1141,14 +1141,16 @@ __device__ __forceinline__ void dkv_body(const dflash_attention_bwd_args& a, int
 
 // ---- backward, key-major with wgmma (sm_90a, d = 128, G a multiple of 4) ---
 
-/// Shared memory of the wgmma key-major role: 1024 bytes of alignment
-/// slack, K and V of each warpgroup, two stages of Q and dO (4 heads × 16
-/// rows each), lse and delta, the block list.
-/// Its pipeline stages: four with two warpgroups a CTA (one CTA an SM), two
-/// with one (variant bit 0), so that two such CTAs fit an SM.
+/// Pipeline stages of the wgmma key-major role: four with two warpgroups a
+/// CTA (one CTA an SM), two with one (variant bit 0), so that two such CTAs
+/// fit an SM.
 __host__ __device__ constexpr int dkv_wg_stages(int warps) {
   return warps >= 8 ? 4 : 2;
 }
+
+/// Its shared memory: 1024 bytes of alignment slack, K and V of each
+/// warpgroup, dkv_wg_stages stages of Q and dO (4 heads × 16 rows each) with
+/// their lse and delta, the block list.
 
 __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
   return 1024 + (warps / 4) * 2 * 16384 + dkv_wg_stages(warps) * 2 * 16384
@@ -1271,64 +1273,60 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     const int buf = it % NS;
     const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
     float st[32], dpt[32];
-    {
-      wg::fence();
+    wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wg::mma_ss_n64<bf>(st, wg::desc_k(kb, KEYS, ks), wg::desc_k(qb, HC * 16, ks), ks);
-      wg::commit();
+    for (int ks = 0; ks < D / 16; ++ks)
+      wg::mma_ss_n64<bf>(st, wg::desc_k(kb, KEYS, ks), wg::desc_k(qb, HC * 16, ks), ks);
+    wg::commit();
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wg::mma_ss_n64<bf>(dpt, wg::desc_k(vb, KEYS, ks), wg::desc_k(dob, HC * 16, ks), ks);
-      wg::commit();
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+      wg::mma_ss_n64<bf>(dpt, wg::desc_k(vb, KEYS, ks), wg::desc_k(dob, HC * 16, ks), ks);
+    wg::commit();
     // The next copy goes out while the tensor cores work (its stage is the
     // one item it - 1 used: free since the barrier; docs/bench.md).
     load_item(it + NS - 1, (it + NS - 1) % NS);
-    {
-      const float* const lse = ld_s + buf * 128;
-      const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
-      const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
-      // Column n = 8i + 2t4 + e is query row n % 16 of head n / 16.
-      wg::wait<1>();  // Sᵀ
+    const float* const lse = ld_s + buf * 128;
+    const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
+    const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
+    // Column n = 8i + 2t4 + e is query row n % 16 of head n / 16.
+    wg::wait<1>();  // Sᵀ
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = 8 * i + 2 * t4 + e;
-          const float l2 = lse[(n >> 4) * 32 + (n & 15)] * log2e;
-          st[4 * i + e] = ok0 ? exp2_approx(st[4 * i + e] * sl2 - l2) : 0.0f;
-          st[4 * i + 2 + e] = ok1 ? exp2_approx(st[4 * i + 2 + e] * sl2 - l2) : 0.0f;
-        }
-      uint32_t pa[4][4], da[4][4];
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * i + 2 * t4 + e;
+        const float l2 = lse[(n >> 4) * 32 + (n & 15)] * log2e;
+        st[4 * i + e] = ok0 ? exp2_approx(st[4 * i + e] * sl2 - l2) : 0.0f;
+        st[4 * i + 2 + e] = ok1 ? exp2_approx(st[4 * i + 2 + e] * sl2 - l2) : 0.0f;
+      }
+    uint32_t pa[4][4], da[4][4];
 #pragma unroll
-      for (int kq = 0; kq < 4; ++kq)
-        a_of<T>(reinterpret_cast<const float (&)[8][4]>(st), kq, pa[kq]);
-      wg::fence();
+    for (int kq = 0; kq < 4; ++kq)
+      a_of<T>(reinterpret_cast<const float (&)[8][4]>(st), kq, pa[kq]);
+    wg::fence();
 #pragma unroll
-      for (int kq = 0; kq < 4; ++kq)
-        wg::mma_rs_n128_tb<bf>(dv, pa[kq], wg::desc_n(dob, HC * 16, kq), 1);
-      wg::commit();
-      wg::wait<1>();  // dPᵀ (dV may still run)
+    for (int kq = 0; kq < 4; ++kq)
+      wg::mma_rs_n128_tb<bf>(dv, pa[kq], wg::desc_n(dob, HC * 16, kq), 1);
+    wg::commit();
+    wg::wait<1>();  // dPᵀ (dV may still run)
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = 8 * i + 2 * t4 + e;
-          const float dl = lse[(n >> 4) * 32 + 16 + (n & 15)];
-          dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
-          dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * i + 2 * t4 + e;
+        const float dl = lse[(n >> 4) * 32 + 16 + (n & 15)];
+        dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
+        dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
+      }
 #pragma unroll
-      for (int kq = 0; kq < 4; ++kq)
-        a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), kq, da[kq]);
-      wg::fence();
+    for (int kq = 0; kq < 4; ++kq)
+      a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), kq, da[kq]);
+    wg::fence();
 #pragma unroll
-      for (int kq = 0; kq < 4; ++kq)
-        wg::mma_rs_n128_tb<bf>(dk, da[kq], wg::desc_n(qb, HC * 16, kq), 1);
-      wg::commit();
-      wg::wait<0>();  // the stage and pa/da are free again
-    }
+    for (int kq = 0; kq < 4; ++kq)
+      wg::mma_rs_n128_tb<bf>(dk, da[kq], wg::desc_n(qb, HC * 16, kq), 1);
+    wg::commit();
+    wg::wait<0>();  // the stage and pa/da are free again
   }
   cp_async_wait<0>();
 
