@@ -43,6 +43,10 @@ def make(m, k, n, layout, dev="cuda"):
     return lambda: torch.mm(dy.t(), x)
 
 
+def shapes(args):
+    return [s for s in SHAPES if s[0].startswith(args.only)]
+
+
 def timed(fn, reps):
     for _ in range(3):
         fn()
@@ -61,7 +65,7 @@ def main():
     ap.add_argument("--paths", default="default,cublaslt,tunable")
     ap.add_argument("--ab", type=int, default=0,
                     help="instead: tune every shape, then N interleaved rounds of default / tuned")
-    ap.add_argument("--only", default="", help="names starting with this prefix only (d. / t.)")
+    ap.add_argument("--only", default="", help="shapes whose names start with this (d. / t.)")
     args = ap.parse_args()
     if args.ab:
         return ab(args)
@@ -76,8 +80,8 @@ def main():
             torch.backends.cuda.preferred_blas_library("cublas")
             torch.cuda.tunable.enable(True)
             torch.cuda.tunable.tuning_enable(True)
-            torch.cuda.tunable.set_filename(os.path.join(os.environ.get("OUT", "/tmp"), "tunableop%d.csv"))
-        for name, m, k, n, layout in SHAPES:
+            torch.cuda.tunable.set_filename(os.path.join(os.environ.get("OUT", "/tmp"), "tunableop.csv"))
+        for name, m, k, n, layout in shapes(args):
             fn = make(m, k, n, layout)
             if path == "tunable":
                 fn(); torch.cuda.synchronize()  # tunes
@@ -97,8 +101,7 @@ def ab(args):
     torch.cuda.tunable.enable(True)
     torch.cuda.tunable.tuning_enable(True)
     torch.cuda.tunable.set_max_tuning_duration(200)
-    shapes = [s for s in SHAPES if s[0].startswith(args.only)]
-    fns = {s[0]: make(*s[1:]) for s in shapes}
+    fns = {s[0]: make(*s[1:]) for s in shapes(args)}
     for name in fns:
         fns[name](); torch.cuda.synchronize()
     torch.cuda.tunable.tuning_enable(False)
@@ -106,7 +109,7 @@ def ab(args):
         print("tuned", r)
     sums = {"default": [0.0] * args.ab, "tuned": [0.0] * args.ab}
     for rnd in range(args.ab):
-        for name, m, k, n, layout in shapes:
+        for name, m, k, n, layout in shapes(args):
             for path in ("default", "tuned") if rnd % 2 == 0 else ("tuned", "default"):
                 torch.cuda.tunable.enable(path == "tuned")
                 t = timed(fns[name], args.reps)
