@@ -529,6 +529,8 @@ double generate(const generate_options& o,
   detail::device_scope scope(device);
   if (o.batch < 1 || o.max_new_tokens < 1)
     fail("generate: batch and max_new_tokens must be at least 1");
+  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+    fail("generate: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
   const auto target = qwen3_target::load(o.target_dir, device, dtype, {}, true);
   std::vector<size_t> order;
   int64_t longest = 0;

@@ -558,8 +558,51 @@ class BadInput(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stderr)
         self.assertIn("no sample survived", proc.stderr)
         self.assertIn(f"{path}:1: invalid JSON", proc.stderr)
-        self.assertFalse(os.path.exists(os.path.join(out, "manifest.json")))
-        self.assertEqual(os.listdir(out), [])
+        self.assertFalse(os.path.exists(out))  # nothing made: not even an empty folder
+        self.assertFalse(os.path.exists(out + ".partial"))
+
+    def test_failed_overwrite_keeps_the_old_data_set(self):
+        good = write_jsonl([openai("What is two plus two?", LONG_A)])
+        rc, err, out = prepare([good])
+        self.assertEqual(rc, 0, err)
+        before = load_dataset(self, out)[0]["content_hash"]
+        bad = write_jsonl(["nope"])
+        rc, err, _ = prepare([bad], "--overwrite", output=out)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("left as it was", err)
+        self.assertEqual(load_dataset(self, out)[0]["content_hash"], before)
+        torn = os.path.join(os.path.dirname(bad), "torn.jsonl.gz")
+        with open(torn, "wb") as f:
+            f.write(gzip.compress((json.dumps(openai("Hi", LONG_A)) + "\n").encode() * 50)[:60])
+        rc, err, _ = prepare([torn], "--overwrite", output=out)
+        self.assertEqual(rc, 1, err)
+        self.assertIn(f"{torn}: cannot read past line", err)
+        self.assertEqual(load_dataset(self, out)[0]["content_hash"], before)
+        self.assertFalse(os.path.exists(out + ".partial"))
+
+    def test_interrupted_prepare_leaves_no_half_data_set(self):
+        # Shards left without a manifest (a prepare killed before the staging folder
+        # existed) are not a data set: a plain prepare replaces them.
+        path = write_jsonl([openai("What is two plus two?", LONG_A)])
+        out = fresh("out")
+        os.makedirs(out)
+        open(os.path.join(out, "shard-00000.safetensors"), "wb").close()
+        rc, err, _ = prepare([path], output=out)
+        self.assertEqual(rc, 0, err)
+        load_dataset(self, out)
+
+    def test_reuse_prepares_a_truncated_shard_again(self):
+        path = write_jsonl([openai("What is two plus two?", LONG_A)])
+        rc, err, out = prepare([path], "--reuse")
+        self.assertEqual(rc, 0, err)
+        shard = os.path.join(out, "shard-00000.safetensors")
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) - 3)
+        rc, err, _ = prepare([path], "--reuse", output=out)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("is damaged", err)
+        self.assertNotIn("reusing it", err)
+        load_dataset(self, out)
 
     def test_unusable_tokenizer_dirs(self):
         path = write_jsonl([openai("What is two plus two?", LONG_A)])
@@ -586,6 +629,33 @@ class BadInput(unittest.TestCase):
             rc = tandem_prepare.main(["--tokenizer", no_template, "--output", fresh("out"),
                                       "--format", "tokenized", tok_path])
         self.assertEqual(rc, 0, err.getvalue())
+
+    def test_options_that_do_not_apply(self):
+        path = write_jsonl([openai("Hi", LONG_A)])
+        for extra, msg in ((["--limit", "3"], "--limit applies only to --prompts-out"),
+                           (["--temperature", "0.5"], "--temperature applies only with --regenerate"),
+                           (["--max-new-tokens", "8"], "--max-new-tokens applies only with --regenerate"),
+                           (["--target", TMP], "--target applies only with --regenerate")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+                tandem_prepare.main(["--tokenizer", TOK["chatml"], "--output", fresh("out"), *extra, path])
+            self.assertEqual(ctx.exception.code, 2)
+            self.assertIn(msg, err.getvalue())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+            tandem_prepare.main(["--tokenizer", TOK["chatml"], "--output", fresh("out"), path, path])
+        self.assertEqual(ctx.exception.code, 2)
+        self.assertIn("is given twice", err.getvalue())
+        for extra, msg in ((["--top-p", "0"], "--top-p must be in (0, 1]"),
+                           (["--top-k", "-1"], "--top-k must not be negative"),
+                           (["--max-new-tokens", "0"], "must be at least 1"),
+                           (["--device", "gpu"], "expected cpu, cuda, cuda:N or auto")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+                tandem_prepare.main(["--tokenizer", TOK["chatml"], "--output", fresh("out"), "--regenerate",
+                                     "--target", TMP, *extra, path])
+            self.assertEqual(ctx.exception.code, 2)
+            self.assertIn(msg, err.getvalue())
 
     def test_bad_options(self):
         path = write_jsonl([openai("What is two plus two?", LONG_A)])

@@ -49,6 +49,11 @@ def main():
     inp = os.path.join(work, "in.jsonl")
     with open(inp, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in convs)
+        # Line 4: starts with an assistant turn, so there is no prompt to regenerate it from:
+        # counted invalid with its line, the others regenerated.
+        f.write(json.dumps({"messages": [{"role": "assistant", "content": "Hi!"},
+                                         {"role": "user", "content": "Go on."},
+                                         {"role": "assistant", "content": "(to be regenerated)"}]}) + "\n")
     out = os.path.join(work, "out")
     cmd = [tandem, "prepare", inp, "--regenerate", "--target", target_dir, "--tokenizer", tok_dir,
            "--output", out, "--max-new-tokens", str(MAX_NEW), "--batch", "2", "--device", "cpu",
@@ -109,9 +114,20 @@ def main():
 
     # 2. Shards and report.
     with open(os.path.join(out, "manifest.json")) as f:
-        samples = json.load(f)["totals"]["samples"]
+        manifest = json.load(f)
+    samples = manifest["totals"]["samples"]
     if samples != 3:
         failures.append(f"{samples} samples in the shards, expected 3")
+    report = manifest["report"]
+    if (report["lines"], report["invalid_lines"]) != (4, 1):
+        failures.append(f"report counts {report['lines']} lines, {report['invalid_lines']} invalid; "
+                        "expected the input's 4 lines, 1 invalid")
+    if [i["path"] for i in manifest["inputs"]] != [os.path.abspath(inp)]:
+        failures.append(f"manifest inputs {manifest['inputs']} are not the original input")
+    if manifest.get("regeneration", {}).get("turns") != 5:
+        failures.append(f"manifest regeneration record: {manifest.get('regeneration')}")
+    if f"{inp}:4: the conversation starts with an assistant turn" not in first.stderr:
+        failures.append("the assistant-first line is not reported with its FILE:LINE")
     if "regenerated 5 assistant turns of 3 conversations" not in first.stderr:
         failures.append("the report does not say 'regenerated 5 assistant turns of 3 conversations'")
 
@@ -126,7 +142,7 @@ def main():
     with open(round2) as f:
         lines = f.readlines()
     with open(round2, "w") as f:
-        f.write(lines[0] + lines[1][: len(lines[1]) // 2])
+        f.write(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])  # header, one done, one torn
     os.remove(os.path.join(regen_dir, "regenerated.jsonl"))
     again = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True)
     if again.returncode != 0:

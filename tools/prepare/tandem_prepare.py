@@ -55,8 +55,12 @@ Loss mask of a conversation (the target's own chat template, DFLASH.md pitfall 5
 target is served); the manifest records it under options.chat_template_kwargs.
 
 Shards `shard-NNNNN.safetensors` hold at most `--shard-tokens` tokens (whole samples only;
-`--max-length` must not exceed it); each is written to `*.tmp`, fsynced, and renamed.
-`manifest.json` is written last, the same way; a folder without it is not a data set.
+`--max-length` must not exceed it); each is written to `*.tmp`, fsynced, and renamed, in a
+staging folder beside the output (`OUTPUT.partial/`). Only when every line is done are they
+moved into OUTPUT (an older data set's files removed first, `--overwrite`) and
+`manifest.json` written last, the same way; a folder without it is not a data set. So a
+failed or interrupted prepare leaves an older data set in OUTPUT as it was. `--reuse`
+checks that each shard of the data set it keeps is whole (its size against its header).
 `content_hash` = sha256 of the concatenated lowercase hex sha256 strings of the shards,
 in shard order, no separator. Output is deterministic: the same inputs, tokenizer and
 options give byte-identical shards and manifest, whatever `--threads`.
@@ -79,16 +83,22 @@ order, each turn conditioned on the regenerated turns before it: round k renders
 conversation up to its k-th assistant turn (with the generation prompt), `tandem generate`
 decodes them in batches with the C++ decode engine, and the decoded text replaces turn k.
 The work lives in OUTPUT.regen/ (the rounds' prompts and generations, the conversations so
-far, progress.json); an interrupted run started again with the same options resumes there,
-within a round from the last finished batch. Tokenized lines pass through unchanged. The
+far, progress.json), locked while a prepare works there, and `tandem generate` dies with the
+prepare that started it; an interrupted run started again with the same options resumes
+there, within a round from the last finished batch. Tokenized lines pass through unchanged.
+A conversation the template cannot render up to one of its assistant turns, or one that
+starts with an assistant turn (no prompt to regenerate it from), is counted invalid with its
+FILE:LINE. The manifest's `report` counts the original input lines (`lines`, `invalid_lines`
+include the ones regeneration refused), `inputs` are the original files, and
+`regeneration` holds the decoding options and figures. The
 samples (OUTPUT.regen/regenerated.jsonl, then prepared as usual) are tokenized lines: the ids
 of the last turn's prompt, then the ids the target generated for it, exactly (decoding them to
 text and tokenizing again would give other ids where the target chose a non-canonical BPE
 split), supervised on those ids and on the earlier assistant turns; the conversations as
 text are in OUTPUT.regen/conversations.jsonl.
 
-Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
-running; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
+Exit status: 0 success (even with invalid lines); 1 no sample (or prompt) survived, or a
+failure while running (an unreadable input: a torn .gz); 130 interrupted; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
 folder that already holds a data set (pass --overwrite).
 """
 
@@ -331,6 +341,20 @@ def _tokenized(obj, vocab_size):
     return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
 
 
+def detect_format(obj, wanted):
+    """The format of a parsed line: `wanted` unless "auto", else decided by its key."""
+    if wanted != "auto":
+        if FORMAT_KEY[wanted] not in obj:
+            raise BadLine(f"no '{FORMAT_KEY[wanted]}' field (--format {wanted})")
+        return wanted
+    found = [f for f in FORMATS if FORMAT_KEY[f] in obj]
+    if not found:
+        raise BadLine("unknown format: no 'conversations', 'messages' or 'input_ids' field")
+    if len(found) > 1:
+        raise BadLine("ambiguous format: fields " + ", ".join(repr(FORMAT_KEY[f]) for f in found))
+    return found[0]
+
+
 class BatchProcessor:
     """Turns raw JSONL lines into results, in order: ("ok", format, ids, mask, truncated),
     ("short", format) or ("bad", reason). Pure: a line's result depends only on the line.
@@ -347,16 +371,7 @@ class BatchProcessor:
         self.masker = ChatMasker(tokenizer, opts["chat_template_kwargs"]) if template else None
 
     def _detect(self, obj):
-        if self.format != "auto":
-            if FORMAT_KEY[self.format] not in obj:
-                raise BadLine(f"no '{FORMAT_KEY[self.format]}' field (--format {self.format})")
-            return self.format
-        found = [f for f in FORMATS if FORMAT_KEY[f] in obj]
-        if not found:
-            raise BadLine("unknown format: no 'conversations', 'messages' or 'input_ids' field")
-        if len(found) > 1:
-            raise BadLine("ambiguous format: fields " + ", ".join(repr(FORMAT_KEY[f]) for f in found))
-        return found[0]
+        return detect_format(obj, self.format)
 
     def _stage(self, raw):
         """("bad", reason) | ("arrays", format, ids, mask) | ("text", format, text, spans)."""
@@ -526,7 +541,28 @@ def _token_id(value):
     return int(value) if isinstance(value, int) and value >= 0 else None
 
 
-def _differs_from_existing(out_dir, identity):
+def _shard_damage(path):
+    """None when the safetensors file at path is whole (its size is what its header says),
+    else what is wrong with it."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than a safetensors header"
+            n = struct.unpack("<Q", head)[0]
+            if n > size - 8:
+                return f"{size} bytes, shorter than its own header ({n} bytes)"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if size != 8 + n + end:
+            return f"{size} bytes where its header says {8 + n + end}"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+    return None
+
+
+def _differs_from_existing(out_dir, identity, reporter):
     """For --reuse: None when out_dir holds a complete data set with this identity; else what
     differs ("inputs", "options", ...), or "" when there is no complete data set there."""
     try:
@@ -536,10 +572,6 @@ def _differs_from_existing(out_dir, identity):
         return ""
     if manifest.get("format") != DATASET_FORMAT:
         return "format"
-    for shard in manifest.get("shards", []):
-        path = os.path.join(out_dir, shard.get("file", ""))
-        if not os.path.isfile(path):
-            return ""  # incomplete: prepare again
     tok = manifest.get("tokenizer", {})
     old_inputs = [(i.get("sha256"), i.get("bytes")) for i in manifest.get("inputs", [])]
     new_inputs = [(i["sha256"], i["bytes"]) for i in identity["inputs"]]
@@ -551,22 +583,54 @@ def _differs_from_existing(out_dir, identity):
         return "chat template"
     if manifest.get("options") != identity["options"]:
         return "options"
+    for shard in manifest.get("shards", []):
+        path = os.path.join(out_dir, str(shard.get("file", "")))
+        damage = "missing" if not os.path.isfile(path) else _shard_damage(path)
+        if damage:
+            reporter.message(f"prepare: {path} is damaged ({damage}); preparing the data set again")
+            return ""  # incomplete: prepare again
     return None
 
 
-def prepare_output(out_dir, overwrite):
+def _staging(out_dir):
+    return out_dir.rstrip("/") + ".partial"
+
+
+def check_output(out_dir, overwrite):
+    """Refuses an output that is a file, or that holds a data set unless overwrite."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"output {out_dir} exists and is not a directory")
+    if os.path.isfile(os.path.join(out_dir, "manifest.json")) and not overwrite:
+        raise UsageError(f"output folder {out_dir} already holds a data set (manifest.json); "
+                         "pass --overwrite to replace it")
+
+
+def prepare_output(out_dir, overwrite):
+    """Checks out_dir and returns an empty staging folder beside it for the new shards."""
+    check_output(out_dir, overwrite)
+    staging = _staging(out_dir)
+    import shutil
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    return staging
+
+
+def publish(staging, out_dir, manifest_text):
+    """Moves the shards from staging into out_dir, an older data set's files removed first
+    (its manifest before anything else, so a half-replaced folder is never a data set), then
+    writes the manifest."""
     os.makedirs(out_dir, exist_ok=True)
     existing = _dataset_files(out_dir)
-    if existing and not overwrite:
-        raise UsageError(f"output folder {out_dir} already holds a data set ({existing[0]}, ...); "
-                         "pass --overwrite to replace it")
-    if "manifest.json" in existing:  # first, so a half-deleted folder is never a data set
+    if "manifest.json" in existing:
         os.unlink(os.path.join(out_dir, "manifest.json"))
     for f in existing:
         if f != "manifest.json":
             os.unlink(os.path.join(out_dir, f))
+    for f in sorted(os.listdir(staging)):
+        os.replace(os.path.join(staging, f), os.path.join(out_dir, f))
+    _fsync_dir(out_dir)
+    _write_atomic(os.path.join(out_dir, "manifest.json"), [manifest_text.encode("utf-8")])
+    os.rmdir(staging)
 
 
 # ----------------------------------------------------------------------------------------
@@ -637,13 +701,14 @@ def parse_args(argv):
     g.add_argument("--regenerate", action="store_true",
                    help="replace every assistant turn with the target's own generation first")
     g.add_argument("--target", metavar="DIR", help="the target that regenerates (Hugging Face Qwen3 folder)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1)")
-    g.add_argument("--max-new-tokens", type=int, default=1024, metavar="N",
+    g.add_argument("--temperature", type=float, help="0: greedy (default)")
+    g.add_argument("--top-p", type=float, help="nucleus sampling, in (0, 1] (default 1)")
+    g.add_argument("--top-k", type=int, help="top-k sampling (default 0: off)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N",
                    help="tokens per regenerated turn at most (default 1024)")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    g.add_argument("--batch", type=int, default=16, metavar="N", help="turns decoded together (default 16)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (default 0)")
+    g.add_argument("--device", help="cpu, cuda, cuda:N or auto (default)")
+    g.add_argument("--batch", type=int, metavar="N", help="turns decoded together (default 16)")
+    g.add_argument("--seed", type=int, help="seed of the sampling generator (default 0)")
     g.add_argument("--tandem-bin", metavar="PATH", default=os.environ.get("TANDEM_BIN", "tandem"),
                    help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, default=0, metavar="N",
@@ -670,14 +735,41 @@ def parse_args(argv):
                         "a different data set there is an error unless --overwrite")
     p.add_argument("--tandem-version", metavar="VERSION", default=os.environ.get("TANDEM_VERSION", "dev"),
                    help="version written to manifest created_by (the tandem binary passes its own)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines (the summary is still printed)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (a data set's summary is still printed)")
     args = p.parse_args(argv)
     if (args.output is None) == (args.prompts_out is None):
         p.error("give exactly one of --output DIR (shards) and --prompts-out FILE (prompts)")
     if args.limit < 0:
         p.error("--limit must not be negative")
+    if args.limit and args.prompts_out is None:
+        p.error("--limit applies only to --prompts-out")
     if args.regenerate and (args.target is None or args.output is None):
         p.error("--regenerate needs --target DIR and --output DIR")
+    decoding = {"target": None, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 1024,
+                "device": "auto", "batch": 16, "seed": 0}
+    for name, default in decoding.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        elif not args.regenerate:
+            p.error(f"--{name.replace('_', '-')} applies only with --regenerate")
+    if args.regenerate:
+        if not args.temperature >= 0:
+            p.error("--temperature must be at least 0")
+        if not 0 < args.top_p <= 1:
+            p.error("--top-p must be in (0, 1]")
+        if args.top_k < 0:
+            p.error("--top-k must not be negative (0: off)")
+        if args.max_new_tokens < 1 or args.batch < 1:
+            p.error("--max-new-tokens and --batch must be at least 1")
+        import re
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", args.device):
+            p.error(f"--device {args.device!r}: expected cpu, cuda, cuda:N or auto")
+    seen = {}
+    for path in args.inputs:
+        key = os.path.realpath(path)
+        if key in seen:
+            p.error(f"input {path} is given twice (as {seen[key]}): its samples would be doubled")
+        seen[key] = path
     if args.min_supervised is None:
         args.min_supervised = 2 * args.block_size
     for name in ("block_size", "max_length", "shard_tokens"):
@@ -697,19 +789,25 @@ def _open_input(path):
 
 
 def _read_batches(inputs, batch_lines):
-    """Yields lists of (file, line number, raw bytes), skipping blank lines."""
+    """Yields lists of (file, line number, raw bytes), skipping blank lines. An input that
+    cannot be read to its end (a torn or fake .gz) raises RuntimeError naming it."""
+    import zlib
     batch = []
     for path in inputs:
-        with _open_input(path) as f:
-            for line_no, raw in enumerate(f, 1):
-                if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                if not raw.strip():
-                    continue
-                batch.append((path, line_no, raw))
-                if len(batch) == batch_lines:
-                    yield batch
-                    batch = []
+        line_no = 0
+        try:
+            with _open_input(path) as f:
+                for line_no, raw in enumerate(f, 1):
+                    if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                        raw = raw[3:]
+                    if not raw.strip():
+                        continue
+                    batch.append((path, line_no, raw))
+                    if len(batch) == batch_lines:
+                        yield batch
+                        batch = []
+        except (OSError, EOFError, zlib.error) as e:
+            raise RuntimeError(f"{path}: cannot read past line {line_no}: {type(e).__name__}: {e}")
     if batch:
         yield batch
 
@@ -741,10 +839,7 @@ def render_prompts(args):
                     raise BadLine(f"invalid JSON: {e}")
                 if not isinstance(obj, dict):
                     raise BadLine("not a JSON object")
-                found = [f for f in FORMATS if FORMAT_KEY[f] in obj]
-                fmt = args.format if args.format != "auto" else (found[0] if len(found) == 1 else None)
-                if fmt is None or FORMAT_KEY[fmt] not in obj:
-                    raise BadLine("unknown or ambiguous format")
+                fmt = detect_format(obj, args.format)
                 if fmt == "tokenized":
                     ids, mask = _tokenized(obj, len(tokenizer))
                     first = np.flatnonzero(mask)
@@ -769,11 +864,16 @@ def render_prompts(args):
                 if invalid <= MAX_REPORTED_LINES:
                     sys.stderr.write(f"{where}: {e}\n")
     if not prompts:
-        raise UsageError("no prompt in " + ", ".join(args.inputs))
+        raise RuntimeError(f"no prompt in {', '.join(args.inputs)} ({invalid} invalid lines); "
+                           f"{args.prompts_out} not written")
     header = {"format": "tandem.prompts.v1", "stop_ids": _stop_ids(tokenizer, masker), "count": len(prompts),
               "invalid": invalid, "tokenizer": args.tokenizer}
     lines = [json.dumps(header)] + [json.dumps(p) for p in prompts]
     _write_atomic(args.prompts_out, [("\n".join(lines) + "\n").encode("utf-8")])
+    if not args.quiet:
+        sys.stderr.write(f"prepare: wrote {len(prompts):,} prompts ({invalid:,} invalid lines"
+                         + (f", stopped at --limit {args.limit}" if args.limit and len(prompts) >= args.limit else "")
+                         + f") to {args.prompts_out}\n")
     return EXIT_OK
 
 
@@ -786,9 +886,62 @@ def _stop_ids(tokenizer, masker):
     return stop
 
 
+def _die_with_parent():
+    """preexec_fn of `tandem generate`: SIGTERM when this process dies (even by SIGKILL), so
+    a killed prepare never leaves a decoder running on its work folder."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _lock_work(work):
+    """Creates and locks the regeneration folder (flock on the folder itself; released when
+    this process ends, however it ends)."""
+    import fcntl
+    os.makedirs(work, exist_ok=True)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"another tandem prepare is regenerating into {work}; wait for it or stop it")
+    return fd
+
+
+def _clear_folder(path):
+    import shutil
+    for f in os.listdir(path):
+        full = os.path.join(path, f)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+
+
+def _round_members(prompts_path):
+    """The conversation index of each prompt of a round's prompts file, in file order."""
+    with open(prompts_path) as f:
+        lines = f.readlines()[1:]
+    return [json.loads(line)["conversation"] for line in lines if line.strip()]
+
+
+def _read_generated(out_path):
+    """{prompt index: generation} from a `tandem generate` output (its header skipped)."""
+    generated = {}
+    with open(out_path) as f:
+        for line in f:
+            g = json.loads(line)
+            if "index" in g:
+                generated[g["index"]] = g
+    return generated
+
+
 def regenerate(args):
     """--regenerate: the assistant turns replaced by the target's generations (module
-    docstring); returns the path of the regenerated conversations."""
+    docstring); returns (path of the regenerated samples, what the manifest records)."""
     import subprocess
     for path in args.inputs:
         if not os.path.isfile(path):
@@ -800,13 +953,15 @@ def regenerate(args):
     masker = ChatMasker(tokenizer, template_kwargs)
     stop = _stop_ids(tokenizer, masker)
     work = args.output.rstrip("/") + ".regen"
+    options = {"target": os.path.abspath(args.target), "temperature": args.temperature,
+               "top_p": args.top_p, "top_k": args.top_k, "max_new_tokens": args.max_new_tokens,
+               "seed": args.seed}
     identity = {"inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p)} for p in args.inputs],
-                "target": os.path.abspath(args.target), "tokenizer": os.path.abspath(args.tokenizer),
-                "temperature": args.temperature, "top_p": args.top_p,
-                "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-                "chat_template_kwargs": template_kwargs}
+                "tokenizer": os.path.abspath(args.tokenizer), "format": args.format,
+                "chat_template_kwargs": template_kwargs, **options}
     progress_file = os.path.join(work, "progress.json")
     state_file = os.path.join(work, "conversations.jsonl")
+    _lock_work(work)  # held until the process ends
     progress = None
     if os.path.isfile(progress_file):
         with open(progress_file) as f:
@@ -816,139 +971,180 @@ def regenerate(args):
                 raise UsageError(f"{work} holds a regeneration with other inputs or options; "
                                  "pass --overwrite to start it again")
             progress = None
+    check_output(args.output, args.overwrite or args.reuse)  # before any decoding
+
+    def refuse(where, reason):
+        progress["invalid"] += 1
+        if progress["invalid"] <= MAX_REPORTED_LINES:
+            sys.stderr.write(f"{where}: {reason}\n")
+
     if progress is None:
-        import shutil
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-        rows, invalid = [], 0
+        _clear_folder(work)
+        rows = []
+        progress = {"identity": identity, "rounds_done": 0, "lines": 0, "invalid": 0,
+                    "report": {"turns": 0, "tokens": 0, "seconds": 0.0, "hit_limit": 0}}
         for batch in _read_batches(args.inputs, BATCH_LINES):
             for path, line_no, raw in batch:
+                where = f"{path}:{line_no}"
+                progress["lines"] += 1
                 try:
-                    obj = json.loads(raw)
+                    try:
+                        obj = json.loads(raw)
+                    except (ValueError, RecursionError) as e:
+                        raise BadLine(f"invalid JSON: {e}")
                     if not isinstance(obj, dict):
                         raise BadLine("not a JSON object")
-                    if "input_ids" in obj:
-                        rows.append({"tokenized": obj})
-                    elif "messages" in obj:
-                        rows.append({"messages": _messages_openai(obj)})
-                    elif "conversations" in obj:
-                        rows.append({"messages": _messages_sharegpt(obj)})
-                    else:
-                        raise BadLine("unknown format: no 'conversations', 'messages' or 'input_ids' field")
-                except (ValueError, RecursionError, BadLine) as e:
-                    invalid += 1
-                    if invalid <= MAX_REPORTED_LINES:
-                        sys.stderr.write(f"{path}:{line_no}: {e}\n")
+                    fmt = detect_format(obj, args.format)
+                    if fmt == "tokenized":
+                        _tokenized(obj, len(tokenizer))
+                        rows.append({"source": where, "tokenized": obj})
+                        continue
+                    messages = _messages_sharegpt(obj) if fmt == "sharegpt" else _messages_openai(obj)
+                    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+                    if turns and turns[0] == 0:
+                        raise BadLine("the conversation starts with an assistant turn: no prompt to "
+                                      "regenerate it from")
+                    for i in turns:
+                        try:
+                            masker.render(messages[:i], generation_prompt=True)
+                        except Exception as e:  # the template itself refused
+                            raise BadLine(f"chat template error before assistant message {i}: "
+                                          f"{type(e).__name__}: {e}")
+                    rows.append({"source": where, "messages": messages})
+                except BadLine as e:
+                    refuse(where, e)
         _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
-        progress = {"identity": identity, "rounds_done": 0, "invalid": invalid,
-                    "report": {"turns": 0, "tokens": 0, "seconds": 0.0, "hit_limit": 0}}
         _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
     with open(state_file) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    turns_of = [[i for i, m in enumerate(r.get("messages", [])) if m["role"] == "assistant"] for r in rows]
-    rounds = max((len(t) for t in turns_of), default=0)
+
+    def turns_of(r):
+        if r.get("invalid") or "messages" not in r:
+            return []
+        return [i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"]
+
+    rounds = max((len(turns_of(r)) for r in rows), default=0)
     start = time.monotonic()
-    last_generated = {}
     for k in range(progress["rounds_done"], rounds):
-        members = [j for j, t in enumerate(turns_of) if len(t) > k]
         prompts_path = os.path.join(work, f"round-{k + 1}.prompts.jsonl")
         out_path = os.path.join(work, f"round-{k + 1}.generated.jsonl")
         if not os.path.isfile(prompts_path):
-            lines = [json.dumps({"format": "tandem.prompts.v1", "stop_ids": stop, "count": len(members)})]
-            for j in members:
-                text = masker.render(rows[j]["messages"][:turns_of[j][k]], generation_prompt=True)
-                lines.append(json.dumps({"source": f"conversation {j}",
+            lines = []
+            for j, r in enumerate(rows):
+                t = turns_of(r)
+                if len(t) <= k:
+                    continue
+                try:
+                    text = masker.render(r["messages"][:t[k]], generation_prompt=True)
+                except Exception as e:  # the template refused a regenerated history
+                    r["invalid"] = f"chat template error before assistant message {t[k]}: {type(e).__name__}: {e}"
+                    refuse(r["source"], r["invalid"])
+                    continue
+                lines.append(json.dumps({"source": r["source"], "conversation": j,
                                          "ids": tokenizer(text, add_special_tokens=False)["input_ids"]}))
-            _write_atomic(prompts_path, [("\n".join(lines) + "\n").encode("utf-8")])
+            # The conversations refused above are recorded before the round's prompts exist.
+            _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
+            _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
+            header = json.dumps({"format": "tandem.prompts.v1", "stop_ids": stop, "count": len(lines)})
+            _write_atomic(prompts_path, [("\n".join([header] + lines) + "\n").encode("utf-8")])
+        members = _round_members(prompts_path)
         sys.stderr.write(f"prepare: regenerating assistant turn {k + 1} of {rounds} "
                          f"({len(members):,} conversations)\n")
-        cmd = [args.tandem_bin, "generate", "--target", args.target, "--prompts", prompts_path,
-               "--out", out_path, "--max-new-tokens", str(args.max_new_tokens),
-               "--temperature", str(args.temperature), "--top-p", str(args.top_p),
-               "--device", args.device, "--batch", str(args.batch), "--seed", str(args.seed + k)]
-        if args.quiet:
-            cmd.append("--quiet")
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"tandem generate failed (exit {done.returncode}) in round {k + 1}; "
-                               f"run the same command again to resume from {work}")
-        report = json.loads(done.stdout.strip().splitlines()[-1])
-        generated = {}
-        with open(out_path) as f:
-            for line in f:
-                g = json.loads(line)
-                generated[g["index"]] = g
-        if len(generated) != len(members):
-            raise RuntimeError(f"{out_path} holds {len(generated)} of {len(members)} generations")
-        for idx, j in enumerate(members):
-            g = generated[idx]
-            tokens = g["tokens"]
-            if tokens and tokens[-1] in stop:
-                tokens = tokens[:-1]
-            text = tokenizer.decode(tokens, skip_special_tokens=False)
-            if masker.eot in text:  # cannot be a turn's content; cut there
-                text = text[:text.index(masker.eot)]
-            rows[j]["messages"][turns_of[j][k]]["content"] = text
-            progress["report"]["turns"] += 1
-            progress["report"]["tokens"] += len(g["tokens"])
-            progress["report"]["hit_limit"] += bool(g["hit_limit"])
-        progress["report"]["seconds"] += report.get("seconds", 0.0)
+        if members:
+            cmd = [args.tandem_bin, "generate", "--target", args.target, "--prompts", prompts_path,
+                   "--out", out_path, "--max-new-tokens", str(args.max_new_tokens),
+                   "--temperature", str(args.temperature), "--top-p", str(args.top_p),
+                   "--top-k", str(args.top_k), "--device", args.device, "--batch", str(args.batch),
+                   "--seed", str(args.seed + k)]
+            if args.quiet:
+                cmd.append("--quiet")
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+            if done.returncode != 0:
+                raise RuntimeError(f"tandem generate failed (exit {done.returncode}) in round {k + 1} (its "
+                                   f"error is above); the rounds finished so far are kept in {work}: run "
+                                   "the command again (another --batch or --device is allowed) to resume")
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            generated = _read_generated(out_path)
+            if len(generated) != len(members):
+                raise RuntimeError(f"{out_path} holds {len(generated)} of {len(members)} generations")
+            for idx, j in enumerate(members):
+                g = generated[idx]
+                tokens = g["tokens"]
+                if tokens and tokens[-1] in stop:
+                    tokens = tokens[:-1]
+                text = tokenizer.decode(tokens, skip_special_tokens=False)
+                if masker.eot in text:  # cannot be a turn's content; cut there
+                    text = text[:text.index(masker.eot)]
+                rows[j]["messages"][turns_of(rows[j])[k]]["content"] = text
+                progress["report"]["turns"] += 1
+                progress["report"]["tokens"] += len(g["tokens"])
+                progress["report"]["hit_limit"] += bool(g["hit_limit"])
+            progress["report"]["seconds"] += report.get("seconds", 0.0)
         progress["rounds_done"] = k + 1
         _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
         _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
     # The samples keep the exact ids the target generated for its last turn (decoding them to
     # text and tokenizing again gives other ids for ~40% of the tiny default's turns: the
     # target emits non-canonical BPE splits), after the ids of the prompt it was given; the
-    # earlier turns are supervised where the template renders them.
+    # earlier turns are supervised where the template renders them (not with --last-turn-only).
     out = os.path.join(work, "regenerated.jsonl")
+    last = {}  # round -> {conversation: (prompt ids, generated ids)}
     lines = []
     for j, r in enumerate(rows):
-        if "tokenized" in r or not turns_of[j]:
+        if r.get("invalid"):
+            continue
+        t = turns_of(r)
+        if not t:
             lines.append(r.get("tokenized") or {"messages": r["messages"]})
             continue
-        k = len(turns_of[j]) - 1
-        with open(os.path.join(work, f"round-{k + 1}.prompts.jsonl")) as f:
-            members = [m for m, t in enumerate(turns_of) if len(t) > k]
-            prompt_ids = json.loads(f.readlines()[1 + members.index(j)])["ids"]
-        if (k, j) not in last_generated:
-            with open(os.path.join(work, f"round-{k + 1}.generated.jsonl")) as f:
-                for line in f:
-                    g = json.loads(line)
-                    last_generated[(k, members[g["index"]])] = g["tokens"]
-        generated = last_generated[(k, j)]
-        before = r["messages"][:turns_of[j][k]]
+        k = len(t) - 1
+        if k not in last:
+            members = _round_members(os.path.join(work, f"round-{k + 1}.prompts.jsonl"))
+            with open(os.path.join(work, f"round-{k + 1}.prompts.jsonl")) as f:
+                ids = [json.loads(line)["ids"] for line in f.readlines()[1:] if line.strip()]
+            generated = _read_generated(os.path.join(work, f"round-{k + 1}.generated.jsonl"))
+            last[k] = {m: (ids[i], generated[i]["tokens"]) for i, m in enumerate(members)}
+        prompt_ids, generated = last[k][j]
+        before = r["messages"][:t[k]]
         text = masker.render(before, generation_prompt=True)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         spans = []
-        if k > 0:
+        if k > 0 and not args.last_turn_only:
             head, spans = masker.spans(before, False)
             if not text.startswith(head):
                 spans = []
         mask = ChatMasker.mask(enc["offset_mapping"], spans).tolist() if enc["input_ids"] else []
         if enc["input_ids"] != prompt_ids:  # cannot happen: the same rendering made the prompt
-            raise RuntimeError(f"conversation {j}: the prompt renders to other ids than round {k + 1} used")
+            raise RuntimeError(f"{r['source']}: the prompt renders to other ids than round {k + 1} used")
         lines.append({"input_ids": prompt_ids + generated, "loss_mask": mask + [1] * len(generated)})
     _write_atomic(out, [("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)).encode("utf-8")])
     rep = progress["report"]
     sys.stderr.write(
-        f"prepare: regenerated {rep['turns']:,} assistant turns of {len(rows):,} conversations "
+        f"prepare: regenerated {rep['turns']:,} assistant turns of {len(lines):,} conversations "
         f"({progress['invalid']:,} invalid lines skipped): {rep['tokens']:,} tokens in "
         f"{rep['seconds']:.1f} s of decoding ({rep['tokens'] / max(rep['seconds'], 1e-9):,.0f} tokens/s), "
         f"{rep['hit_limit']:,} hit --max-new-tokens {args.max_new_tokens}; "
         f"{time.monotonic() - start:.1f} s this run; conversations in {out}\n")
-    return out
+    record = {"options": options, "lines": progress["lines"], "invalid_lines": progress["invalid"],
+              "turns": rep["turns"], "tokens": rep["tokens"], "hit_limit": rep["hit_limit"],
+              "decode_seconds": round(rep["seconds"], 3), "work": work}
+    return out, record
 
 
 def run(args):
     if args.prompts_out is not None:
         return render_prompts(args)
+    regeneration = None
+    sources = args.inputs  # the lines read: the inputs, or what regeneration made of them
     if args.regenerate:
-        args.inputs = [regenerate(args)]
+        regenerated, regeneration = regenerate(args)
+        sources = [regenerated]
     reporter = Reporter(args.quiet)
     for path in args.inputs:
         if not os.path.isfile(path):
             raise UsageError(f"input {path} does not exist or is not a file")
-    need_template = args.format != "tokenized"
+    check_output(args.output, args.overwrite or args.reuse)
+    need_template = args.format != "tokenized" or args.regenerate
     tokenizer, template = load_tokenizer(args.tokenizer, need_template)
     template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
     if template is not None:
@@ -962,17 +1158,21 @@ def run(args):
     opts = {"block_size": args.block_size, "min_supervised": args.min_supervised,
             "max_length": args.max_length, "last_turn_only": args.last_turn_only,
             "input_format": args.format, "chat_template_kwargs": template_kwargs}
-    processor = BatchProcessor(tokenizer, template, opts)  # probes the template: fails early
+    if regeneration is not None:
+        opts["regenerate"] = regeneration["options"]
+    # Regenerated samples are tokenized lines (and conversations without an assistant turn,
+    # passed through): --format applied to the inputs, while regeneration read them.
+    processor = BatchProcessor(tokenizer, template, dict(opts, input_format="auto") if args.regenerate else opts)
     identity = {
         "inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p), "bytes": os.path.getsize(p)}
                    for p in args.inputs],
         "tokenizer_sha256": sha256_file(os.path.join(args.tokenizer, "tokenizer.json")),
         "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
                                  if template is not None else None),
-        "options": {k: opts[k] for k in MANIFEST_OPTIONS},
+        "options": {k: opts[k] for k in MANIFEST_OPTIONS + ("regenerate",) if k in opts},
     }
     if args.reuse:
-        differs = _differs_from_existing(args.output, identity)
+        differs = _differs_from_existing(args.output, identity, reporter)
         if differs is None:
             reporter.message(f"prepare: {args.output} already holds this data set (same inputs, "
                              "tokenizer, chat template and options); reusing it")
@@ -980,13 +1180,25 @@ def run(args):
         if differs and not args.overwrite:
             raise UsageError(f"output folder {args.output} holds a data set prepared from other "
                              f"{differs}; delete it, or prepare into another folder")
-    prepare_output(args.output, args.overwrite or (args.reuse and differs == ""))
+    staging = prepare_output(args.output, args.overwrite or (args.reuse and differs == ""))
+    try:
+        return _write_dataset(args, sources, staging, reporter, tokenizer, template, processor,
+                              identity, regeneration)
+    finally:
+        if os.path.isdir(staging):  # failed or interrupted: an older data set stays as it was
+            import shutil
+            shutil.rmtree(staging, ignore_errors=True)
 
+
+def _write_dataset(args, sources, staging, reporter, tokenizer, template, processor, identity,
+                   regeneration):
     counts = {"lines": 0, "samples": 0, "tokens": 0, "invalid": 0, "short": 0, "truncated": 0}
+    if regeneration is not None:  # the input lines regeneration refused
+        counts["lines"] = counts["invalid"] = regeneration["invalid_lines"]
     by_format = dict.fromkeys(FORMATS, 0)
-    writer = ShardWriter(args.output, args.shard_tokens)
+    writer = ShardWriter(staging, args.shard_tokens)
     reporter.begin()
-    for batch in _read_batches(args.inputs, BATCH_LINES):
+    for batch in _read_batches(sources, BATCH_LINES):
         results = processor.process([raw for _, _, raw in batch])
         for (path, line_no, _), result in zip(batch, results):
             counts["lines"] += 1
@@ -1014,7 +1226,7 @@ def run(args):
         reporter.message(
             f"prepare: error: no sample survived ({counts['lines']:,} lines: {counts['invalid']:,} invalid, "
             f"{counts['short']:,} with fewer than {args.min_supervised} supervised tokens); "
-            f"nothing written to {args.output}")
+            f"{args.output} left as it was")
         return EXIT_FAILED
 
     shards = writer.shards
@@ -1044,9 +1256,10 @@ def run(args):
                    "by_format": by_format},
         "content_hash": content,
     }
+    if regeneration is not None:
+        manifest["regeneration"] = regeneration
     text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
-
-    _write_atomic(os.path.join(args.output, "manifest.json"), [text.encode("utf-8")])
+    publish(staging, args.output, text)
 
     t = manifest["totals"]
     elapsed = time.monotonic() - reporter.start
@@ -1076,6 +1289,12 @@ def main(argv=None):
     except (OSError, RuntimeError) as e:
         sys.stderr.write(f"tandem prepare: error: {e}\n")
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        where = args.output or args.prompts_out
+        sys.stderr.write(f"\ntandem prepare: interrupted; {where} left as it was"
+                         + (" (run the same command again to resume the regeneration)" if args.regenerate else "")
+                         + "\n")
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // `tandem generate`: the decoding half of `tandem prepare --regenerate`.
 // Decodes prompts (token ids from `tandem prepare --prompts-out`) with the
 // target alone, in batches, and appends one JSON line per prompt to --out as
-// its batch ends, so an interrupted run resumes where it stopped.
+// its batch ends, so an interrupted run resumes where it stopped.  The first
+// line identifies the prompts and options; a run with others refuses the file.
 #include <unistd.h>
 
 #include <chrono>
@@ -33,31 +34,81 @@ struct generate_args {
   bool quiet = false;
 };
 
+/// What ties an --out file to its prompts and decoding options: its first
+/// line.  A resumed run must match it, so a file of other prompts or options
+/// is never taken for finished work.
+json identity(const generate_args& a) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64 over the prompts' ids and lengths
+  auto mix = [&h](uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& p : a.o.prompts) {
+    mix(p.size());
+    for (auto id : p)
+      mix(static_cast<uint64_t>(id));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  std::error_code ec;
+  auto target = fs::weakly_canonical(a.o.target_dir, ec);
+  return json{{"format", "tandem.generated.v1"},
+              {"prompts", a.o.prompts.size()},
+              {"prompts_fnv1a64", hex},
+              {"target", (ec ? a.o.target_dir : target).string()},
+              {"max_new_tokens", a.o.max_new_tokens},
+              {"temperature", a.o.temperature},
+              {"top_p", a.o.top_p},
+              {"top_k", a.o.top_k},
+              {"seed", a.o.seed},
+              {"stop_ids", a.o.stop_ids},
+              {"dtype", a.o.dtype}};
+}
+
 /// The indices already in `out` (complete lines only; a torn last line from
-/// a killed run is dropped and the file rewritten without it).
-std::set<size_t> finished(const fs::path& out, size_t prompts) {
+/// a killed run is dropped and the file rewritten without it).  A new or
+/// empty file gets the identity header.
+std::set<size_t> finished(const fs::path& out, const json& id) {
   std::set<size_t> done;
+  const auto prompts = id["prompts"].get<size_t>();
   std::ifstream f(out);
-  if (!f)
-    return done;
   std::vector<std::string> keep;
   std::string line;
-  bool torn = false;
-  while (std::getline(f, line)) {
-    auto j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("index") || !j["index"].is_number_unsigned()
-        || j["index"].get<size_t>() >= prompts) {
-      torn = true;
-      continue;
+  bool torn = false, header = false;
+  if (f && std::getline(f, line)) {
+    auto h = json::parse(line, nullptr, false);
+    if (h.is_discarded() || !h.is_object() || h.value("format", "") != "tandem.generated.v1")
+      throw gpu::error(errc::bad_input, out.string() + " exists and was not written by tandem "
+                                        "generate (no tandem.generated.v1 first line); delete it "
+                                        "or choose another --out");
+    for (const auto& [key, value] : id.items())
+      if (!h.contains(key) || h[key] != value)
+        throw gpu::error(errc::bad_input,
+                         out.string() + " holds generations of other prompts or options ('" + key
+                           + "' is " + (h.contains(key) ? h[key].dump() : "missing") + " there, "
+                           + value.dump() + " now); delete it or choose another --out");
+    header = true;
+    while (std::getline(f, line)) {
+      auto j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("index") || !j["index"].is_number_unsigned()
+          || j["index"].get<size_t>() >= prompts) {
+        torn = true;
+        continue;
+      }
+      done.insert(j["index"].get<size_t>());
+      keep.push_back(line);
     }
-    done.insert(j["index"].get<size_t>());
-    keep.push_back(line);
   }
   f.close();
-  if (torn) {
+  if (torn || !header) {
     std::ofstream w(out, std::ios::trunc);
+    w << id.dump() << "\n";
     for (const auto& l : keep)
       w << l << "\n";
+    if (!w)
+      throw gpu::error(errc::bad_input, "cannot write " + out.string());
   }
   return done;
 }
@@ -87,7 +138,7 @@ int run_generate(generate_args& a) {
   }
   a.o.device = parse_device(a.device);
   const auto total = a.o.prompts.size();
-  const auto before = finished(a.out, total);
+  const auto before = finished(a.out, identity(a));
   if (!before.empty() && !a.quiet)
     std::fprintf(stderr, "generate: %zu of %zu prompts already in %s; resuming\n", before.size(),
                  total, a.out.c_str());
@@ -140,7 +191,7 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--target", a->o.target_dir, "The target (Hugging Face Qwen3 folder)")->required();
   cmd->add_option("--prompts", a->prompts, "Prompts from tandem prepare --prompts-out")
     ->required()->check(CLI::ExistingFile);
-  cmd->add_option("--out", a->out, "JSON lines {index, tokens, hit_limit}, appended per prompt")
+  cmd->add_option("--out", a->out, "JSON lines: a header (the prompts' fingerprint and the options), then {index, tokens, hit_limit} per prompt as its batch ends")
     ->required();
   cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "New tokens per prompt at most")
     ->capture_default_str()->check(CLI::PositiveNumber);
