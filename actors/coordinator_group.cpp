@@ -206,7 +206,7 @@ void count_group_step(self_ptr self, int64_t step, const std::vector<step_report
   double loss = 0;
   int contributing = 0;
   for (const auto& x : reports)
-    if (x.contributed) {
+    if (x.contributed && x.scored_tokens > 0) {  // a rank that scored nothing has no loss
       loss += x.loss;
       ++contributing;
     }

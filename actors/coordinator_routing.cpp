@@ -102,6 +102,8 @@ std::string ledger_json(self_ptr self) {
   // The checkpoint holds the weights after s.step (the drafter is idle when
   // a checkpoint is asked for), so its ledger commits what they include.
   nlohmann::json j{{"ledger", nlohmann::json::parse(s.ledger->save(s.step))}, {"step", s.step}, {"epoch", s.epoch}};
+  // What a resume checks the data and the schedule against (tandem run).
+  j["data"] = {{"content_hash", s.opts.data_hash}, {"schedule_steps", s.opts.schedule_steps}};
   // The learning-rate multiplier's schedule travels with the weights: a
   // resume trains the same steps with the same scale (bit-identical).
   if (!s.lr_changes.empty()) {
@@ -568,11 +570,13 @@ void on_step_report(self_ptr self, const step_report& r) {
   retire(self, r.batch_id, r.step);
   s.step = r.step;
   s.slot(r.drafter).memory_step = r.restore_point;
-  if (!s.have_first_loss) {
-    s.summary.first_loss = r.loss;
-    s.have_first_loss = true;
+  if (r.scored_tokens > 0) {  // a step that scored nothing has no loss to report
+    if (!s.have_first_loss) {
+      s.summary.first_loss = r.loss;
+      s.have_first_loss = true;
+    }
+    s.summary.last_loss = r.loss;
   }
-  s.summary.last_loss = r.loss;
   self->send(s.peers.metrics, r);
   after_step(self);
 }

@@ -142,8 +142,12 @@ struct metrics_state {
   clock_type::time_point start = clock_type::now();
   clock_type::time_point last_progress{};
   // Running sums since the last progress line.
+  // Loss, accuracy and sim-accept average over the steps that scored tokens
+  // (`scored`): a step whose rows hold no supervised position reports 0 for
+  // all three, which is no measurement.
   double loss_sum = 0, acc_sum = 0, sim_sum = 0, wait_ms = 0, busy_ms = 0;
-  int64_t steps = 0, tokens = 0, last_step = 0;
+  int64_t steps = 0, scored = 0, tokens = 0, last_step = 0;
+  int64_t unscored_total = 0;  ///< steps that scored no token, this process
   std::set<int32_t> drafters;  ///< reporting since the last progress line (data-parallel: several)
   double ema_loss = std::nan("");
   int64_t first_step = -1;     ///< the step before this process's first report (a resume starts late)
@@ -159,15 +163,16 @@ void tb_step(metrics_state& s, const step_report& r) {
   if (!s.tb)
     return;
   const std::string d = "drafter" + std::to_string(r.drafter) + "/";
-  s.tb->scalars(r.step, {{d + "loss", r.loss},
-                         {d + "accuracy", r.accuracy},
-                         {d + "sim_accept", r.sim_accept},
-                         {d + "grad_norm", r.grad_norm},
-                         {d + "lr", r.lr},
-                         {d + "tokens", static_cast<double>(r.real_tokens)},
-                         {d + "compute_ms", r.compute_ms},
-                         {d + "wait_ms", r.wait_ms},
-                         {d + "mfu", r.compute_ms > 0 ? r.tflop / (r.compute_ms / 1e3) / peak_tflops : 0.0}});
+  std::vector<std::pair<std::string, double>> v{
+    {d + "grad_norm", r.grad_norm},
+    {d + "lr", r.lr},
+    {d + "tokens", static_cast<double>(r.real_tokens)},
+    {d + "compute_ms", r.compute_ms},
+    {d + "wait_ms", r.wait_ms},
+    {d + "mfu", r.compute_ms > 0 ? r.tflop / (r.compute_ms / 1e3) / peak_tflops : 0.0}};
+  if (r.scored_tokens > 0)  // else no measurement: left out of the curves
+    v.insert(v.begin(), {{d + "loss", r.loss}, {d + "accuracy", r.accuracy}, {d + "sim_accept", r.sim_accept}});
+  s.tb->scalars(r.step, v);
   s.tb->flush();
 }
 
@@ -244,10 +249,24 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
         if (s.feed)
           self->send(s.feed, r);
         const double elapsed = std::chrono::duration<double>(clock_type::now() - s.start).count();
-        s.ema_loss = std::isnan(s.ema_loss) ? r.loss : 0.9 * s.ema_loss + 0.1 * r.loss;
-        s.loss_sum += r.loss;
-        s.acc_sum += r.accuracy;
-        s.sim_sum += r.sim_accept;
+        if (r.scored_tokens > 0) {
+          s.ema_loss = std::isnan(s.ema_loss) ? r.loss : 0.9 * s.ema_loss + 0.1 * r.loss;
+          s.loss_sum += r.loss;
+          s.acc_sum += r.accuracy;
+          s.sim_sum += r.sim_accept;
+          ++s.scored;
+        } else if (r.finite && (++s.unscored_total & (s.unscored_total - 1)) == 0) {  // 1st, 2nd, 4th, ...
+          nlohmann::json w{{"event", "warning"},
+                           {"step", r.step},
+                           {"drafter", r.drafter},
+                           {"unscored_steps", s.unscored_total},
+                           {"text", "step " + std::to_string(r.step) + " scored no token: its rows hold no "
+                                      "supervised position a draft block can start at (is data.seq_len shorter "
+                                      "than the prompts?); " + std::to_string(s.unscored_total)
+                                      + " such step(s) so far, left out of the loss averages"}};
+          spdlog::warn("metrics: {}", w["text"].get<std::string>());
+          write_line(s, w);
+        }
         s.wait_ms += r.wait_ms;
         s.busy_ms += r.compute_ms;
         s.tokens += r.real_tokens;
@@ -285,16 +304,19 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           // "recent": the mean over the reports since the last line (what
           // training does now); "ema": the slow moving average (0.9 decay,
           // seeded with the first loss, so it lags well behind early on).
+          const double n = static_cast<double>(std::max<int64_t>(1, s.scored));
+          const double nan = std::nan("");
           std::fprintf(stderr, "%s%sstep %lld%s  loss %.4f (recent), %.4f (ema)  acc %.3f  sim-accept %.2f%s  %.0f tok/s  data wait %.1f%%  ETA %s%s",
                        s.tty ? "\r" : "", s.opts.run_name.empty() ? "" : (s.opts.run_name + ": ").c_str(),
                        static_cast<long long>(r.step),
                        s.opts.total_steps > 0 ? ("/" + std::to_string(s.opts.total_steps)).c_str() : "",
-                       s.loss_sum / s.steps, s.ema_loss, s.acc_sum / s.steps, s.sim_sum / s.steps, s.tau.c_str(), tok_s,
+                       s.scored ? s.loss_sum / n : nan, s.ema_loss, s.scored ? s.acc_sum / n : nan,
+                       s.scored ? s.sim_sum / n : nan, s.tau.c_str(), tok_s,
                        100.0 * wait_share, eta.c_str(), s.tty ? "   " : "\n");
           std::fflush(stderr);
           s.last_progress = clock_type::now();
           s.loss_sum = s.acc_sum = s.sim_sum = s.wait_ms = s.busy_ms = 0;
-          s.steps = s.tokens = 0;
+          s.steps = s.scored = s.tokens = 0;
           s.drafters.clear();
         }
       },

@@ -16,6 +16,11 @@ namespace tandem {
 /// [checkpoint], [data], [train]).
 struct coordinator_settings {
   int64_t num_samples = 0;           ///< in the dataset
+  /// What a checkpoint records of the data so a resume can check it: the
+  /// data set's manifest content_hash ("" = none) and the learning-rate
+  /// schedule's length in steps.
+  std::string data_hash;
+  int64_t schedule_steps = 0;
   int32_t credits = 4;               ///< batches in flight per prefetch
   int64_t max_steps = 0;             ///< 0: run `epochs`
   int64_t epochs = 1;

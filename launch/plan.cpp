@@ -60,6 +60,8 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
 
   auto& co = p.coordinator;
   co.num_samples = data.num_samples;
+  co.data_hash = data.content_hash;
+  co.schedule_steps = p.schedule_steps;
   co.credits = static_cast<int32_t>(c.runtime.credits);
   co.max_steps = c.train.max_steps;
   co.epochs = c.data.epochs;
@@ -149,6 +151,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     po.rank = t.index;
     po.world = world;
     po.target = c.model.target;  // the manifest and every token id are checked against it
+    po.mask_token_id = c.drafter.mask_token_id;
     p.prefetch.push_back(po);
     gpu::target_engine_options to;
     to.dir = c.model.target;

@@ -50,6 +50,7 @@ struct data_facts {
   /// Optimizer steps of data.epochs as the packer deals them
   /// (gpu::data::count_steps); 0: estimated from num_tokens at 90% fill.
   int64_t steps = 0;
+  std::string content_hash;  ///< the manifest's ("" = none)
 };
 
 /// A checkpoint to continue from (`tandem run --resume`).

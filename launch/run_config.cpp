@@ -785,6 +785,9 @@ void check_fault_role(fault_spec& f, const std::vector<std::string>& roles_given
   if (f.role != "drafter" && f.kind != "throw" && f.kind != "abort")
     throw config_error(where + ": kind '" + f.kind + "' applies to drafters only; a " + f.role
                        + " fault is throw or abort");
+  if (f.role == "drafter" && f.at_step == 0)
+    throw config_error(where + ": 'at_step' must be at least 1 (a drafter's steps count from 1; at 0 the "
+                               "fault would never fire)");
 }
 
 const field_def* find_field(std::string_view section, std::string_view key) {
@@ -1104,6 +1107,15 @@ run_config read_config(toml::table& root, const fs::path& source,
     throw config_error(at + ": 'data.seq_len' must be at least drafter.block_size (" +
                        std::to_string(c.drafter.block_size) + "), got " +
                        std::to_string(c.data.seq_len));
+  }
+  if (c.data.anchors > c.data.seq_len - c.drafter.block_size + 1) {
+    // Anchors are distinct positions a <= seq_len - block_size (dflash_objective.hpp):
+    // more slots than that are padding that costs a block each.
+    auto at = where.count("data.anchors") ? where["data.anchors"] : file;
+    throw config_error(at + ": 'data.anchors' (" + std::to_string(c.data.anchors)
+                       + ") must be at most data.seq_len - drafter.block_size + 1 = "
+                       + std::to_string(c.data.seq_len - c.drafter.block_size + 1)
+                       + ": a draft block starts at a distinct position of a row");
   }
   return c;
 }

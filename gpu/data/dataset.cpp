@@ -218,7 +218,8 @@ std::string entry_name(const fs::path& manifest_file, size_t index) {
 /// Every token id below `limit` (named `limit_name` in messages), every
 /// loss-mask value 0 or 1, and the ones counted against the manifest.
 void check_shard_values(const fs::path& file, const std::string& entry, const shard_data& s,
-                        const shard_info& info, int64_t limit, const std::string& limit_name) {
+                        const shard_info& info, int64_t limit, const std::string& limit_name,
+                        int64_t forbidden = -1, const std::string& forbidden_name = {}) {
   const int64_t t = info.num_tokens, n = s.num_samples;
   const int64_t* off = s.offsets;
   // Which sample a flat token index belongs to, for messages.
@@ -231,16 +232,27 @@ void check_shard_values(const fs::path& file, const std::string& entry, const sh
   // Chunked so that the common all-good case is one vectorisable pass.
   constexpr int64_t chunk = 1 << 16;
   const auto bound = static_cast<uint32_t>(limit);
+  // −1 becomes 2^32 − 1, above any id the bound lets through.
+  const auto banned = static_cast<uint32_t>(forbidden);
   int64_t ones = 0;
   for (int64_t b = 0; b < t; b += chunk) {
     const int64_t e = std::min(t, b + chunk);
     uint32_t max_token = 0;
     uint8_t high_bits = 0;
-    uint32_t chunk_ones = 0;
+    uint32_t chunk_ones = 0, chunk_banned = 0;
     for (int64_t k = b; k < e; ++k) {
       max_token = std::max(max_token, static_cast<uint32_t>(s.tokens[k]));
       high_bits |= s.loss_mask[k] & 0xFE;
       chunk_ones += s.loss_mask[k];
+      chunk_banned += static_cast<uint32_t>(s.tokens[k]) == banned;
+    }
+    if (chunk_banned != 0 && forbidden >= 0) {
+      for (int64_t k = b; k < e; ++k)
+        if (static_cast<uint32_t>(s.tokens[k]) == banned)
+          fail(file, "tokens[" + std::to_string(k) + "] = " + std::to_string(s.tokens[k]) + " is "
+                         + forbidden_name + ": the drafter's mask token must never occur in the data (it "
+                         "could not tell a masked position from this token; pick an id the tokenizer never "
+                         "produces, such as an unused row of the embedding)" + sample_of(k));
     }
     if (max_token >= bound) {
       for (int64_t k = b; k < e; ++k)
@@ -452,7 +464,8 @@ void dataset::verify_shard(size_t index, const shard_check& check) const {
     limit_name = check.vocab_source.empty() ? std::string("the target's vocab_size")
                                             : check.vocab_source;
   }
-  check_shard_values(file, entry, impl_->shards[index], info, limit, limit_name);
+  check_shard_values(file, entry, impl_->shards[index], info, limit, limit_name, check.forbidden_token,
+                     check.forbidden_source);
 }
 
 std::string shard_file_name(int64_t index) {

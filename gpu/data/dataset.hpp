@@ -89,6 +89,10 @@ struct shard_check {
   /// Where `vocab_size` comes from, for messages ("vocab_size of
   /// /models/q/config.json").
   std::string vocab_source;
+  /// A token id that must not occur (drafter.mask_token_id; −1: none) and
+  /// its name for messages.
+  int64_t forbidden_token = -1;
+  std::string forbidden_source;
 };
 
 /// Sample `id`, pointing into the shard's mapping: valid while any copy of

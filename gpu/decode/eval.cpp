@@ -1,6 +1,7 @@
 #include "gpu/decode/eval.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <numeric>
 #include <optional>
@@ -220,17 +221,42 @@ struct report_builder {
 };
 
 /// Every prompt non-empty and inside the vocabulary; the longest's length.
-size_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, int64_t vocab, const char* who) {
+/// Sampling options: a finite temperature >= 0, top_p in (0, 1], top_k >= 0;
+/// each refused by name.
+void check_sampling(double temperature, double top_p, int64_t top_k, const char* who) {
+  if (!std::isfinite(temperature) || temperature < 0)
+    fail(std::string(who) + ": temperature must be a finite number >= 0 (0: greedy), got "
+         + std::to_string(temperature));
+  if (!(top_p > 0 && top_p <= 1))
+    fail(std::string(who) + ": top_p must be in (0, 1] (1: off), got " + std::to_string(top_p));
+  if (top_k < 0)
+    fail(std::string(who) + ": top_k must be >= 0 (0: off), got " + std::to_string(top_k));
+}
+
+/// The prompts are non-empty, inside the vocabulary, and with max_new_tokens
+/// inside the target's context (max_position_embeddings): a decode past it
+/// would read RoPE positions the target never saw, and a huge max_new_tokens
+/// would size the caches past any memory.  Returns the longest prompt.
+size_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const qwen3_config& target,
+                     int64_t max_new_tokens, const char* who) {
   if (prompts.empty())
     fail(std::string(who) + ": no prompts");
   size_t longest = 0;
+  const int64_t context = target.max_position_embeddings;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty())
       fail(std::string(who) + ": prompt " + std::to_string(i) + " is empty");
     for (auto id : prompts[i])
-      if (id < 0 || id >= vocab)
+      if (id < 0 || id >= target.vocab_size)
         fail(std::string(who) + ": prompt " + std::to_string(i) + " holds token " + std::to_string(id)
-             + ", outside the target's vocabulary of " + std::to_string(vocab));
+             + ", outside the target's vocabulary of " + std::to_string(target.vocab_size));
+    const auto len = static_cast<int64_t>(prompts[i].size());
+    if (context > 0 && (len > context || max_new_tokens > context - len))
+      fail(std::string(who) + ": prompt " + std::to_string(i) + " has " + std::to_string(len)
+           + " tokens; with max_new_tokens " + std::to_string(max_new_tokens)
+           + " it would run past the target's context (max_position_embeddings = " + std::to_string(context)
+           + "): lower --max-new-tokens (at most " + std::to_string(std::max<int64_t>(0, context - len))
+           + " for this prompt) or leave the prompt out");
     longest = std::max(longest, prompts[i].size());
   }
   return longest;
@@ -272,8 +298,7 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   detail::device_scope scope(device);
   if (o.max_new_tokens < 1)
     fail("tandem eval: --max-new-tokens must be at least 1");
-  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
-    fail("tandem eval: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+  check_sampling(o.temperature, o.top_p, o.top_k, "tandem eval");
   const auto loc = locate_drafter(o.drafter);
   const auto target_dir = resolve_target(o.target_dir, loc, "tandem eval");
   const auto tcfg = load_qwen3_config(target_dir);
@@ -283,7 +308,10 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   if (bs > cfg.block_size)
     fail("tandem eval: block size " + std::to_string(bs) + " exceeds the drafter's "
          + std::to_string(cfg.block_size));
-  const auto longest = check_prompts(o.prompts, tcfg.vocab_size, "tandem eval");
+  if (bs < 2)
+    fail("tandem eval: block size " + std::to_string(bs) + ": a draft block is the last token and at least "
+         "one masked position (2 or more; the target alone is the baseline)");
+  const auto longest = check_prompts(o.prompts, tcfg, o.max_new_tokens, "tandem eval");
   const auto capacity = static_cast<int64_t>(longest) + o.max_new_tokens + 1;
   target_decoder td(target, 1, capacity);
   drafter_decoder dd(cfg, w, target.embedding(), target.lm_head(), 1, capacity);
@@ -360,6 +388,7 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   }
   built.finish(r);
   r.baseline_tokens_per_s = base_time > 0 ? static_cast<double>(base_decoded) / base_time : 0.0;
+  r.baseline = o.baseline;
   if (o.baseline && mean(built.spec_tpot) > 0)
     r.speedup = mean(base_tpot) / mean(built.spec_tpot);
   if (o.reference_drafters) {
@@ -400,10 +429,9 @@ eval_engine::eval_engine(eval_engine_options o) : impl_(std::make_unique<impl>()
   m.dtype = detail::engine_dtype(o.dtype, m.device, "eval");
   if (o.max_new_tokens < 1)
     fail("eval: max_new_tokens must be at least 1");
-  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
-    fail("eval: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+  check_sampling(o.temperature, o.top_p, o.top_k, "eval");
   m.tcfg = load_qwen3_config(o.target_dir);
-  const auto longest = check_prompts(o.prompts, m.tcfg.vocab_size, "eval");
+  const auto longest = check_prompts(o.prompts, m.tcfg, o.max_new_tokens, "eval");
   m.capacity = static_cast<int64_t>(longest) + o.max_new_tokens + 1;
   m.so.max_new_tokens = o.max_new_tokens;
   m.so.stop_ids = o.stop_ids;
@@ -489,17 +517,21 @@ std::string eval_json(const eval_report& r) {
          {"top_p", r.top_p},
          {"top_k", r.top_k},
          {"num_prompts", r.prompts.size()},
-         {"tau", r.tau},
-         {"tau_prompt_mean", r.tau_prompt_mean},
          {"histogram", r.histogram},
          {"cycles", r.cycles},
-         {"new_tokens", r.new_tokens},
-         {"spec_tokens_per_s", r.spec_tokens_per_s},
-         {"baseline_tokens_per_s", r.baseline_tokens_per_s},
-         {"speedup", r.speedup},
-         {"differing_prompts", r.differing_prompts},
-         {"near_tie_differences", r.near_tie_differences},
-         {"near_tie_margin", r.near_tie_margin}};
+         {"new_tokens", r.new_tokens}};
+  // What was not measured is null, never 0: τ needs a cycle (the first token
+  // comes from the prefill), the speedup and the lossless check the baseline
+  // (and greedy decoding, for the check), rates some decoding time.
+  const bool cycles = r.cycles > 0, greedy = r.temperature == 0;
+  j["tau"] = cycles ? json(r.tau) : json(nullptr);
+  j["tau_prompt_mean"] = cycles ? json(r.tau_prompt_mean) : json(nullptr);
+  j["spec_tokens_per_s"] = r.spec_tokens_per_s > 0 ? json(r.spec_tokens_per_s) : json(nullptr);
+  j["baseline_tokens_per_s"] = r.baseline && r.baseline_tokens_per_s > 0 ? json(r.baseline_tokens_per_s) : json(nullptr);
+  j["speedup"] = r.baseline && cycles && r.speedup > 0 ? json(r.speedup) : json(nullptr);
+  j["differing_prompts"] = r.baseline && greedy ? json(r.differing_prompts) : json(nullptr);
+  j["near_tie_differences"] = r.baseline && greedy ? json(r.near_tie_differences) : json(nullptr);
+  j["near_tie_margin"] = r.near_tie_margin;
   if (r.lookup_tau >= 0)
     j["references"] = {{"untrained_tau", r.untrained_tau},
                        {"untrained_tokens_per_s", r.untrained_tokens_per_s},
@@ -529,8 +561,7 @@ double generate(const generate_options& o,
   detail::device_scope scope(device);
   if (o.batch < 1 || o.max_new_tokens < 1)
     fail("generate: batch and max_new_tokens must be at least 1");
-  if (o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
-    fail("generate: temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+  check_sampling(o.temperature, o.top_p, o.top_k, "generate");
   const auto target = qwen3_target::load(o.target_dir, device, dtype, {}, true);
   std::vector<size_t> order;
   int64_t longest = 0;

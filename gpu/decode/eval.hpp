@@ -82,6 +82,7 @@ struct eval_report {
   int64_t cycles = 0, new_tokens = 0;
   double spec_tokens_per_s = 0.0;      ///< decode tokens (after the first) per second
   double baseline_tokens_per_s = 0.0;  ///< target-only decoding, same loop, block size 1
+  bool baseline = false;               ///< the baseline ran (else its fields are null in the JSON)
   double speedup = 0.0;                ///< baseline time per token / speculative's
   int64_t differing_prompts = 0;       ///< greedy: prompts whose tokens differ from the baseline's
   /// Of those, the ones whose first difference is a near-tie: a logit gap

@@ -16,21 +16,11 @@ constexpr double pi = 3.14159265358979323846;
 } // namespace
 
 int64_t warmup_steps(const adamw_options& o) {
-  if (o.total_steps <= 0 || o.warmup_ratio <= 0)
-    return 0;
-  return static_cast<int64_t>(std::ceil(o.warmup_ratio * static_cast<double>(o.total_steps)));
+  return warmup_steps(o.warmup_ratio, o.total_steps);
 }
 
 double scheduled_lr(const adamw_options& o, int64_t step) {
-  if (o.total_steps <= 0)
-    return o.lr;
-  const auto w = warmup_steps(o);
-  const auto t = static_cast<double>(step);
-  if (step <= w)
-    return o.lr * t / static_cast<double>(w);
-  const double span = static_cast<double>(std::max<int64_t>(1, o.total_steps - w));
-  const double progress = std::min(1.0, std::max(0.0, (t - static_cast<double>(w)) / span));
-  return 0.5 * o.lr * (1.0 + std::cos(pi * progress));
+  return scheduled_lr(o.lr, o.warmup_ratio, o.total_steps, step);
 }
 
 adamw::adamw(std::vector<at::Tensor> params, const adamw_options& opts)

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gpu/engine/lr_schedule.hpp"
 #include "gpu/pch.hpp"
 
 namespace tandem::gpu {

@@ -210,6 +210,10 @@ struct prefetch_engine::impl {
       check.vocab_size = target.vocab_size;
       check.vocab_source = "vocab_size of " + target.file.string();
     }
+    if (o.mask_token_id >= 0) {
+      check.forbidden_token = o.mask_token_id;
+      check.forbidden_source = "drafter.mask_token_id";
+    }
     for (size_t i = 0; i < ds.num_shards(); ++i)
       if (ds.manifest().shards[i].sha256.empty()) {
         warnings.push_back((ds.dir() / "manifest.json").string() + ": shards["

@@ -37,6 +37,9 @@ struct prefetch_engine_options {
   /// checked against its config.json and every token id against its
   /// vocab_size.  "" = the manifest's own vocab_size only (tests).
   std::filesystem::path target;
+  /// drafter.mask_token_id: the shard verification fails on a token equal
+  /// to it (the drafter could not tell data from its mask).  −1: unchecked.
+  int64_t mask_token_id = -1;
   /// Verify each shard (sha256, values) in the background before its first
   /// batch.  False only where the bytes were just written (tests, benches).
   bool verify_shards = true;

@@ -1,5 +1,6 @@
 #include "gpu/models/dflash.hpp"
 
+#include <cstdlib>
 #include <fstream>
 #include <tuple>
 #include <vector>
@@ -70,6 +71,22 @@ std::pair<dflash_config, dflash_weights> load_dflash(const std::filesystem::path
                                                      at::Device device, at::ScalarType dtype) {
   auto cfg = load_dflash_config(dir);
   auto tensors = load_safetensors(dir);
+  // Layers past num_hidden_layers mean config.json and the weights disagree:
+  // loading the first layers only would be another drafter, silently.
+  int64_t extra = 0;
+  std::string first;
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind("layers.", 0) != 0)
+      continue;
+    const auto index = std::strtoll(name.c_str() + 7, nullptr, 10);
+    if (index >= cfg.layer.num_hidden_layers && extra++ == 0)
+      first = name;
+  }
+  if (extra > 0)
+    throw error(errc::bad_input, dir.string() + ": the weights hold " + std::to_string(extra) + " tensors of layers "
+                                   "past config.json's num_hidden_layers = "
+                                   + std::to_string(cfg.layer.num_hidden_layers) + " (" + first
+                                   + ", ...): config.json does not describe these weights");
   auto w = dflash_weights_from(tensors, cfg, dtype, dir.string());
   for (auto& [name, p] : dflash_parameters(w))
     *p = p->to(device);

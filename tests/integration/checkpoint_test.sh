@@ -13,7 +13,9 @@
 #      (and the lost steps after it);
 #   4. a disk too small (a tmpfs in a private mount namespace): refused at
 #      start unless --force; with --force the checkpoint that does not fit
-#      stops the run with the bytes needed, and the previous one is intact.
+#      stops the run with the bytes needed, and the previous one is intact;
+#   5. a fresh start into a folder holding a run: refused, --overwrite starts
+#      again; a resume against other data: refused unless --force.
 # The 60-trial SIGKILL test of the writer itself is in
 # tests/unit/checkpoint_files_test.cpp.  The assertions read metrics.jsonl
 # and the checkpoint files, never the progress text.  ~90 s on 2 cores.
@@ -135,6 +137,41 @@ EOF
 else
   echo "SKIPPED: the disk-full case (unshare --mount is not allowed here)"
 fi
+
+# 5. A fresh start into a folder that holds a run is refused (its steps would
+# mix with the new run's); --overwrite starts again and ends on the same
+# weights.  A resume against other data (another content_hash: the ledger's
+# ids would name other samples) is refused unless --force.
+rc=0; run whole > "$work/again.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "already holds a run (.*step-00000030); pass --resume" "$work/again.log"
+check test -d "$work/whole/checkpoints/step-00000030"
+run whole --overwrite > "$work/overwrite.log" 2>&1 || { cat "$work/overwrite.log"; fail "--overwrite"; }
+check grep -q -- "--overwrite: removed the earlier run" "$work/overwrite.log"
+check test "$(grep -c '"event":"end"' "$work/whole/metrics.jsonl")" = 1
+cp -r "$work/whole" "$work/whole-copy"
+check same_weights whole whole-copy
+cp -r "$work/data" "$work/data2"
+"$python" - "$work/data2" <<'EOF2'
+import hashlib, json, os, sys
+from safetensors.numpy import load_file, save_file
+d = sys.argv[1]
+shard = os.path.join(d, "shard-00000.safetensors")
+t = load_file(shard)
+t["tokens"][0] = (t["tokens"][0] + 1) % 500
+save_file(t, shard, metadata={"format": "tandem.shard.v1", "num_samples": "64", "num_tokens": str(len(t["tokens"]))})
+digest = hashlib.sha256(open(shard, "rb").read()).hexdigest()
+m = json.load(open(os.path.join(d, "manifest.json")))
+m["shards"][0]["sha256"] = digest
+m["content_hash"] = hashlib.sha256(digest.encode()).hexdigest()
+json.dump(m, open(os.path.join(d, "manifest.json"), "w"))
+EOF2
+rc=0; run whole --resume --set train.max_steps=40 --set data.path="$work/data2" > "$work/otherdata.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "was trained on another data set" "$work/otherdata.log"
+run whole --resume --force --set train.max_steps=40 --set data.path="$work/data2" > "$work/forced-data.log" 2>&1 \
+  || { cat "$work/forced-data.log"; fail "--force past other data"; }
+check grep -q "warning (--force): .* was trained on another data set" "$work/forced-data.log"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -54,7 +54,16 @@ rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --o
   || fail "generate took an --out without its header: exit $rc, $out"
 rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --out "$empty/g2.jsonl" \
   --temperature 1 --top-p 0 2>&1) || rc=$?
-[[ $rc != 0 ]] && grep -q "top_p in (0, 1]" <<< "$out" || fail "generate took --top-p 0: exit $rc, $out"
+[[ $rc != 0 ]] && grep -q "top_p must be in (0, 1]" <<< "$out" || fail "generate took --top-p 0: exit $rc, $out"
+# export never writes into a folder that holds something (a target, a checkpoint) unless told.
+mkdir -p "$empty/full" && echo '{}' > "$empty/full/config.json"
+rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "is not empty" <<< "$out" && grep -q '^{}$' "$empty/full/config.json" \
+  || fail "export into a non-empty folder: exit $rc, $out"
+rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "not one of cpu, cuda, cuda:N, auto" <<< "$out" || fail "bench --device gpu: exit $rc, $out"
+rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
+[[ $rc != 0 ]] && grep -q "timeout must be a number of seconds above 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
 rm -rf "$empty"
 echo "ok: eval, export and generate name what is wrong"
 

@@ -459,6 +459,13 @@ TEST_F(run_config_test, type_and_range_errors_name_file_line_column_and_field) {
   p = write("t.toml", minimal + "seq_len = 8\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
             p.string() + ":7:11: 'data.seq_len' must be at least drafter.block_size (16), got 8");
+  // ... and the anchors distinct start positions of a row.
+  p = write("t.toml", minimal + "seq_len = 64\nanchors = 50\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":8:11: 'data.anchors' (50) must be at most data.seq_len - drafter.block_size + 1 = 49: "
+                         "a draft block starts at a distinct position of a row");
+  p = write("t.toml", minimal + "seq_len = 64\nanchors = 49\n");
+  EXPECT_EQ(load_run_config(p).data.anchors, 49);
 }
 
 TEST_F(run_config_test, missing_file_required_keys_and_syntax_errors) {
@@ -603,6 +610,9 @@ TEST_F(run_config_test, faults_from_toml_and_command_line) {
   EXPECT_EQ(error_of([] { parse_fault("drafter=x,kind=nan,at_step=5"); }),
             "--fault drafter=x,kind=nan,at_step=5: 'drafter' must be a non-negative integer, "
             "got \"x\"");
+  EXPECT_EQ(error_of([] { parse_fault("drafter=0,kind=throw,at_step=0"); }),
+            "--fault drafter=0,kind=throw,at_step=0: 'at_step' must be at least 1 (a drafter's steps count "
+            "from 1; at 0 the fault would never fire)");
   EXPECT_EQ(error_of([] { parse_fault("drafter=0,kind=nan"); }),
             "--fault drafter=0,kind=nan: missing 'at_step' "
             "(a fault is drafter=N,kind=throw|nan|hang|slow_snapshot|throw_in_snapshot|cuda_error|cuda_sticky|abort,at_step=S, or target=N / prefetch=N with kind throw|abort (at_step: its at_step-th batch))");

@@ -42,8 +42,27 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--docs", opts->docs,
                   "target_forward: documents a row, of equal lengths (its graphs, eager and mask lines)")
     ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--device", opts->device, "CUDA ordinal, or -1 for the CPU (default: cuda:0 if present)");
-  cmd->callback([opts, &exit_code] {
+  auto device = std::make_shared<std::string>();
+  cmd->add_option("--device", *device, "cpu, cuda, cuda:N, auto, or a CUDA ordinal (-1: the CPU); default: "
+                                       "cuda:0 if present");
+  cmd->callback([opts, device, &exit_code] {
+    if (!device->empty()) {
+      try {
+        size_t used = 0;
+        const int n = std::stoi(*device, &used);
+        if (used != device->size() || n < -1)
+          throw std::invalid_argument(*device);
+        opts->device = n;
+      } catch (const std::exception&) {
+        try {
+          opts->device = parse_device(*device);
+        } catch (const gpu::error& e) {
+          std::fprintf(stderr, "tandem bench: %s\n", e.what());
+          exit_code = 2;
+          return;
+        }
+      }
+    }
     opts->git_commit = build::git_commit;
     const char* env = std::getenv("TANDEM_PYTHON");
     opts->python = env && *env ? env : build::python;

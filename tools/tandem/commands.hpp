@@ -32,6 +32,12 @@ void add_prepare(CLI::App& app, int& exit_code);
 /// it could not be started, 128 + N when killed by signal N).
 int run_prepare(const std::vector<std::string>& args);
 
+/// `message` without a leading `prefix` (an engine's error that already
+/// names the command, printed after the command's own name).
+inline std::string unprefixed(const std::string& message, const std::string& prefix) {
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+
 /// `tandem eval`: speculative decoding of held-out prompts, τ and speedup.
 void add_eval(CLI::App& app, int& exit_code);
 

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -82,8 +83,20 @@ void add_doctor(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<doctor_options>();
   cmd->add_option("--device", opts->devices, "CUDA ordinals to probe (default: all)");
   cmd->add_flag("--cpu", opts->cpu, "Probe the CPU as well");
-  cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe")
-    ->capture_default_str();
+  cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe (more than 0)")
+    ->capture_default_str()
+    ->check(CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && std::isfinite(x) && x > 0)
+            return {};
+        } catch (const std::exception&) {
+        }
+        return "--timeout must be a number of seconds above 0, got '" + v + "'";
+      },
+      "SECONDS > 0"));
   cmd->add_flag("--json", opts->json, "JSON lines instead of text");
   cmd->callback([opts, &exit_code] { exit_code = run_doctor(*opts); });
 }

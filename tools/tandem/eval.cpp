@@ -252,10 +252,10 @@ void add_eval(CLI::App& app, int& exit_code) {
     try {
       exit_code = run_eval_command(*a);
     } catch (const gpu::error& e) {
-      std::fprintf(stderr, "tandem eval: %s\n", e.what());
+      std::fprintf(stderr, "tandem eval: %s\n", unprefixed(e.what(), "tandem eval: ").c_str());
       exit_code = e.code() == errc::bad_input ? 2 : 1;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem eval: %s\n", e.what());
+      std::fprintf(stderr, "tandem eval: %s\n", unprefixed(e.what(), "tandem eval: ").c_str());
       exit_code = 1;
     }
   });

@@ -107,8 +107,17 @@ void add_export(CLI::App& app, int& exit_code) {
   cmd->add_option("--target", o->target, "The target (default: the one the checkpoint was trained "
                                          "against); refused when its shape differs");
   cmd->add_option("--dtype", o->dtype, "bfloat16, float16 or float32")->capture_default_str();
-  cmd->callback([o, &exit_code] {
+  auto overwrite = std::make_shared<bool>(false);
+  cmd->add_flag("--overwrite", *overwrite, "Write into an --out folder that is not empty (its config.json, "
+                                           "model.safetensors and README.md are replaced)");
+  cmd->callback([o, overwrite, &exit_code] {
     try {
+      std::error_code ec;
+      if (!*overwrite && fs::is_directory(o->out, ec) && !fs::is_empty(o->out, ec))
+        throw gpu::error(errc::bad_input, "--out " + o->out.string() + " is not empty (a model, a checkpoint, "
+                                          "an earlier export?); choose an empty or new folder, or pass --overwrite");
+      if (fs::exists(o->out, ec) && !fs::is_directory(o->out, ec))
+        throw gpu::error(errc::bad_input, "--out " + o->out.string() + " exists and is not a folder");
       const auto r = gpu::export_drafter(*o);
       write_card(o->out, r);
       std::printf("tandem export: %s (%s%s) -> %s: %lld parameters, block size %lld, %lld layers, "
@@ -120,10 +129,10 @@ void add_export(CLI::App& app, int& exit_code) {
                   r.target_dir.c_str());
       exit_code = 0;
     } catch (const gpu::error& e) {
-      std::fprintf(stderr, "tandem export: %s\n", e.what());
+      std::fprintf(stderr, "tandem export: %s\n", unprefixed(e.what(), "tandem export: ").c_str());
       exit_code = e.code() == errc::bad_input ? 2 : 1;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tandem export: %s\n", e.what());
+      std::fprintf(stderr, "tandem export: %s\n", unprefixed(e.what(), "tandem export: ").c_str());
       exit_code = 1;
     }
   });

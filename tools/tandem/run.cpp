@@ -41,6 +41,7 @@
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
 #include "gpu/data/packing.hpp"
+#include "gpu/engine/lr_schedule.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/runtime.hpp"
 #include "gpu/transport/link.hpp"
@@ -66,6 +67,7 @@ struct run_options {
   std::vector<std::string> overrides;
   std::vector<std::string> faults;
   bool force = false;
+  bool overwrite = false;    ///< a fresh start may remove an earlier run in the folder
   std::string listen, name;  ///< --listen, --name: cluster.listen, cluster.name
 };
 
@@ -180,6 +182,87 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
 
 /// The restore points in shared memory of `plan`, if their folder can be
 /// made: else the tier is turned off with a warning.
+/// A fresh start (no --resume) into a folder that holds an earlier run (a
+/// checkpoint, or a metrics.jsonl with lines): refused, since its steps would
+/// mix with this run's and a later --resume would continue the older one;
+/// with --overwrite that run's files go first (the prepared data stays).
+/// Returns the exit status (0: go on).
+int check_fresh_start(const run_config& cfg, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto ckpts = gpu::list_checkpoints(cfg.checkpoint_dir());
+  const auto metrics = cfg.metrics_file();
+  const bool has_metrics = !metrics.empty() && fs::is_regular_file(metrics, ec) && fs::file_size(metrics, ec) > 0;
+  if (ckpts.empty() && !has_metrics)
+    return 0;
+  const std::string what = ckpts.empty() ? "its " + metrics.filename().string()
+                                         : std::to_string(ckpts.size()) + " checkpoint(s), the newest "
+                                             + ckpts.front().filename().string();
+  if (!overwrite) {
+    std::fprintf(stderr,
+                 "tandem run: %s already holds a run (%s); pass --resume to continue it, --overwrite to start "
+                 "again from step 0 (removes its checkpoints, metrics and event files; prepared data stays), or "
+                 "set run.output_dir to another folder\n",
+                 cfg.run.output_dir.c_str(), what.c_str());
+    return 2;
+  }
+  for (const auto& c : ckpts)
+    fs::remove_all(c, ec);
+  for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec)) {
+    const auto name = e.path().filename().string();
+    if (name == "latest" || name.rfind("step-", 0) == 0)  // .tmp, .old, .corrupt leftovers too
+      fs::remove_all(e.path(), ec);
+  }
+  if (!metrics.empty())
+    fs::remove(metrics, ec);
+  if (!cfg.tensorboard_dir().empty())
+    fs::remove_all(cfg.tensorboard_dir(), ec);
+  for (const char* f : {"eval-prompts.jsonl", "cluster.json"})
+    fs::remove(cfg.run.output_dir / f, ec);
+  std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", cfg.run.output_dir.c_str(),
+               what.c_str());
+  return 0;
+}
+
+/// A resume against the data and schedule the checkpoint recorded (its
+/// "data" entry; checkpoints written before it was recorded pass): other
+/// data (another content_hash) is refused, since the ledger's sample ids
+/// would name other samples, unless --force; a schedule of another length
+/// (data.epochs or the packing changed) is said, with the learning rate's
+/// jump at the resumed step.  Returns the exit status (0: go on).
+int check_resumed_data(const nlohmann::json& extra, const data_facts& facts, const run_config& cfg,
+                       const std::filesystem::path& ckpt, bool force) {
+  if (!extra.contains("data") || !extra["data"].is_object())
+    return 0;
+  const auto& d = extra["data"];
+  const auto was = d.value("content_hash", std::string());
+  if (!was.empty() && !facts.content_hash.empty() && was != facts.content_hash) {
+    std::fprintf(stderr,
+                 "tandem run --resume: %s%s was trained on another data set (content_hash %.12s...) than "
+                 "data.path %s holds now (%.12s...): its ledger's sample ids would name other samples, so the "
+                 "exactly-once accounting would mean nothing%s\n",
+                 force ? "warning (--force): " : "", ckpt.c_str(), was.c_str(), cfg.data.path.c_str(),
+                 facts.content_hash.c_str(),
+                 force ? "; resuming anyway" : ". Point data.path at the data it was trained on, or pass --force");
+    if (!force)
+      return 2;
+  }
+  const auto steps = d.value("schedule_steps", int64_t{0});
+  if (steps > 0 && facts.steps > 0 && steps != facts.steps) {
+    const auto step = extra.value("step", int64_t{0});
+    auto lr_at = [&](int64_t total) {  // the optimizer's own formula, at the next step
+      return gpu::scheduled_lr(cfg.train.lr, cfg.train.warmup_ratio, total, step + 1);
+    };
+    std::fprintf(stderr,
+                 "tandem run --resume: warning: the learning-rate schedule now spans %lld steps, %lld when %s "
+                 "was written (data.epochs or the data changed): from step %lld the rate follows the new "
+                 "schedule (about %.3g where the old one had %.3g)\n",
+                 static_cast<long long>(facts.steps), static_cast<long long>(steps), ckpt.c_str(),
+                 static_cast<long long>(step + 1), lr_at(facts.steps), lr_at(steps));
+  }
+  return 0;
+}
+
 void prepare_host_tier(launch_plan& plan, bool fresh_start) {
   if (plan.coordinator.host_every <= 0)
     return;
@@ -400,15 +483,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
   for (const auto& n : member_names)
     assumed.push_back({n, 1 << 20});
   const auto placement = resolve_placement(cfg, devices.nodes.front().gpus, assumed);
-  std::filesystem::create_directories(cfg.run.output_dir);
-  {
-    std::ofstream f(cfg.run.output_dir / "config.toml");
-    f << to_toml(cfg);
-  }
   std::fprintf(stderr, "tandem run: %s (run '%s')\n%s", ro.config.c_str(), cfg.run.name.c_str(),
                placement.describe().c_str());
 
   check_paths(cfg, cfg.data.sources.empty());
+  if (!ro.resume && !wc.resume_if_any)
+    if (int rc = check_fresh_start(cfg, ro.overwrite); rc != 0)
+      return rc;
   if (const auto args = prepare_arguments(cfg); !args.empty()) {
     std::fprintf(stderr, "tandem run: preparing data.sources into %s\n", cfg.data.path.c_str());
     int rc = run_prepare(args);
@@ -422,6 +503,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   // The schedule's length: the packer's own batch count over every epoch
   // (gpu/data/packer.hpp count_steps), not a fill factor.
   data_facts facts{ds.num_samples(), ds.num_tokens()};
+  facts.content_hash = ds.manifest().content_hash;
   {
     gpu::data::packer_options po;
     po.rows = cfg.data.rows;
@@ -439,6 +521,12 @@ int run_training(const run_options& ro, const worker_context& wc) {
                    ? "packed from the sample lengths"
                    : ("the first " + std::to_string(counted.epochs_counted) + " packed, the rest scaled").c_str(),
                  took);
+  }
+  for (const auto& f : cfg.faults) {
+    const auto last = cfg.train.max_steps > 0 ? std::min(cfg.train.max_steps, facts.steps) : facts.steps;
+    if (f.role == "drafter" && last > 0 && f.at_step > last)
+      std::fprintf(stderr, "tandem run: warning: --fault %s will not fire: the run ends at step %lld\n",
+                   f.to_string().c_str(), static_cast<long long>(last));
   }
   std::optional<resume_point> resume;
   std::optional<resumed_event> resumed;  // the "resumed" event
@@ -466,6 +554,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
     if (!found.dir.empty()) {
       auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
       resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump(), {}};
+      if (int rc = check_resumed_data(extra, facts, cfg, found.dir, ro.force); rc != 0)
+        return rc;
       if (extra.contains("lr_scale"))  // set through the control endpoint (absent: never set)
         for (const auto& change : extra["lr_scale"])
           resume->lr_scale.emplace_back(change.at(0).get<int64_t>(), change.at(1).get<double>());
@@ -487,6 +577,13 @@ int run_training(const run_options& ro, const worker_context& wc) {
     } else {
       std::fprintf(stderr, "tandem run: nothing to resume from yet: starting from step 0\n");
     }
+  }
+  // Written once the run is known to start (a config that fails its checks
+  // leaves the folder's record of the last run that did).
+  std::filesystem::create_directories(cfg.run.output_dir);
+  {
+    std::ofstream f(cfg.run.output_dir / "config.toml");
+    f << to_toml(cfg);
   }
   if (!ro.resume && !wc.resume_if_any) {
     // A fresh start: a schedule kept by an earlier run in this folder is not
@@ -668,11 +765,14 @@ int run_training(const run_options& ro, const worker_context& wc) {
                         static_cast<long long>(s.eval_step));
           tau = buf;
         }
-        std::fprintf(stderr,
-                     "tandem run: %s after %lld steps (%lld epochs complete); loss %.4f -> %.4f%s; "
-                     "checkpoint %s\n",
+        char loss[96];
+        if (s.first_loss == 0 && s.last_loss == 0)  // only steps that scored tokens set them
+          std::snprintf(loss, sizeof loss, "no loss (no step of this process scored a token)");
+        else
+          std::snprintf(loss, sizeof loss, "loss %.4f -> %.4f", s.first_loss, s.last_loss);
+        std::fprintf(stderr, "tandem run: %s after %lld steps (%lld epochs complete); %s%s; checkpoint %s\n",
                      s.stop_reason.c_str(), static_cast<long long>(s.steps),
-                     static_cast<long long>(s.epochs_completed), s.first_loss, s.last_loss, tau.c_str(),
+                     static_cast<long long>(s.epochs_completed), loss, tau.c_str(),
                      s.checkpoint.empty() ? "(none)" : s.checkpoint.c_str());
       },
       [&](const caf::error& err) {
@@ -845,6 +945,10 @@ void add_run(CLI::App& app, int& exit_code) {
                 "Continue from the newest complete checkpoint of this run, or from its newest restore point in "
                 "shared memory (checkpoint.host_dir) when that is newer (each one is verified; a corrupt one is "
                 "moved aside as <name>.corrupt and the previous one is used, with a warning)");
+  cmd->add_flag("--overwrite", opts->overwrite,
+                "Start from step 0 in a run folder that holds an earlier run (without it, that is refused: "
+                "--resume continues it); removes its checkpoints, metrics.jsonl and event files first, keeps "
+                "prepared data");
   cmd->add_flag("--force", opts->force,
                 "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints; with --resume, "
                 "also when the newest checkpoint is on a cluster member's disk this machine cannot read");
@@ -855,9 +959,10 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--name", opts->name, "This leader's node name (cluster.name, default \"leader\")");
   cmd->add_option("--fault", opts->faults,
                   "Inject a fault: drafter=N,kind=K,at_step=S (repeatable; once per run, however many worker "
-                  "processes it takes).  K: throw, nan, hang, slow_snapshot, throw_in_snapshot, cuda_error (a "
-                  "non-sticky CUDA error), cuda_sticky (an illegal address: the worker process restarts), "
-                  "abort (the worker process aborts)");
+                  "processes it takes; steps count from 1).  K: throw, nan, hang, slow_snapshot, throw_in_snapshot, "
+                  "cuda_error (a non-sticky CUDA error), cuda_sticky (an illegal address: the worker process "
+                  "restarts), abort (the worker process aborts).  Or target=N / prefetch=N with kind throw or "
+                  "abort, at_step its at_step-th batch");
   cmd->callback([opts, &exit_code] {
     if (!opts->listen.empty())
       opts->overrides.push_back("cluster.listen=" + opts->listen);

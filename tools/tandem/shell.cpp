@@ -424,25 +424,22 @@ int refreshed(bool once, const std::function<int(bool tty)>& frame) {
   return rc;
 }
 
-/// `top`: the tree and the last reports, refreshed every second until `q`.
-int top(const endpoint& ep, bool once) {
+/// `top`: the tree and the last reports, refreshed every second until `q`
+/// (`as_json`: one JSON object a refresh, the same figures).
+int top(const endpoint& ep, bool once, bool as_json) {
   return refreshed(once, [&](bool tty) {
     auto tree = call(ep, http::verb::get, "/v1/tree");
     auto status = call(ep, http::verb::get, "/v1/status");
     auto steps = call(ep, http::verb::get, "/v1/steps?n=200");
     if (!tree.error.empty() || !status.error.empty()) {
-      std::printf("%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
+      std::fprintf(as_json ? stderr : stdout, "%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
       return 1;
     }
-    std::string out = tty ? "\x1b[H\x1b[2J" : "";
     const auto& c = status.body["coordinator"];
-    out += "tandem top - " + status.body.value("run", "") + "  step " + num(c, "step") + "  epoch " + num(c, "epoch")
-           + (c.value("paused", false) ? "  PAUSED" : "") + (c.value("stopping", false) ? "  stopping" : "")
-           + "   (q leaves)\n\n";
-    out += pad("ACTOR", 16) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
-           + pad("SIM-TAU", 9) + pad("WAIT%", 7) + pad("STEP-MS", 9) + "GPU-GiB\n";
+    json view{{"run", status.body.value("run", "")}, {"step", c.value("step", json())}, {"epoch", c.value("epoch", json())},
+              {"paused", c.value("paused", false)}, {"stopping", c.value("stopping", false)}, {"actors", json::array()}};
     for (const auto& a : tree.body["actors"]) {
-      std::string rate = "-", loss = "-", acc = "-", tau = "-", wait = "-", ms = "-";
+      json row{{"name", a.value("name", "")}, {"device", a.value("device", "")}, {"state", a.value("state", "")}};
       if (a["role"] == "drafter") {
         // From this drafter's reports among the last 200.
         double busy = 0, idle = 0, n = 0;
@@ -455,21 +452,42 @@ int top(const endpoint& ep, bool once) {
             last = r;
           }
         if (n > 0) {
-          rate = fixed(1000.0 * n / std::max(1e-9, busy + idle), 2);
-          loss = num(last, "loss", 4);
-          acc = num(last, "accuracy", 3);
-          tau = num(last, "sim_accept", 2);
-          wait = fixed(100.0 * idle / std::max(1e-9, busy + idle), 1);
-          ms = fixed(busy / n, 1);
+          row["steps_per_s"] = 1000.0 * n / std::max(1e-9, busy + idle);
+          for (const char* f : {"loss", "accuracy", "sim_accept"})
+            row[f] = last.value(f, json());
+          row["wait_pct"] = 100.0 * idle / std::max(1e-9, busy + idle);
+          row["step_ms"] = busy / n;
         }
       }
       // The device's allocator (shared by the actors on it): allocated / reserved.
-      std::string mem = "-";
       for (const auto& d : tree.body.value("devices", json::array()))
-        if (d.value("device", "") == a.value("device", ""))
-          mem = gib(d, "allocated_bytes") + "/" + gib(d, "reserved_bytes");
-      out += pad(a.value("name", ""), 16) + pad(a.value("device", ""), 8) + pad(a.value("state", ""), 13)
-             + pad(rate, 9) + pad(loss, 9) + pad(acc, 7) + pad(tau, 9) + pad(wait, 7) + pad(ms, 9) + mem + "\n";
+        if (d.value("device", "") == a.value("device", "")) {
+          row["allocated_bytes"] = d.value("allocated_bytes", json());
+          row["reserved_bytes"] = d.value("reserved_bytes", json());
+          row["mem"] = gib(d, "allocated_bytes") + "/" + gib(d, "reserved_bytes");
+        }
+      view["actors"].push_back(row);
+    }
+    if (as_json) {
+      for (auto& row : view["actors"])
+        row.erase("mem");
+      std::printf("%s\n", view.dump().c_str());
+      return 0;
+    }
+    std::string out = tty ? "\x1b[H\x1b[2J" : "";
+    out += "tandem top - " + view.value("run", "") + "  step " + num(c, "step") + "  epoch " + num(c, "epoch")
+           + (view["paused"].get<bool>() ? "  PAUSED" : "") + (view["stopping"].get<bool>() ? "  stopping" : "")
+           + "   (q leaves)\n\n";
+    out += pad("ACTOR", 16) + pad("DEVICE", 8) + pad("STATE", 13) + pad("STEPS/S", 9) + pad("LOSS", 9) + pad("ACC", 7)
+           + pad("SIM-TAU", 9) + pad("WAIT%", 7) + pad("STEP-MS", 9) + "GPU-GiB\n";
+    for (const auto& row : view["actors"]) {
+      auto cell = [&](const char* f, int digits) {
+        return row.contains(f) && row[f].is_number() ? fixed(row[f].get<double>(), digits) : std::string("-");
+      };
+      out += pad(row.value("name", ""), 16) + pad(row.value("device", ""), 8) + pad(row.value("state", ""), 13)
+             + pad(cell("steps_per_s", 2), 9) + pad(cell("loss", 4), 9) + pad(cell("accuracy", 3), 7)
+             + pad(cell("sim_accept", 2), 9) + pad(cell("wait_pct", 1), 7) + pad(cell("step_ms", 1), 9)
+             + row.value("mem", "-") + "\n";
     }
     std::fputs(out.c_str(), stdout);
     return 0;
@@ -477,8 +495,9 @@ int top(const endpoint& ep, bool once) {
 }
 
 /// `watch METRIC`: a sparkline of one step field over the last 60 reports
-/// (per drafter), refreshed every second until `q`.
-int watch(const endpoint& ep, const std::string& field, bool once) {
+/// (per drafter), refreshed every second until `q` (`as_json`: one JSON
+/// object a refresh, {"field", "drafters": {"N": [[step, value], ...]}}).
+int watch(const endpoint& ep, const std::string& field, bool once, bool as_json) {
   static const std::vector<std::string> fields{"loss",       "accuracy", "sim_accept", "grad_norm",
                                                "lr",         "compute_ms", "wait_ms",  "tokens"};
   if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
@@ -499,6 +518,18 @@ int watch(const endpoint& ep, const std::string& field, bool once) {
     for (const auto& r : steps.body["steps"])
       if (r.contains(field) && r[field].is_number())
         by_drafter[r.value("drafter", int64_t{0})].emplace_back(r.value("step", int64_t{0}), r[field].get<double>());
+    if (as_json) {
+      json view{{"field", field}, {"drafters", json::object()}};
+      for (auto& [d, xs] : by_drafter) {
+        if (xs.size() > 60)
+          xs.erase(xs.begin(), xs.end() - 60);
+        auto& series = view["drafters"][std::to_string(d)] = json::array();
+        for (const auto& x : xs)
+          series.push_back({x.first, std::isfinite(x.second) ? json(x.second) : json(nullptr)});
+      }
+      std::printf("%s\n", view.dump().c_str());
+      return 0;
+    }
     std::string out = tty ? "\x1b[H\x1b[2J" : "";
     out += "watch " + field + " (the last 60 step reports" + (tty ? "; q leaves)" : ")") + "\n";
     if (by_drafter.empty())
@@ -552,6 +583,12 @@ bool at_step(const std::vector<std::string>& w, size_t i, json& body) {
   return true;
 }
 
+/// The words tab completion offers: the commands first, then (after a
+/// command) the actors' roles and indices and the commands' arguments.
+const std::vector<std::string> command_words{"status", "tree",  "show",  "top",        "ledger", "steps",
+                                             "events", "config", "pause", "resume",     "checkpoint",
+                                             "stop",   "watch", "fault", "set",         "dashboard", "graphs", "help", "quit"};
+
 /// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse).
 int run_command(const endpoint& ep, const std::string& line, bool as_json, bool interactive) {
   const auto w = words(line);
@@ -570,9 +607,14 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     return 0;
   };
   if (cmd == "help" || cmd == "?") {
-    std::fputs(help_text, stdout);
+    if (as_json)
+      std::printf("%s\n", json{{"commands", command_words}, {"text", help_text}}.dump().c_str());
+    else
+      std::fputs(help_text, stdout);
     return 0;
   }
+  if (cmd == "quit" || cmd == "exit")
+    return 0;  // -c quit: nothing more to do (the interactive loop leaves before this)
   if (cmd == "status")
     return show(call(ep, http::verb::get, "/v1/status"), print_status);
   if (cmd == "tree")
@@ -631,7 +673,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     }
   }
   if (cmd == "top")
-    return top(ep, !interactive);
+    return top(ep, !interactive, as_json);
   if (cmd == "graphs") {
     // Every drafter's captured graphs and their pools, then the devices.
     auto tree = call(ep, http::verb::get, "/v1/tree");
@@ -671,7 +713,11 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     // The address to open once: the endpoint answers with a cookie and
     // drops the token from the URL.
     const auto host = ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host;
-    std::printf("%s://%s:%s/?token=%s\n", ep.tls ? "https" : "http", host.c_str(), ep.port.c_str(), ep.token.c_str());
+    const auto url = std::string(ep.tls ? "https" : "http") + "://" + host + ":" + ep.port + "/?token=" + ep.token;
+    if (as_json)
+      std::printf("%s\n", json{{"url", url}}.dump().c_str());
+    else
+      std::printf("%s\n", url.c_str());
     return 0;
   }
   if (cmd == "watch") {
@@ -679,7 +725,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       std::fprintf(stderr, "watch METRIC (e.g. watch loss)\n");
       return 2;
     }
-    return watch(ep, w[1], !interactive);
+    return watch(ep, w[1], !interactive, as_json);
   }
   if (cmd == "fault") {
     // fault drafter N KIND [at STEP]
@@ -727,11 +773,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   return 2;
 }
 
-/// The words tab completion offers: the commands first, then (after a
-/// command) the actors' roles and indices and the commands' arguments.
-const std::vector<std::string> command_words{"status", "tree",  "show",  "top",        "ledger", "steps",
-                                             "events", "config", "pause", "resume",     "checkpoint",
-                                             "stop",   "watch", "fault", "set",         "dashboard", "graphs", "help", "quit"};
+
 
 #ifdef TANDEM_HAVE_LIBEDIT
 // libedit's completion hooks are C callbacks without a user pointer: the
