@@ -570,6 +570,12 @@ double generate(const generate_options& o,
       continue;
     if (o.prompts[i].empty())
       fail("generate: prompt " + std::to_string(i) + " is empty");
+    const auto context = target.config().max_position_embeddings;
+    const auto len = static_cast<int64_t>(o.prompts[i].size());
+    if (context > 0 && (len > context || o.max_new_tokens > context - len))
+      fail("generate: prompt " + std::to_string(i) + " has " + std::to_string(len) + " tokens; with max_new_tokens "
+           + std::to_string(o.max_new_tokens) + " it would run past the target's context (max_position_embeddings = "
+           + std::to_string(context) + "): lower --max-new-tokens or leave the prompt out");
     for (auto id : o.prompts[i])
       if (id < 0 || id >= target.config().vocab_size)
         fail("generate: prompt " + std::to_string(i) + " holds token " + std::to_string(id)

@@ -630,6 +630,20 @@ class BadInput(unittest.TestCase):
                                       "--format", "tokenized", tok_path])
         self.assertEqual(rc, 0, err.getvalue())
 
+    def test_openai_content_parts(self):
+        parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is two "},
+                                                           {"type": "text", "text": "plus two?"}]},
+                              {"role": "assistant", "content": [{"type": "text", "text": LONG_A}]}]}
+        image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                              {"role": "assistant", "content": LONG_A}]}
+        rc, err, out = prepare([write_jsonl([parts, image, openai("What is two plus two?", LONG_A)])])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("messages[0].content[0] is not a text part ('image_url')", err)
+        manifest, samples = load_dataset(self, out)
+        self.assertEqual(manifest["report"]["invalid_lines"], 1)
+        self.assertEqual(len(samples), 2)
+        self.assertEqual(samples[0][0].tolist(), samples[1][0].tolist())  # parts = the plain string
+
     def test_options_that_do_not_apply(self):
         path = write_jsonl([openai("Hi", LONG_A)])
         for extra, msg in ((["--limit", "3"], "--limit applies only to --prompts-out"),

@@ -11,7 +11,7 @@ written as they fill, so memory stays at about one shard (`--shard-tokens` token
 the size of the data. Each line is one of
 
     ShareGPT   {"conversations": [{"from": "human"|"user"|"gpt"|"assistant"|"model"|"system", "value": str}]}
-    OpenAI     {"messages": [{"role": "system"|"user"|"assistant", "content": str}]}
+    OpenAI     {"messages": [{"role": "system"|"user"|"assistant", "content": str | [{"type": "text", "text": str}]}]}
     tokenized  {"input_ids": [int], "loss_mask": [0|1]}         (same length, taken as is)
 
 `--format auto` (the default) decides per line from the key present. Blank lines are
@@ -316,9 +316,19 @@ def _messages_openai(obj):
                 raise BadLine(f"messages[{j}] has no '{key}'")
         if msg["role"] not in OPENAI_ROLES:
             raise BadLine(f"messages[{j}]: unknown role {msg['role']!r}")
-        if not isinstance(msg["content"], str):
-            raise BadLine(f"messages[{j}]: 'content' is not a string")
-        messages.append({"role": msg["role"], "content": msg["content"]})
+        content = msg["content"]
+        if isinstance(content, list):  # content parts: the text ones, concatenated (OpenAI's meaning)
+            texts = []
+            for k, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise BadLine(f"messages[{j}].content[{k}] is not a text part ({kind!r}); only text "
+                                  "parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise BadLine(f"messages[{j}]: 'content' is not a string or a list of text parts")
+        messages.append({"role": msg["role"], "content": content})
     return messages
 
 
@@ -948,6 +958,11 @@ def regenerate(args):
             raise UsageError(f"input {path} does not exist or is not a file")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         raise UsageError(f"--target {args.target} has no config.json (a Hugging Face Qwen3 folder)")
+    try:
+        with open(os.path.join(args.target, "config.json")) as f:
+            context = int(json.load(f).get("max_position_embeddings") or 0)
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise UsageError(f"--target {args.target}: config.json: {e}")
     tokenizer, template = load_tokenizer(args.tokenizer, True)
     template_kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
     masker = ChatMasker(tokenizer, template_kwargs)
@@ -1040,8 +1055,14 @@ def regenerate(args):
                     r["invalid"] = f"chat template error before assistant message {t[k]}: {type(e).__name__}: {e}"
                     refuse(r["source"], r["invalid"])
                     continue
-                lines.append(json.dumps({"source": r["source"], "conversation": j,
-                                         "ids": tokenizer(text, add_special_tokens=False)["input_ids"]}))
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                if context and len(ids) + args.max_new_tokens > context:
+                    r["invalid"] = (f"assistant message {t[k]}: its prompt has {len(ids)} tokens, and with "
+                                    f"--max-new-tokens {args.max_new_tokens} the target would run past its context "
+                                    f"(max_position_embeddings = {context})")
+                    refuse(r["source"], r["invalid"])
+                    continue
+                lines.append(json.dumps({"source": r["source"], "conversation": j, "ids": ids}))
             # The conversations refused above are recorded before the round's prompts exist.
             _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
             _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])

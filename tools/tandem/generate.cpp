@@ -134,6 +134,10 @@ int run_generate(generate_args& a) {
     }
     if (!j.contains("ids") || !j["ids"].is_array())
       throw gpu::error(errc::bad_input, a.prompts + ":" + std::to_string(n) + ": no 'ids' array");
+    for (const auto& id : j["ids"])
+      if (!id.is_number_integer())
+        throw gpu::error(errc::bad_input, a.prompts + ":" + std::to_string(n) + ": 'ids' holds " + id.dump()
+                                            + ", not an integer token id");
     a.o.prompts.push_back(j["ids"].get<std::vector<int64_t>>());
   }
   a.o.device = parse_device(a.device);

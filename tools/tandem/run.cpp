@@ -939,8 +939,7 @@ void add_run(CLI::App& app, int& exit_code) {
                                          "restore point when it dies by a signal or loses its CUDA context "
                                          "(exit 75), up to supervision.worker_restarts times");
   auto opts = std::make_shared<run_options>();
-  cmd->add_option("config", opts->config, "Run configuration (config/README.md)")
-    ->required()->check(CLI::ExistingFile);
+  cmd->add_option("config", opts->config, "Run configuration (config/README.md)")->required();
   cmd->add_flag("--resume", opts->resume,
                 "Continue from the newest complete checkpoint of this run, or from its newest restore point in "
                 "shared memory (checkpoint.host_dir) when that is newer (each one is verified; a corrupt one is "
