@@ -255,7 +255,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
           s.acc_sum += r.accuracy;
           s.sim_sum += r.sim_accept;
           ++s.scored;
-        } else if (r.finite && (++s.unscored_total & (s.unscored_total - 1)) == 0) {  // 1st, 2nd, 4th, ...
+        } else if (const auto n = r.finite ? ++s.unscored_total : 0; n > 0 && (n & (n - 1)) == 0) {  // 1st, 2nd, 4th, ...
           nlohmann::json w{{"event", "warning"},
                            {"step", r.step},
                            {"drafter", r.drafter},

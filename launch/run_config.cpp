@@ -1110,8 +1110,13 @@ run_config read_config(toml::table& root, const fs::path& source,
   }
   if (c.data.anchors > c.data.seq_len - c.drafter.block_size + 1) {
     // Anchors are distinct positions a <= seq_len - block_size (dflash_objective.hpp):
-    // more slots than that are padding that costs a block each.
-    auto at = where.count("data.anchors") ? where["data.anchors"] : file;
+    // more slots than that are padding that costs a block each.  The default
+    // follows a shorter row; a value given is refused.
+    if (!where.count("data.anchors")) {
+      c.data.anchors = c.data.seq_len - c.drafter.block_size + 1;
+      return c;
+    }
+    auto at = where["data.anchors"];
     throw config_error(at + ": 'data.anchors' (" + std::to_string(c.data.anchors)
                        + ") must be at most data.seq_len - drafter.block_size + 1 = "
                        + std::to_string(c.data.seq_len - c.drafter.block_size + 1)

@@ -280,7 +280,9 @@ drafter_location locate_drafter(const fs::path& path) {
     for (const auto& dir : list_checkpoints(root)) {
       try {
         verify_checkpoint(dir);
-        return checkpoint_location(dir);
+        auto loc = checkpoint_location(dir);
+        loc.skipped = skipped.empty() ? skipped : skipped.substr(2);  // without the leading "; "
+        return loc;
       } catch (const error& e) {
         skipped += std::string("; skipped ") + e.what();
       }

@@ -25,6 +25,9 @@ struct drafter_location {
   std::filesystem::path dir;         ///< the export or checkpoint folder
   std::filesystem::path target_dir;  ///< recorded at training; empty for an export
   int64_t step = -1;                 ///< the checkpoint's step (−1 for an export)
+  /// A run folder's newer checkpoints that did not verify (why), skipped
+  /// for this one: the commands warn about them.
+  std::string skipped;
 };
 
 /// Resolves `path` (export, checkpoint or run folder).  Throws

@@ -559,7 +559,6 @@ class BadInput(unittest.TestCase):
         self.assertIn("no sample survived", proc.stderr)
         self.assertIn(f"{path}:1: invalid JSON", proc.stderr)
         self.assertFalse(os.path.exists(out))  # nothing made: not even an empty folder
-        self.assertFalse(os.path.exists(out + ".partial"))
 
     def test_failed_overwrite_keeps_the_old_data_set(self):
         good = write_jsonl([openai("What is two plus two?", LONG_A)])
@@ -578,7 +577,7 @@ class BadInput(unittest.TestCase):
         self.assertEqual(rc, 1, err)
         self.assertIn(f"{torn}: cannot read past line", err)
         self.assertEqual(load_dataset(self, out)[0]["content_hash"], before)
-        self.assertFalse(os.path.exists(out + ".partial"))
+        self.assertFalse(os.path.exists(os.path.join(out, ".partial")))
 
     def test_interrupted_prepare_leaves_no_half_data_set(self):
         # Shards left without a manifest (a prepare killed before the staging folder
@@ -590,6 +589,24 @@ class BadInput(unittest.TestCase):
         rc, err, _ = prepare([path], output=out)
         self.assertEqual(rc, 0, err)
         load_dataset(self, out)
+
+    def test_output_through_a_symlink(self):
+        # The staging folder is inside OUTPUT, so a link to another folder (another
+        # filesystem, in the field) is replaced in place, the old set kept on failure.
+        real = fresh("real")
+        os.makedirs(real)
+        link = fresh("link")
+        os.symlink(real, link)
+        rc, err, _ = prepare([write_jsonl([openai("What is two plus two?", LONG_A)])], output=link)
+        self.assertEqual(rc, 0, err)
+        before = load_dataset(self, real)[0]["content_hash"]
+        rc, err, _ = prepare([write_jsonl(["nope"])], "--overwrite", output=link)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(load_dataset(self, real)[0]["content_hash"], before)
+        rc, err, _ = prepare([write_jsonl([openai("Hi", LONG_A)] * 3)], "--overwrite", output=link)
+        self.assertEqual(rc, 0, err)
+        self.assertNotEqual(load_dataset(self, real)[0]["content_hash"], before)
+        self.assertTrue(os.path.islink(link))
 
     def test_reuse_prepares_a_truncated_shard_again(self):
         path = write_jsonl([openai("What is two plus two?", LONG_A)])

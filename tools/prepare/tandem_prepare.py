@@ -56,9 +56,9 @@ target is served); the manifest records it under options.chat_template_kwargs.
 
 Shards `shard-NNNNN.safetensors` hold at most `--shard-tokens` tokens (whole samples only;
 `--max-length` must not exceed it); each is written to `*.tmp`, fsynced, and renamed, in a
-staging folder beside the output (`OUTPUT.partial/`). Only when every line is done are they
-moved into OUTPUT (an older data set's files removed first, `--overwrite`) and
-`manifest.json` written last, the same way; a folder without it is not a data set. So a
+staging folder inside the output (`OUTPUT/.partial/`). Only when every line is done are they
+moved into OUTPUT (an older data set's manifest removed first, its shards replaced,
+`--overwrite`) and `manifest.json` written last, the same way; a folder without it is not a data set. So a
 failed or interrupted prepare leaves an older data set in OUTPUT as it was. `--reuse`
 checks that each shard of the data set it keeps is whole (its size against its header).
 `content_hash` = sha256 of the concatenated lowercase hex sha256 strings of the shards,
@@ -602,8 +602,7 @@ def _differs_from_existing(out_dir, identity, reporter):
     return None
 
 
-def _staging(out_dir):
-    return out_dir.rstrip("/") + ".partial"
+STAGING = ".partial"  # inside the output folder: same filesystem, whatever OUTPUT is (a link, a mount)
 
 
 def check_output(out_dir, overwrite):
@@ -616,28 +615,31 @@ def check_output(out_dir, overwrite):
 
 
 def prepare_output(out_dir, overwrite):
-    """Checks out_dir and returns an empty staging folder beside it for the new shards."""
+    """Checks out_dir; returns (an empty staging folder inside it for the new shards, whether
+    out_dir was made here)."""
     check_output(out_dir, overwrite)
-    staging = _staging(out_dir)
+    made = not os.path.exists(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    staging = os.path.join(out_dir, STAGING)
     import shutil
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
-    return staging
+    return staging, made
 
 
 def publish(staging, out_dir, manifest_text):
-    """Moves the shards from staging into out_dir, an older data set's files removed first
-    (its manifest before anything else, so a half-replaced folder is never a data set), then
-    writes the manifest."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Moves the new shards from staging into out_dir and writes the manifest: an older data
+    set's manifest goes first (a half-replaced folder is never a data set), its shards are
+    replaced by name, and the ones the new set does not have are removed."""
     existing = _dataset_files(out_dir)
     if "manifest.json" in existing:
         os.unlink(os.path.join(out_dir, "manifest.json"))
-    for f in existing:
-        if f != "manifest.json":
-            os.unlink(os.path.join(out_dir, f))
-    for f in sorted(os.listdir(staging)):
+    new = sorted(os.listdir(staging))
+    for f in new:
         os.replace(os.path.join(staging, f), os.path.join(out_dir, f))
+    for f in existing:
+        if f != "manifest.json" and f not in new:
+            os.unlink(os.path.join(out_dir, f))
     _fsync_dir(out_dir)
     _write_atomic(os.path.join(out_dir, "manifest.json"), [manifest_text.encode("utf-8")])
     os.rmdir(staging)
@@ -896,17 +898,6 @@ def _stop_ids(tokenizer, masker):
     return stop
 
 
-def _die_with_parent():
-    """preexec_fn of `tandem generate`: SIGTERM when this process dies (even by SIGKILL), so
-    a killed prepare never leaves a decoder running on its work folder."""
-    import ctypes
-    import signal
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _lock_work(work):
     """Creates and locks the regeneration folder (flock on the folder itself; released when
     this process ends, however it ends)."""
@@ -976,7 +967,6 @@ def regenerate(args):
                 "chat_template_kwargs": template_kwargs, **options}
     progress_file = os.path.join(work, "progress.json")
     state_file = os.path.join(work, "conversations.jsonl")
-    _lock_work(work)  # held until the process ends
     progress = None
     if os.path.isfile(progress_file):
         with open(progress_file) as f:
@@ -987,10 +977,13 @@ def regenerate(args):
                                  "pass --overwrite to start it again")
             progress = None
     check_output(args.output, args.overwrite or args.reuse)  # before any decoding
+    _lock_work(work)  # held until the process ends
+
+    reported = [0]
 
     def refuse(where, reason):
-        progress["invalid"] += 1
-        if progress["invalid"] <= MAX_REPORTED_LINES:
+        reported[0] += 1
+        if reported[0] <= MAX_REPORTED_LINES:
             sys.stderr.write(f"{where}: {reason}\n")
 
     if progress is None:
@@ -1027,6 +1020,7 @@ def regenerate(args):
                                           f"{type(e).__name__}: {e}")
                     rows.append({"source": where, "messages": messages})
                 except BadLine as e:
+                    progress["invalid"] += 1  # lines that never became a row
                     refuse(where, e)
         _write_atomic(state_file, [("".join(json.dumps(r) + "\n" for r in rows)).encode("utf-8")])
         _write_atomic(progress_file, [json.dumps(progress).encode("utf-8")])
@@ -1079,7 +1073,9 @@ def regenerate(args):
                    "--seed", str(args.seed + k)]
             if args.quiet:
                 cmd.append("--quiet")
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+            # TANDEM_DIE_WITH_PARENT: the decoder ends when this process does (even by SIGKILL).
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, TANDEM_DIE_WITH_PARENT="1"))
             if done.returncode != 0:
                 raise RuntimeError(f"tandem generate failed (exit {done.returncode}) in round {k + 1} (its "
                                    f"error is above); the rounds finished so far are kept in {work}: run "
@@ -1140,13 +1136,16 @@ def regenerate(args):
         lines.append({"input_ids": prompt_ids + generated, "loss_mask": mask + [1] * len(generated)})
     _write_atomic(out, [("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)).encode("utf-8")])
     rep = progress["report"]
+    # Refused: the lines that never became a row, and the rows marked during the rounds (the
+    # marks live in the rows, so a crash between two writes cannot lose a count).
+    invalid = progress["invalid"] + sum(1 for r in rows if r.get("invalid"))
     sys.stderr.write(
         f"prepare: regenerated {rep['turns']:,} assistant turns of {len(lines):,} conversations "
-        f"({progress['invalid']:,} invalid lines skipped): {rep['tokens']:,} tokens in "
+        f"({invalid:,} invalid lines skipped): {rep['tokens']:,} tokens in "
         f"{rep['seconds']:.1f} s of decoding ({rep['tokens'] / max(rep['seconds'], 1e-9):,.0f} tokens/s), "
         f"{rep['hit_limit']:,} hit --max-new-tokens {args.max_new_tokens}; "
         f"{time.monotonic() - start:.1f} s this run; conversations in {out}\n")
-    record = {"options": options, "lines": progress["lines"], "invalid_lines": progress["invalid"],
+    record = {"options": options, "lines": progress["lines"], "invalid_lines": invalid,
               "turns": rep["turns"], "tokens": rep["tokens"], "hit_limit": rep["hit_limit"],
               "decode_seconds": round(rep["seconds"], 3), "work": work}
     return out, record
@@ -1201,7 +1200,7 @@ def run(args):
         if differs and not args.overwrite:
             raise UsageError(f"output folder {args.output} holds a data set prepared from other "
                              f"{differs}; delete it, or prepare into another folder")
-    staging = prepare_output(args.output, args.overwrite or (args.reuse and differs == ""))
+    staging, made = prepare_output(args.output, args.overwrite or (args.reuse and differs == ""))
     try:
         return _write_dataset(args, sources, staging, reporter, tokenizer, template, processor,
                               identity, regeneration)
@@ -1209,6 +1208,8 @@ def run(args):
         if os.path.isdir(staging):  # failed or interrupted: an older data set stays as it was
             import shutil
             shutil.rmtree(staging, ignore_errors=True)
+            if made and not os.listdir(args.output):
+                os.rmdir(args.output)
 
 
 def _write_dataset(args, sources, staging, reporter, tokenizer, template, processor, identity,

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,11 @@ int run_doctor(const doctor_options& opts) {
       devices.push_back(d.index);
   if (opts.cpu || devices.empty())
     devices.push_back(cpu_device);
+  std::vector<int32_t> once;  // --device 0 --device 0 probes device 0 once
+  for (auto d : devices)
+    if (std::find(once.begin(), once.end(), d) == once.end())
+      once.push_back(d);
+  devices = std::move(once);
 
   caf::actor_system_config cfg;
   register_messages(cfg);

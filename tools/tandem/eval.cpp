@@ -143,6 +143,9 @@ int run_eval_command(const eval_args& a) {
   gpu::eval_options o;
   o.drafter = a.drafter;
   const auto loc = gpu::locate_drafter(a.drafter);
+  if (!loc.skipped.empty())
+    std::fprintf(stderr, "tandem eval: warning: using %s; newer checkpoints did not verify: %s\n", loc.dir.c_str(),
+                 loc.skipped.c_str());
   o.target_dir = !a.target.empty() ? fs::path(a.target) : loc.target_dir;
   if (o.target_dir.empty())
     throw gpu::error(errc::bad_input, a.drafter + " is an export, which does not record its target: pass --target DIR");

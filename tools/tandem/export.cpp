@@ -119,6 +119,9 @@ void add_export(CLI::App& app, int& exit_code) {
       if (fs::exists(o->out, ec) && !fs::is_directory(o->out, ec))
         throw gpu::error(errc::bad_input, "--out " + o->out.string() + " exists and is not a folder");
       const auto r = gpu::export_drafter(*o);
+      if (!r.from.skipped.empty())
+        std::fprintf(stderr, "tandem export: warning: exported %s; newer checkpoints did not verify: %s\n",
+                     r.from.dir.c_str(), r.from.skipped.c_str());
       write_card(o->out, r);
       std::printf("tandem export: %s (%s%s) -> %s: %lld parameters, block size %lld, %lld layers, "
                   "target %s\n",

@@ -3,7 +3,12 @@
 // target alone, in batches, and appends one JSON line per prompt to --out as
 // its batch ends, so an interrupted run resumes where it stopped.  The first
 // line identifies the prompts and options; a run with others refuses the file.
+#include <sys/prctl.h>
 #include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -83,14 +88,20 @@ std::set<size_t> finished(const fs::path& out, const json& id) {
       throw gpu::error(errc::bad_input, out.string() + " exists and was not written by tandem "
                                         "generate (no tandem.generated.v1 first line); delete it "
                                         "or choose another --out");
+    // A header and no generation yet (a run that failed before its first batch):
+    // nothing to resume, so the new options simply replace it.
+    std::string next;
+    const bool empty = !std::getline(f, next);
     for (const auto& [key, value] : id.items())
-      if (!h.contains(key) || h[key] != value)
+      if (!empty && (!h.contains(key) || h[key] != value))
         throw gpu::error(errc::bad_input,
                          out.string() + " holds generations of other prompts or options ('" + key
                            + "' is " + (h.contains(key) ? h[key].dump() : "missing") + " there, "
                            + value.dump() + " now); delete it or choose another --out");
-    header = true;
-    while (std::getline(f, line)) {
+    header = !empty && h == id;
+    for (bool first = true; !empty && (first || std::getline(f, line)); first = false) {
+      if (first)
+        line = next;
       auto j = json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("index") || !j["index"].is_number_unsigned()
           || j["index"].get<size_t>() >= prompts) {
@@ -114,6 +125,15 @@ std::set<size_t> finished(const fs::path& out, const json& id) {
 }
 
 int run_generate(generate_args& a) {
+  // Started by tandem prepare --regenerate: end with it, even when it is killed.
+  if (const char* env = std::getenv("TANDEM_DIE_WITH_PARENT"); env && std::string(env) == "1") {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() == 1)  // the parent died before the line above
+      return 1;
+  }
+  // The options first: a typo must not stamp --out with them.
+  if (!std::isfinite(a.o.temperature) || a.o.temperature < 0 || !(a.o.top_p > 0 && a.o.top_p <= 1) || a.o.top_k < 0)
+    throw gpu::error(errc::bad_input, "temperature must be a finite number >= 0, top_p in (0, 1], top_k >= 0");
   std::ifstream f(a.prompts);
   if (!f)
     throw gpu::error(errc::bad_input, "cannot read " + a.prompts);
@@ -213,7 +233,7 @@ void add_generate(CLI::App& app, int& exit_code) {
     try {
       exit_code = run_generate(*a);
     } catch (const gpu::error& e) {
-      std::fprintf(stderr, "tandem generate: %s\n", e.what());
+      std::fprintf(stderr, "tandem generate: %s\n", unprefixed(e.what(), "generate: ").c_str());
       exit_code = e.code() == errc::bad_input ? 2 : 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem generate: %s\n", e.what());

@@ -185,43 +185,51 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
 /// A fresh start (no --resume) into a folder that holds an earlier run (a
 /// checkpoint, or a metrics.jsonl with lines): refused, since its steps would
 /// mix with this run's and a later --resume would continue the older one;
-/// with --overwrite that run's files go first (the prepared data stays).
-/// Returns the exit status (0: go on).
-int check_fresh_start(const run_config& cfg, bool overwrite) {
+/// with --overwrite that run is removed later (remove_earlier_run), once the
+/// new one has passed its checks.  Returns the exit status (0: go on) and,
+/// in `what`, the earlier run ("" = none).
+int check_fresh_start(const run_config& cfg, bool overwrite, std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto ckpts = gpu::list_checkpoints(cfg.checkpoint_dir());
   const auto metrics = cfg.metrics_file();
   const bool has_metrics = !metrics.empty() && fs::is_regular_file(metrics, ec) && fs::file_size(metrics, ec) > 0;
+  what.clear();
   if (ckpts.empty() && !has_metrics)
     return 0;
-  const std::string what = ckpts.empty() ? "its " + metrics.filename().string()
-                                         : std::to_string(ckpts.size()) + " checkpoint(s), the newest "
-                                             + ckpts.front().filename().string();
-  if (!overwrite) {
-    std::fprintf(stderr,
-                 "tandem run: %s already holds a run (%s); pass --resume to continue it, --overwrite to start "
-                 "again from step 0 (removes its checkpoints, metrics and event files; prepared data stays), or "
-                 "set run.output_dir to another folder\n",
-                 cfg.run.output_dir.c_str(), what.c_str());
-    return 2;
-  }
-  for (const auto& c : ckpts)
-    fs::remove_all(c, ec);
+  what = ckpts.empty() ? "its " + metrics.filename().string()
+                       : std::to_string(ckpts.size()) + " checkpoint(s), the newest " + ckpts.front().filename().string();
+  if (overwrite)
+    return 0;
+  std::fprintf(stderr,
+               "tandem run: %s already holds a run (%s); pass --resume to continue it, --overwrite to start "
+               "again from step 0 (removes its checkpoints, metrics and event files; prepared data stays), or "
+               "set run.output_dir to another folder\n",
+               cfg.run.output_dir.c_str(), what.c_str());
+  return 2;
+}
+
+/// --overwrite: the earlier run's files go — its checkpoints (step-* and
+/// latest in checkpoint.dir), metrics.jsonl and TensorBoard event files
+/// (those files only: metrics.tensorboard may be the run folder itself).
+void remove_earlier_run(const run_config& cfg, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
   for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec)) {
     const auto name = e.path().filename().string();
     if (name == "latest" || name.rfind("step-", 0) == 0)  // .tmp, .old, .corrupt leftovers too
       fs::remove_all(e.path(), ec);
   }
-  if (!metrics.empty())
-    fs::remove(metrics, ec);
+  if (!cfg.metrics_file().empty())
+    fs::remove(cfg.metrics_file(), ec);
   if (!cfg.tensorboard_dir().empty())
-    fs::remove_all(cfg.tensorboard_dir(), ec);
+    for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
+      if (e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+        fs::remove(e.path(), ec);
   for (const char* f : {"eval-prompts.jsonl", "cluster.json"})
     fs::remove(cfg.run.output_dir / f, ec);
   std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", cfg.run.output_dir.c_str(),
                what.c_str());
-  return 0;
 }
 
 /// A resume against the data and schedule the checkpoint recorded (its
@@ -487,8 +495,9 @@ int run_training(const run_options& ro, const worker_context& wc) {
                placement.describe().c_str());
 
   check_paths(cfg, cfg.data.sources.empty());
+  std::string earlier_run;  // what --overwrite removes once the checks have passed
   if (!ro.resume && !wc.resume_if_any)
-    if (int rc = check_fresh_start(cfg, ro.overwrite); rc != 0)
+    if (int rc = check_fresh_start(cfg, ro.overwrite, earlier_run); rc != 0)
       return rc;
   if (const auto args = prepare_arguments(cfg); !args.empty()) {
     std::fprintf(stderr, "tandem run: preparing data.sources into %s\n", cfg.data.path.c_str());
@@ -581,6 +590,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
   // Written once the run is known to start (a config that fails its checks
   // leaves the folder's record of the last run that did).
   std::filesystem::create_directories(cfg.run.output_dir);
+  if (!earlier_run.empty())
+    remove_earlier_run(cfg, earlier_run);
   {
     std::ofstream f(cfg.run.output_dir / "config.toml");
     f << to_toml(cfg);
@@ -656,6 +667,26 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
     read_prompt_file(rendered.string(), plan.eval->prompts, plan.eval->stop_ids);
     add_generation_eos(cfg.model.target.string(), plan.eval->stop_ids);
+    {
+      // A prompt that with eval.max_new_tokens would pass the target's context is
+      // left out (said once), not an error in every evaluation.
+      std::ifstream f(cfg.model.target / "config.json");
+      const auto j = nlohmann::json::parse(f, nullptr, false);
+      const int64_t context = j.is_object() ? j.value("max_position_embeddings", int64_t{0}) : 0;
+      auto& ps = plan.eval->prompts;
+      const auto before = ps.size();
+      if (context > 0)
+        ps.erase(std::remove_if(ps.begin(), ps.end(),
+                                [&](const std::vector<int64_t>& p) {
+                                  return static_cast<int64_t>(p.size()) + plan.eval->max_new_tokens > context;
+                                }),
+                 ps.end());
+      if (ps.size() != before)
+        std::fprintf(stderr, "tandem run: eval: warning: %zu of %zu prompts of %s left out: with eval.max_new_tokens = "
+                             "%lld they would run past the target's context (max_position_embeddings = %lld)\n",
+                     before - ps.size(), before, cfg.eval.prompts.c_str(),
+                     static_cast<long long>(plan.eval->max_new_tokens), static_cast<long long>(context));
+    }
     if (plan.eval->prompts.empty()) {
       std::fprintf(stderr, "tandem run: %s: eval.prompts (%s) holds no conversation with an assistant turn\n",
                    ro.config.c_str(), cfg.eval.prompts.c_str());

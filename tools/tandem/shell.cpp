@@ -303,6 +303,15 @@ void print_tree(const json& t) {
   print_devices(t);
 }
 
+/// The durable step and its checkpoint, or that there is none yet (−1).
+std::string durable(const json& j) {
+  const auto step = j.value("durable_step", json());
+  if (!step.is_number() || step.get<int64_t>() < 0)
+    return "none yet (no checkpoint written)";
+  const auto ckpt = j.value("checkpoint", std::string());
+  return num(j, "durable_step") + (ckpt.empty() ? "" : " (" + ckpt + ")");
+}
+
 void print_status(const json& s) {
   const auto& c = s["coordinator"];
   std::printf("run %s: step %s, epoch %s%s%s; up %s s; %s requests, %s unauthorized\n", s.value("run", "").c_str(),
@@ -312,7 +321,7 @@ void print_status(const json& s) {
   if (c.contains("ledger"))
     std::printf("ledger: %s\n", c["ledger"].dump().c_str());
   std::printf("in flight %s, queued %s, busy %s; durable step %s\n", num(c, "in_flight").c_str(),
-              num(c, "queued").c_str(), num(c, "busy").c_str(), num(c, "durable_step").c_str());
+              num(c, "queued").c_str(), num(c, "busy").c_str(), durable(c).c_str());
 }
 
 void print_ledger(const json& l) {
@@ -322,7 +331,7 @@ void print_ledger(const json& l) {
       std::printf("  %s %s\n", pad(k, 10).c_str(), num(l["samples"], k).c_str());
   std::printf("in flight %s, queued %s, credits per prefetch %s\n", num(l, "in_flight").c_str(),
               num(l, "queued").c_str(), num(l, "credits_per_prefetch").c_str());
-  std::printf("durable step %s (%s)\n", num(l, "durable_step").c_str(), l.value("checkpoint", "").c_str());
+  std::printf("durable step %s\n", durable(l).c_str());
   for (const auto& p : l.value("prefetch", json::array()))
     std::printf("prefetch %s: epoch %s, %s of %s samples sent, %s re-issued, %s credits\n", num(p, "index").c_str(),
                 num(p, "epoch").c_str(), num(p, "epoch_sent").c_str(), num(p, "epoch_samples").c_str(),
