@@ -12,7 +12,8 @@
 #   3. a token id past the vocabulary in a shard whose sha256 matches;
 #   4. a manifest whose tokenizer is not the target's (vocab_size; eos);
 #   5. drafter.mask_token_id outside the embedding, a tap layer past the
-#      target's layers: config errors before any actor starts (exit 2);
+#      target's layers: config errors before any actor starts (exit 2); a
+#      mask id the data holds: the shard check stops the run;
 #   6. a truncated target weights file: stops at once with the error, no
 #      restart with backoff (the drafter would be retried four times before).
 # What trained is read from metrics.jsonl (no "step" event: nothing was
@@ -172,6 +173,13 @@ run mask --set drafter.mask_token_id=2048
 check test "$rc" -eq 2
 check says mask "$work/run.toml: 'drafter.mask_token_id' = 2048 is not a row of the target's embedding: $target/config.json has vocab_size = 2048"
 check test ! -e "$work/mask/metrics.jsonl"
+check test ! -e "$work/mask/config.toml"  # nothing written before the checks pass
+# A mask id the data holds: the shard check stops the run before it trains.
+fresh_data
+used=$("$python" -c 'import sys; from safetensors.numpy import load_file; print(int(load_file(sys.argv[1])["tokens"][0]))' "$shard")
+run mask_in_data --set drafter.mask_token_id="$used"
+check stopped_untrained mask_in_data
+check says mask_in_data "$shard: tokens[0] = $used is drafter.mask_token_id: the drafter's mask token must never occur in the data"
 run taps --set model.tap_layers=1,4,8
 check test "$rc" -eq 2
 check says taps "$work/run.toml: 'model.tap_layers[2]' = 8 is not a layer of the target: $target/config.json has num_hidden_layers = 8"

@@ -198,6 +198,14 @@ check(shell.returncode == 0 and "drafter 0" in shell.stdout and "committed" in s
       f"tandem shell -c: {shell.returncode} {shell.stderr[-300:]}")
 shell = subprocess.run([tandem, "shell", run_dir, "--json", "-c", "tree"], capture_output=True, text=True, timeout=30)
 check(shell.returncode == 0 and json.loads(shell.stdout)["actors"], "tandem shell --json")
+# Every command's --json answer is JSON: the views (top, watch) one object a refresh.
+for cmd, key in (("help", "commands"), ("dashboard", "url"), ("top", "actors"), ("watch loss", "drafters")):
+    shell = subprocess.run([tandem, "shell", run_dir, "--json", "-c", cmd], capture_output=True, text=True, timeout=30)
+    try:
+        answer = json.loads(shell.stdout)
+    except ValueError:
+        answer = {}
+    check(shell.returncode == 0 and key in answer, f"tandem shell --json -c {cmd!r}: {shell.stdout[:200]!r}")
 shell = subprocess.run([tandem, "shell", run_dir, "-c", "frobnicate"], capture_output=True, text=True, timeout=30)
 check(shell.returncode == 2 and "unknown command" in shell.stderr, "an unknown shell command: exit 2")
 shell = subprocess.run([tandem, "shell", f"{ctl['host']}:{ctl['port']}", "-c", "status"], capture_output=True,
