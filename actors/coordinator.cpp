@@ -411,6 +411,13 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](drafter_down_atom, int32_t d, const std::string& why) { on_drafter_down(self, d, why); },
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
     [self](escalate_atom, const std::string& why) { on_escalate(self, why); },
+    [self](escalate_atom, int32_t d, const std::string& why) {
+      // Its restart is given up: the end stops waiting for it (try_complete).
+      if (d >= 0 && static_cast<size_t>(d) < self->state.drafters.size())
+        self->state.drafters[static_cast<size_t>(d)].given_up = true;
+      on_escalate(self, why);
+      try_complete(self);
+    },
     [self](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {
       on_worker_down(self, role, i, why);
     },

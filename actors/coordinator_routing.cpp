@@ -371,7 +371,7 @@ void try_complete(self_ptr self) {
       || (s.group && s.group->current() == group_step::phase::forming))
     return;
   for (const auto& d : s.drafters)
-    if (d.down)
+    if (d.down && !d.given_up)
       return;  // its restart calls back here
   // Everything not trained is abandoned: its samples stay uncommitted and
   // a resumed run issues them again.
@@ -379,8 +379,9 @@ void try_complete(self_ptr self) {
   // A stop request (a signal) writes one last checkpoint unless
   // checkpoint.on_signal is false; then the ledger commits only what the
   // newest durable checkpoint holds, and a resumed run repeats the rest.
+  // None without a drafter to take it from (its restart given up).
   const bool wanted = s.summary.stop_reason != "signal" || s.opts.checkpoint_on_stop;
-  if (wanted && s.step > s.durable_step)
+  if (wanted && s.step > s.durable_step && !s.slot(snapshot_source(self)).down)
     checkpoint(self, [self] { deliver_after_eval(self); });
   else
     deliver_after_eval(self);

@@ -71,6 +71,7 @@ struct flight {
 struct drafter_slot {
   caf::actor_addr addr;                       ///< the live incarnation (none while down)
   bool down = false;                          ///< failed, waiting for its restart
+  bool given_up = false;                      ///< its restart was given up (the supervisor escalated it)
   caf::actor_clock::time_point dispatched{};  ///< when its step started
   int64_t restore_point = 0;                  ///< the step its next incarnation is restored to
                                               ///< (the checkpoint named in its restart)

@@ -192,6 +192,9 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<drafter_up_atom, int32_t, drafter_actor>,  ///< supervisor: j's new incarnation
   caf::reacts_to<escalate_atom, std::string>,               ///< supervisor: a worker it does not
                                                             ///< restart ended (why)
+  /// supervisor: drafter j cannot be restarted (its node did not join
+  /// again): escalated, and the run's end does not wait for it (j, why)
+  caf::reacts_to<escalate_atom, int32_t, std::string>,
   /// supervisor: target or prefetch `index` died (role, index, why)
   caf::reacts_to<worker_down_atom, std::string, int32_t, std::string>,
   caf::reacts_to<worker_up_atom, int32_t, target_actor>,    ///< supervisor: target i's new incarnation

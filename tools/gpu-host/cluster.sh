@@ -26,6 +26,9 @@
 # over loopback (gpu/dev/nccl_hostid_probe.py) — the cross-host path, on one
 # GPU.  Part 1 then runs gpu_tests TransportLink too.
 # Logs into $OUT: cluster_*.log, cluster.jsonl (one line per part).
+if [ $# -gt 0 ]; then  # no options (not even --dry-run: tools/gpu-host/two_gpu.sh --dry-run shows the plan)
+  echo "usage: bash tools/gpu-host/cluster.sh  (no options; on the GPU host after tools/gpu-host/pack)" >&2; exit 2
+fi
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
 B=$ROOT/build/bin/tandem

@@ -19,6 +19,9 @@
 # loopback.  Logs into $OUT: cluster_dp1_*.log and cluster_dp1.jsonl (one
 # line per part, "ok" and "why").  Each run is bounded by RUN_S (default
 # 150 s): ~6 min at most.
+if [ $# -gt 0 ]; then  # no options (not even --dry-run: tools/gpu-host/two_gpu.sh --dry-run shows the plan)
+  echo "usage: bash tools/gpu-host/cluster_dp1.sh  (no options; on the GPU host after tools/gpu-host/pack)" >&2; exit 2
+fi
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
 B=$ROOT/build/bin/tandem

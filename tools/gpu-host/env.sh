@@ -8,6 +8,13 @@ ROOT=$PWD
 DEVBIN=${TANDEM_DEVBIN:-.devbin}
 # Always unpacked afresh: a warm host keeps the last call's build/ (ignored
 # paths survive), which may come from another pack.
+# Only with a packed build to put in its place: sourced on a machine without
+# one (a script run by mistake, or with --dry-run where it has none), it
+# leaves build/ alone.
+if [ ! -f "$DEVBIN/bin.tar.xz" ]; then
+  echo "tools/gpu-host/env.sh: no packed build ($DEVBIN/bin.tar.xz; bash tools/gpu-host/pack makes it): build/ left as it is" >&2
+  exit 1
+fi
 rm -rf build/bin build/fixtures build/lib build/lib-extra
 mkdir -p build && tar -xJf $DEVBIN/bin.tar.xz -C build || exit 1
 # The packed OpenSSL/libedit only where the host has none of its own.

@@ -35,6 +35,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "commands.hpp"
+#include "launch/run_config.hpp"
 
 #ifdef TANDEM_HAVE_TLS
 #include <openssl/bn.h>
@@ -59,17 +60,6 @@ struct certs_options {
   std::vector<std::string> hosts;  ///< NAME=HOST, repeatable
   int days = 825;                  ///< node certificates' validity
 };
-
-/// A node name: a letter or digit, then letters, digits, '.', '-', '_' (at
-/// most 63): a DNS label-like name that is also a file name.
-bool valid_name(const std::string& n) {
-  if (n.empty() || n.size() > 63 || !std::isalnum(static_cast<unsigned char>(n[0])))
-    return false;
-  for (char c : n)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_')
-      return false;
-  return true;
-}
 
 /// Writes `text` to `path` with `mode` (created new; fsynced).
 void write_file(const fs::path& path, const std::string& text, mode_t mode) {
@@ -173,9 +163,9 @@ int issue(const certs_options& o) {
   // Check everything before writing anything.
   std::set<std::string> names;
   for (const auto& n : o.nodes) {
-    if (!valid_name(n)) {
-      std::fprintf(stderr, "tandem certs: --nodes: '%s' is not a node name (a letter or digit, then letters, "
-                           "digits, '.', '-', '_'; at most 63)\n", n.c_str());
+    if (!valid_node_name(n)) {  // the rule of tandem node --name and the placement's NODE:
+      std::fprintf(stderr, "tandem certs: --nodes: '%s' is not a node name (lowercase letters, digits and '-'; "
+                           "not cpu, cuda or auto)\n", n.c_str());
       return 2;
     }
     if (!names.insert(n).second) {

@@ -12,6 +12,7 @@
 // (checkpoint.host_every) or a checkpoint.  supervision.worker_restarts = 0
 // trains in the first process, with no parent.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -207,6 +209,36 @@ int check_fresh_start(const run_config& cfg, bool overwrite, std::string& what) 
                "set run.output_dir to another folder\n",
                cfg.run.output_dir.c_str(), what.c_str());
   return 2;
+}
+
+/// Holds run.output_dir/.lock (flock) for this worker process's life, so a
+/// second `tandem run` into the folder — a fresh start, a --resume, another
+/// cluster leader — is refused instead of training into the same
+/// checkpoints.  A restarted worker takes it again (its predecessor's died
+/// with it).  Returns the exit status (0: held).
+int lock_run_folder(const run_config& cfg) {
+  const auto path = cfg.run.output_dir / ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "tandem run: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+    return 1;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    const auto n = ::pread(fd, pid, sizeof pid - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string("?");
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+      holder.pop_back();
+    std::fprintf(stderr, "tandem run: %s is in use by another tandem run (process %s); wait for it to end, stop "
+                         "it (tandem shell %s -c stop), or set run.output_dir to another folder\n",
+                 cfg.run.output_dir.c_str(), holder.c_str(), cfg.run.output_dir.c_str());
+    ::close(fd);
+    return 2;
+  }
+  const auto text = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0)
+    std::fprintf(stderr, "tandem run: warning: cannot write %s\n", path.c_str());
+  return 0;  // fd stays open: the lock is held until this process ends
 }
 
 /// --overwrite: the earlier run's files go — its checkpoints (step-* and
@@ -590,6 +622,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
   // Written once the run is known to start (a config that fails its checks
   // leaves the folder's record of the last run that did).
   std::filesystem::create_directories(cfg.run.output_dir);
+  if (int rc = lock_run_folder(cfg); rc != 0)
+    return rc;
   if (!earlier_run.empty())
     remove_earlier_run(cfg, earlier_run);
   {
