@@ -29,6 +29,7 @@ holds, 1 otherwise, 77 (SKIPPED) without the dflash package.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -61,6 +62,7 @@ def main():
     prompts_file = os.path.join(default, "data", "eval.jsonl")
     os.makedirs(args.work, exist_ok=True)
     export = os.path.join(args.work, "export")
+    shutil.rmtree(export, ignore_errors=True)  # an earlier run's: tandem export refuses a non-empty --out
 
     # 1. Export, then the dflash package loads it.
     subprocess.run([args.tandem, "export", args.drafter, "--out", export, "--target", target_dir],
