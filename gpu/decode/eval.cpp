@@ -220,9 +220,43 @@ struct report_builder {
   }
 };
 
-/// Every prompt non-empty and inside the vocabulary; the longest's length.
-/// Sampling options: a finite temperature >= 0, top_p in (0, 1], top_k >= 0;
-/// each refused by name.
+/// Prompt `i` is non-empty, inside the vocabulary, and with max_new_tokens
+/// inside the target's context (max_position_embeddings): a decode past it
+/// would read RoPE positions the target never saw, and a huge max_new_tokens
+/// would size the caches past any memory.
+void check_prompt(size_t i, const std::vector<int64_t>& prompt, const qwen3_config& target,
+                  int64_t max_new_tokens, const char* who) {
+  if (prompt.empty())
+    fail(std::string(who) + ": prompt " + std::to_string(i) + " is empty");
+  for (auto id : prompt)
+    if (id < 0 || id >= target.vocab_size)
+      fail(std::string(who) + ": prompt " + std::to_string(i) + " holds token " + std::to_string(id)
+           + ", outside the target's vocabulary of " + std::to_string(target.vocab_size));
+  const int64_t context = target.max_position_embeddings;
+  const auto len = static_cast<int64_t>(prompt.size());
+  if (context > 0 && (len > context || max_new_tokens > context - len))
+    fail(std::string(who) + ": prompt " + std::to_string(i) + " has " + std::to_string(len)
+         + " tokens; with max_new_tokens " + std::to_string(max_new_tokens)
+         + " it would run past the target's context (max_position_embeddings = " + std::to_string(context)
+         + "): lower --max-new-tokens (at most " + std::to_string(std::max<int64_t>(0, context - len))
+         + " for this prompt) or leave the prompt out");
+}
+
+/// Every prompt passes check_prompt; returns the longest's length.
+size_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const qwen3_config& target,
+                     int64_t max_new_tokens, const char* who) {
+  if (prompts.empty())
+    fail(std::string(who) + ": no prompts");
+  size_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    check_prompt(i, prompts[i], target, max_new_tokens, who);
+    longest = std::max(longest, prompts[i].size());
+  }
+  return longest;
+}
+
+} // namespace
+
 void check_sampling(double temperature, double top_p, int64_t top_k, const char* who) {
   if (!std::isfinite(temperature) || temperature < 0)
     fail(std::string(who) + ": temperature must be a finite number >= 0 (0: greedy), got "
@@ -232,37 +266,6 @@ void check_sampling(double temperature, double top_p, int64_t top_k, const char*
   if (top_k < 0)
     fail(std::string(who) + ": top_k must be >= 0 (0: off), got " + std::to_string(top_k));
 }
-
-/// The prompts are non-empty, inside the vocabulary, and with max_new_tokens
-/// inside the target's context (max_position_embeddings): a decode past it
-/// would read RoPE positions the target never saw, and a huge max_new_tokens
-/// would size the caches past any memory.  Returns the longest prompt.
-size_t check_prompts(const std::vector<std::vector<int64_t>>& prompts, const qwen3_config& target,
-                     int64_t max_new_tokens, const char* who) {
-  if (prompts.empty())
-    fail(std::string(who) + ": no prompts");
-  size_t longest = 0;
-  const int64_t context = target.max_position_embeddings;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    if (prompts[i].empty())
-      fail(std::string(who) + ": prompt " + std::to_string(i) + " is empty");
-    for (auto id : prompts[i])
-      if (id < 0 || id >= target.vocab_size)
-        fail(std::string(who) + ": prompt " + std::to_string(i) + " holds token " + std::to_string(id)
-             + ", outside the target's vocabulary of " + std::to_string(target.vocab_size));
-    const auto len = static_cast<int64_t>(prompts[i].size());
-    if (context > 0 && (len > context || max_new_tokens > context - len))
-      fail(std::string(who) + ": prompt " + std::to_string(i) + " has " + std::to_string(len)
-           + " tokens; with max_new_tokens " + std::to_string(max_new_tokens)
-           + " it would run past the target's context (max_position_embeddings = " + std::to_string(context)
-           + "): lower --max-new-tokens (at most " + std::to_string(std::max<int64_t>(0, context - len))
-           + " for this prompt) or leave the prompt out");
-    longest = std::max(longest, prompts[i].size());
-  }
-  return longest;
-}
-
-} // namespace
 
 drafter_location locate_drafter(const fs::path& path) {
   std::error_code ec;
@@ -570,18 +573,7 @@ double generate(const generate_options& o,
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     if (skip && skip(i))
       continue;
-    if (o.prompts[i].empty())
-      fail("generate: prompt " + std::to_string(i) + " is empty");
-    const auto context = target.config().max_position_embeddings;
-    const auto len = static_cast<int64_t>(o.prompts[i].size());
-    if (context > 0 && (len > context || o.max_new_tokens > context - len))
-      fail("generate: prompt " + std::to_string(i) + " has " + std::to_string(len) + " tokens; with max_new_tokens "
-           + std::to_string(o.max_new_tokens) + " it would run past the target's context (max_position_embeddings = "
-           + std::to_string(context) + "): lower --max-new-tokens or leave the prompt out");
-    for (auto id : o.prompts[i])
-      if (id < 0 || id >= target.config().vocab_size)
-        fail("generate: prompt " + std::to_string(i) + " holds token " + std::to_string(id)
-             + ", outside the target's vocabulary of " + std::to_string(target.config().vocab_size));
+    check_prompt(i, o.prompts[i], target.config(), o.max_new_tokens, "generate");
     order.push_back(i);
     longest = std::max<int64_t>(longest, static_cast<int64_t>(o.prompts[i].size()));
   }

@@ -30,6 +30,10 @@ struct drafter_location {
   std::string skipped;
 };
 
+/// Sampling options: a finite temperature >= 0, top_p in (0, 1], top_k >= 0.
+/// Throws gpu::error(bad_input) naming the one at fault, after `who`.
+void check_sampling(double temperature, double top_p, int64_t top_k, const char* who);
+
 /// Resolves `path` (export, checkpoint or run folder).  Throws
 /// gpu::error(bad_input) naming the path and what it lacks.
 drafter_location locate_drafter(const std::filesystem::path& path);

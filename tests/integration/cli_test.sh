@@ -55,7 +55,7 @@ rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --o
   || fail "generate took an --out without its header: exit $rc, $out"
 rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --out "$empty/g2.jsonl" \
   --temperature 1 --top-p 0 2>&1) || rc=$?
-[[ $rc != 0 ]] && grep -q "top_p in (0, 1]" <<< "$out" && [[ ! -e "$empty/g2.jsonl" ]] || fail "generate took --top-p 0 (or stamped its --out): exit $rc, $out"
+[[ $rc != 0 ]] && grep -q "top_p must be in (0, 1]" <<< "$out" && [[ ! -e "$empty/g2.jsonl" ]] || fail "generate took --top-p 0 (or stamped its --out): exit $rc, $out"
 # export never writes into a folder that holds something (a target, a checkpoint) unless told.
 mkdir -p "$empty/full" && echo '{}' > "$empty/full/config.json"
 rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?

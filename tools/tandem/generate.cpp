@@ -6,7 +6,6 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -132,8 +131,7 @@ int run_generate(generate_args& a) {
       return 1;
   }
   // The options first: a typo must not stamp --out with them.
-  if (!std::isfinite(a.o.temperature) || a.o.temperature < 0 || !(a.o.top_p > 0 && a.o.top_p <= 1) || a.o.top_k < 0)
-    throw gpu::error(errc::bad_input, "temperature must be a finite number >= 0, top_p in (0, 1], top_k >= 0");
+  gpu::check_sampling(a.o.temperature, a.o.top_p, a.o.top_k, "generate");
   std::ifstream f(a.prompts);
   if (!f)
     throw gpu::error(errc::bad_input, "cannot read " + a.prompts);

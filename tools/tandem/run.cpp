@@ -44,6 +44,7 @@
 #include "gpu/data/dataset.hpp"
 #include "gpu/data/packing.hpp"
 #include "gpu/engine/lr_schedule.hpp"
+#include "gpu/io/hf_config.hpp"
 #include "gpu/engine/drafter_engine.hpp"
 #include "gpu/device/runtime.hpp"
 #include "gpu/transport/link.hpp"
@@ -704,9 +705,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     {
       // A prompt that with eval.max_new_tokens would pass the target's context is
       // left out (said once), not an error in every evaluation.
-      std::ifstream f(cfg.model.target / "config.json");
-      const auto j = nlohmann::json::parse(f, nullptr, false);
-      const int64_t context = j.is_object() ? j.value("max_position_embeddings", int64_t{0}) : 0;
+      const int64_t context = gpu::load_qwen3_config(cfg.model.target).max_position_embeddings;
       auto& ps = plan.eval->prompts;
       const auto before = ps.size();
       if (context > 0)
