@@ -120,6 +120,8 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
   for (size_t d = 0; d < n; ++d) {
     s.drafters[d].addr = s.peers.drafters[d].address();
     s.drafters[d].last_heartbeat = now;
+    if (d < s.opts.drafter_nodes.size())
+      s.drafters[d].node = s.opts.drafter_nodes[d];
     s.idle.push_back(static_cast<int32_t>(d));  // all start from the same restore point (clean)
   }
   s.group.emplace(static_cast<int32_t>(n));
@@ -197,7 +199,7 @@ std::string status_json(coordinator_state& s) {
                         : slot.snapshot_pending     ? "snapshotting"
                         : s.busy.count(i) != 0      ? "stepping"
                                                     : "idle";
-    drafters.push_back({{"index", i}, {"state", state}, {"memory_step", slot.memory_step}});
+    drafters.push_back({{"index", i}, {"state", state}, {"memory_step", slot.memory_step}, {"node", slot.node}});
   }
   j["drafters"] = std::move(drafters);
   return j.dump();

@@ -9,6 +9,7 @@
 
 #include "actors/coordinator_state.hpp"
 #include "messages/errors.hpp"
+#include "messages/node.hpp"
 
 namespace tandem::coord {
 
@@ -190,6 +191,17 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   if (s.grouped())  // restored from the checkpoint its restart named: the ledger's state only if nothing came after it
     slot.clean = slot.restore_point == s.step;
   event(self, drafter_restarted_event{d, s.step, slot.restored_from});
+  if (!slot.node.empty() && s.opts.cluster_door) {
+    // A member's drafter may have come up on a spare: where it runs now
+    // (its checkpoints are written there, and the checkpoint event says so).
+    self->request(s.opts.cluster_door, std::chrono::seconds(30), drafter_node_atom::value, d)
+      .then([self, di, addr = slot.addr](const std::string& node) {
+              auto& s = self->state;
+              if (di < s.drafters.size() && s.drafters[di].addr == addr)
+                s.drafters[di].node = node;
+            },
+            [](const caf::error&) {});  // the door is gone: the run is ending
+  }
   maybe_form_group(self);
   dispatch(self);
   try_complete(self);

@@ -137,7 +137,7 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   s.summary.checkpoint = dir;
   const auto src = static_cast<size_t>(snap.drafter);
   event(self, checkpoint_event{snap.step, dir, committed, s.ledger->state_counts().committed,
-                               src < s.opts.drafter_nodes.size() ? s.opts.drafter_nodes[src] : std::string()});
+                               src < s.drafters.size() ? s.drafters[src].node : std::string()});
   auto todo = std::move(s.after_checkpoint);
   s.after_checkpoint.clear();
   for (auto& f : todo)

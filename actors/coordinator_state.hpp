@@ -81,6 +81,10 @@ struct drafter_slot {
   /// the newest checkpoint.
   int64_t memory_step = -1;
   std::string restored_from;                  ///< what its restart restores ("memory (step k)", a checkpoint)
+  /// The cluster member it runs on now ("" = the leader's process): the
+  /// plan's node, or the spare its restart moved it to (asked of the
+  /// cluster's door when it comes up again).  Its checkpoints are there.
+  std::string node;
   caf::actor_clock::time_point last_heartbeat{};  ///< last asked (idle drafters)
   bool heartbeat_pending = false;             ///< asked, no answer yet
   /// Asked for a snapshot, no answer yet: its thread is copying its state,

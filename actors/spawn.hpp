@@ -118,6 +118,9 @@ struct coordinator_options : coordinator_settings {
   /// survivors wait for their deadline.
   std::function<void(const std::vector<uint8_t>& group_id, const std::string& why)> abort_group;
   supervisor_actor supervisor;       ///< restarts failed drafters (spawn_supervisor)
+  /// A cluster run's door (actors/cluster.hpp; none: no members): asked
+  /// where a member's drafter runs after a restart (a spare may hold it).
+  caf::actor cluster_door;
 };
 
 /// The supervisor's policy (launch/options.hpp) and how it respawns.

@@ -249,6 +249,7 @@ void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& 
       spdlog::warn("aborted {} communicator(s) of the broken data-parallel group: {}", n, why);
   };
   co.supervisor = run.supervisor;
+  co.cluster_door = members.door;
   run.coordinator = spawn_coordinator(sys, co);
   *coordinator_handle = run.coordinator;
   if (plan.control) {

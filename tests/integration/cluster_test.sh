@@ -234,6 +234,15 @@ ss=$(summary "$work/spare/metrics.jsonl"); echo "drafter node lost, a spare took
 check test "$(field "$ss" failed)" = 1
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['committed_per_epoch'] == {'0': 64, '1': 64, '2': 64, '3': 64}, s" "$ss"
 check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/spare/metrics.jsonl" "$steps4"
+# Checkpoints before the takeover are gpu-b's, those after it gpu-c's (the
+# node whose file system holds them: what --resume and the shell look at).
+check "$python" -c '
+import json, sys
+ev = [j for j in map(json.loads, open(sys.argv[1])) if j["event"] in ("checkpoint", "drafter_restarted")]
+up = next(i for i, j in enumerate(ev) if j["event"] == "drafter_restarted")
+before = {j["node"] for j in ev[:up] if j["event"] == "checkpoint"}
+after = {j["node"] for j in ev[up + 1:] if j["event"] == "checkpoint"}
+assert before <= {"gpu-b"} and after == {"gpu-c"}, (before, after)' "$work/spare/metrics.jsonl"
 
 # 4b. The leader SIGKILLed mid-run (its members exit 1), then `tandem run
 # --resume` with the same nodes: it picks up from the newest checkpoint (on
