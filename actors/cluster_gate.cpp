@@ -284,6 +284,8 @@ struct gate_connector::impl : std::enable_shared_from_this<gate_connector::impl>
   std::thread thread;
   mutable std::mutex mutex;
   std::string refusal;
+  std::string trouble;  ///< why the last connection did not reach the gate's answer ("" = it did)
+  uint64_t passed = 0;  ///< connections the gate let through
 
   void accept() {
     auto self = shared_from_this();
@@ -308,21 +310,29 @@ struct gate_connector::impl : std::enable_shared_from_this<gate_connector::impl>
       local->close(ignored);
       remote->close(ignored);
     };
+    const auto where = opts.gate_host + ":" + std::to_string(opts.gate_port);
+    auto trouble = [self, drop](std::string why) {
+      {
+        std::lock_guard<std::mutex> lock(self->mutex);
+        self->trouble = std::move(why);
+      }
+      drop();
+    };
     resolver->async_resolve(opts.gate_host, std::to_string(opts.gate_port), [=](const boost::system::error_code& ec,
                                                                                  tcp::resolver::results_type r) {
       (void)resolver;  // kept alive until it has answered
       if (ec) {
-        drop();
+        trouble("cannot resolve " + self->opts.gate_host + ": " + ec.message());
         return;
       }
       asio::async_connect(*remote, r, [=](const boost::system::error_code& ce, const tcp::endpoint&) {
         if (ce) {
-          drop();
+          trouble("cannot connect to " + where + ": " + ce.message());
           return;
         }
         asio::async_read_until(*remote, *buf, '\n', [=](const boost::system::error_code& re, size_t n) {
           if (re) {
-            drop();
+            trouble(where + " closed the connection before its gate greeted this node (" + re.message() + ")");
             return;
           }
           std::string rest;
@@ -365,6 +375,8 @@ struct gate_connector::impl : std::enable_shared_from_this<gate_connector::impl>
               {
                 std::lock_guard<std::mutex> lock(self->mutex);
                 self->refusal.clear();
+                self->trouble.clear();
+                ++self->passed;
               }
               std::make_shared<splice>(std::move(*remote), std::move(*local))->start(after, "");
             });
@@ -397,6 +409,16 @@ uint16_t gate_connector::port() const { return impl_->acceptor.local_endpoint().
 std::string gate_connector::refusal() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->refusal;
+}
+
+std::string gate_connector::trouble() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->trouble;
+}
+
+uint64_t gate_connector::passed() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->passed;
 }
 
 void gate_connector::stop() {

@@ -83,6 +83,12 @@ class gate_connector {
   /// Why the gate last refused this node ("" = it did not); a refusal
   /// names the reason the gate gave.
   std::string refusal() const;
+  /// Why the last connection did not get as far as the gate's answer
+  /// (cannot resolve, cannot connect: nothing listens there; "" = it did).
+  std::string trouble() const;
+  /// Connections the gate let through so far (what follows is CAF's
+  /// handshake, over TLS with --certs).
+  uint64_t passed() const;
   void stop();
   struct impl;
 

@@ -1576,6 +1576,36 @@ bool listen_address::loopback() const {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+std::optional<listen_address> parse_connect(const std::string& text) {
+  if (auto a = parse_listen(text))
+    return a;
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || text.find(':') != colon)
+    return std::nullopt;
+  const auto host = text.substr(0, colon);
+  // A DNS name: labels of letters, digits and '-' (not at either end), dots
+  // between them, not all digits (that is an IPv4 literal, and a bad one).
+  if (host.size() > 253 || host.find_first_not_of("0123456789.") == std::string::npos)
+    return std::nullopt;
+  size_t i = 0;
+  while (i <= host.size()) {
+    size_t j = host.find('.', i);
+    if (j == std::string::npos)
+      j = host.size();
+    const auto label = host.substr(i, j - i);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-'
+        || label.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+             != std::string::npos)
+      return std::nullopt;
+    i = j + 1;
+  }
+  auto a = parse_listen("127.0.0.1" + text.substr(colon));  // the port, checked as parse_listen does
+  if (!a)
+    return std::nullopt;
+  a->host = host;
+  return a;
+}
+
 std::optional<listen_address> parse_listen(const std::string& text) {
   // "HOST:PORT", "[::1]:PORT"
   std::string host, port;

@@ -252,6 +252,10 @@ struct listen_address {
   bool loopback() const;
 };
 std::optional<listen_address> parse_listen(const std::string& text);
+/// An address to connect to (tandem node --join, tandem shell HOST:PORT):
+/// what parse_listen takes, or a host name ("leader-0", "gpu-3.example")
+/// resolved when connecting.  A name other than localhost is not loopback.
+std::optional<listen_address> parse_connect(const std::string& text);
 
 /// Reads `toml_file`, applies `overrides` ("section.key=value", in order,
 /// after the file; the value is TOML typed like the field, where a bare word

@@ -346,7 +346,8 @@ check "$python" "$here/compare_losses.py" "$work/one4/metrics.jsonl" "$work/froz
 
 # 7. TLS between nodes (cluster.certs, --certs): the nodes of the cluster's
 # CA join and train (20 steps, bit-equal); a certificate of another CA, and
-# a member without TLS, never reach the hello (they give up after --wait-s).
+# a member without TLS, never reach the hello (they stop after three failed
+# handshakes past the gate, exit 2, saying why).
 "$tandem" certs "$work/tls" --nodes leader,gpu-a,gpu-b > /dev/null
 "$tandem" certs "$work/other" --nodes gpu-b > /dev/null
 lead tls --set train.max_steps=20 --set cluster.certs="$work/tls/leader" --set cluster.secret="$work/tls/cluster.secret"
@@ -354,10 +355,10 @@ check grep -q "over TLS" "$work/tls.log"
 # (With this cluster's join token, so the gate lets them through to TLS.)
 rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --certs "$work/other/gpu-b" \
   --token-file "$work/tls/gpu-b/join.token" --wait-s 3 > "$work/tls-other.log" 2>&1 || rc=$?
-check test "$rc" = 1; check grep -q "no leader at 127.0.0.1:$port after" "$work/tls-other.log"
+check test "$rc" = 2; check grep -q "but the TLS handshake failed 3 times" "$work/tls-other.log"
 rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --token-file "$work/tls/gpu-b/join.token" \
   --wait-s 3 > "$work/tls-plain.log" 2>&1 || rc=$?
-check test "$rc" = 1
+check test "$rc" = 2; check grep -q "the leader speaks TLS (cluster.certs); pass --certs" "$work/tls-plain.log"
 # Another cluster's token is stopped at the gate.
 rc=0; "$tandem" node --join "127.0.0.1:$port" --name gpu-b --devices cpu --certs "$work/other/gpu-b" \
   --token-file "$work/other/gpu-b/join.token" --wait-s 3 > "$work/tls-token.log" 2>&1 || rc=$?

@@ -856,3 +856,26 @@ TEST_F(run_config_test, example_single_node_8gpu_loads_and_resolves) {
     EXPECT_NE(readme.str().find("`" + key + "`"), std::string::npos) << key << " not in README";
   }
 }
+
+// Addresses: listening takes IP literals (and localhost); connecting also
+// takes host names, which are never loopback (they need TLS: --certs).
+TEST(addresses, listen_and_connect) {
+  auto l = parse_listen("0.0.0.0:7700");
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->host, "0.0.0.0");
+  EXPECT_EQ(l->port, 7700);
+  EXPECT_TRUE(parse_listen("[::1]:0"));
+  EXPECT_FALSE(parse_listen("leader-0:7700"));
+  EXPECT_FALSE(parse_listen("1.2.3:7700"));
+  EXPECT_FALSE(parse_listen("1.2.3.4:70000"));
+  auto c = parse_connect("gpu-3.cluster.example:7700");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->host, "gpu-3.cluster.example");
+  EXPECT_EQ(c->port, 7700);
+  EXPECT_FALSE(c->loopback());
+  EXPECT_TRUE(parse_connect("localhost:1")->loopback());
+  EXPECT_TRUE(parse_connect("127.0.0.1:1")->loopback());
+  for (const char* bad : {"leader", "leader:", ":7700", "leader:port", "-lead:1", "lead-:1", "a..b:1", "a_b:1",
+                          "1.2.3:7700", "999.1.1.1:1", "lead:99999", "a:b:1", "runs/x:1"})
+    EXPECT_FALSE(parse_connect(bad)) << bad;
+}

@@ -160,7 +160,7 @@ int run_node(const node_options& o) {
                  o.name.c_str());
     return 2;
   }
-  const auto addr = parse_listen(o.join);
+  const auto addr = parse_connect(o.join);
   if (!addr || addr->port == 0) {
     std::fprintf(stderr, "tandem node: --join '%s': give the leader's HOST:PORT (tandem run --listen)\n",
                  o.join.c_str());
@@ -216,9 +216,14 @@ int run_node(const node_options& o) {
   caf::actor door;
   std::vector<std::string> leader_hello;
   caf::scoped_actor self{sys};
+  // Handshakes that failed after the gate let this node through: not a
+  // leader still starting (its gate answers once it listens), but TLS
+  // that cannot agree — said at once rather than retried for --wait-s.
+  int past_gate = 0;
   for (int attempt = 1;; ++attempt) {
     if (node_signal.load())
       return 128 + node_signal.load();
+    const auto passed_before = connector.passed();
     auto d = connect_to(sys, "127.0.0.1", connector.port(), !o.certs.empty());
     std::string why;
     if (const auto no = connector.refusal(); !no.empty()) {
@@ -243,6 +248,26 @@ int run_node(const node_options& o) {
       }
     } else {
       why = sys.render(d.error());
+      if (connector.passed() > passed_before) {
+        if (++past_gate >= 3) {
+          if (o.certs.empty())
+            std::fprintf(stderr, "tandem node: the leader at %s let this node through its gate, but the handshake "
+                                 "after it failed %d times (%s): the leader speaks TLS (cluster.certs); pass --certs "
+                                 "with this node's folder of `tandem certs`\n",
+                         o.join.c_str(), past_gate, why.c_str());
+          else
+            std::fprintf(stderr, "tandem node: the leader at %s let this node through its gate, but the TLS "
+                                 "handshake failed %d times (%s): the leader's certificate is not signed by the CA "
+                                 "in %s/ca.pem (another `tandem certs` run's?), this node's is not signed by the "
+                                 "leader's CA, or the leader has no cluster.certs\n",
+                         o.join.c_str(), past_gate, why.c_str(), o.certs.c_str());
+          return 2;
+        }
+      } else {
+        past_gate = 0;
+        if (const auto t = connector.trouble(); !t.empty())
+          why = t;  // nothing listens there yet, most likely: CAF only saw its loopback connection close
+      }
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (waited > o.wait_s) {
@@ -253,8 +278,9 @@ int run_node(const node_options& o) {
     if (attempt == 1 || attempt % 10 == 0)
       std::fprintf(stderr, "tandem node '%s': waiting for the leader at %s (%s%s); retrying\n", o.name.c_str(),
                    o.join.c_str(), why.c_str(),
-                   o.certs.empty() ? "; a leader with cluster.certs needs --certs"
-                                   : "; with --certs, a leader without TLS or of another CA cannot be reached");
+                   past_gate == 0  ? ""
+                   : o.certs.empty() ? "; a leader with cluster.certs needs --certs"
+                                     : "; with --certs, a leader without TLS or of another CA cannot be reached");
     std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
     backoff = std::min(backoff * 2, 5.0);
   }
@@ -358,7 +384,7 @@ void add_node(CLI::App& app, int& exit_code) {
     "node", "Join a cluster run as a member node: connect to the leader (`tandem run --listen`), retrying until it "
             "is up, and host the actors its placement puts on this node (config/cluster.toml)");
   auto o = std::make_shared<node_options>();
-  cmd->add_option("--join", o->join, "The leader's HOST:PORT (off loopback only with --certs)")->required();
+  cmd->add_option("--join", o->join, "The leader's HOST:PORT (HOST: a name or an IP address; off loopback only with --certs)")->required();
   cmd->add_option("--name", o->name, "This node's name, as the placement names it (\"NAME:cuda:0\")")->required();
   cmd->add_option("--devices", o->devices,
                   "\"cpu\", or cuda:0,cuda:1,... (default: every GPU of this host, else the CPU)");

@@ -193,7 +193,8 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
   } else if (const char* t = std::getenv("TANDEM_TOKEN")) {
     token = t;
   }
-  if (auto a = parse_listen(target)) {
+  std::error_code is_dir_ec;
+  if (auto a = std::filesystem::is_directory(target, is_dir_ec) ? std::nullopt : parse_connect(target)) {
     ep.host = a->host;
     ep.port = std::to_string(a->port);
     ep.where = target;
