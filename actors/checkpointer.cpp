@@ -25,13 +25,15 @@ struct checkpointer_state {
   std::filesystem::path dir;
   int keep = 3;
   std::filesystem::path pinned;  ///< never rotated away ("" = none)
+  bool durable = true;           ///< fsynced (false: restore points, gpu::write_checkpoint)
   int64_t written = 0;
   double write_ms_last = 0;
 };
 
 checkpointer_actor::behavior_type
 checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> self,
-                      std::filesystem::path dir, int keep, std::filesystem::path pinned, bool own_thread) {
+                      std::filesystem::path dir, int keep, std::filesystem::path pinned, bool durable,
+                      bool own_thread) {
   install_default_handler(self, checkpointer_state::name);
   auto meter = std::make_shared<vitals_meter>(self->system(), "checkpointer", 0, own_thread);
   meter->figures = [self] {
@@ -41,6 +43,7 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
   self->state.dir = std::move(dir);
   self->state.keep = keep;
   self->state.pinned = std::move(pinned);
+  self->state.durable = durable;
   return counted(meter, checkpointer_actor::behavior_type{
     vitals_handler(self, meter),
     [self](const snapshot_desc& snap, const std::string& extra) -> caf::result<std::string> {
@@ -52,7 +55,7 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
       for (const auto& old : gpu::remove_killed_writes(s.dir))
         spdlog::info("removed {}, a write a killed process left", old.string());
       try {
-        gpu::write_checkpoint(snap.handle, target, extra);
+        gpu::write_checkpoint(snap.handle, target, extra, s.durable);
       } catch (const std::exception& e) {
         gpu::transport::release(snap.handle);
         const std::string what = e.what();
@@ -75,14 +78,15 @@ checkpointer_behavior(checkpointer_actor::stateful_pointer<checkpointer_state> s
 
 template <caf::spawn_options Os>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep,
-                                      std::filesystem::path pinned) {
-  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep, std::move(pinned), Os == caf::detached);
+                                      std::filesystem::path pinned, bool durable) {
+  return sys.spawn<Os>(checkpointer_behavior, std::move(dir), keep, std::move(pinned), durable,
+                       Os == caf::detached);
 }
 
 // Production (detached) and the deterministic test scheduler (scheduled).
 template checkpointer_actor spawn_checkpointer<caf::detached>(caf::actor_system&, std::filesystem::path, int,
-                                                              std::filesystem::path);
+                                                              std::filesystem::path, bool);
 template checkpointer_actor spawn_checkpointer<caf::no_spawn_options>(caf::actor_system&, std::filesystem::path, int,
-                                                                      std::filesystem::path);
+                                                                      std::filesystem::path, bool);
 
 } // namespace tandem

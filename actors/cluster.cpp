@@ -737,7 +737,7 @@ node_actor::behavior_type agent_behavior(node_actor::stateful_pointer<agent_stat
       if (tier == 0)
         return keep(spawn_checkpointer(self->system(), p.checkpointer.dir, p.checkpointer.keep));
       if (tier == 1 && p.coordinator.host_every > 0)
-        return keep(spawn_checkpointer(self->system(), p.host_checkpointer.dir, p.host_checkpointer.keep));
+        return keep(spawn_checkpointer(self->system(), p.host_checkpointer.dir, p.host_checkpointer.keep, {}, false));
       return make_error(errc::bad_input, "node '" + opts->name + "': no checkpointer tier " + std::to_string(tier));
     },
     [self, opts](shutdown_atom, int32_t code) -> caf::result<std::string> {

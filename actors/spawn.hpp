@@ -91,9 +91,11 @@ drafter_actor spawn_drafter(caf::actor_system& sys, int32_t index, gpu::drafter_
 
 /// Writes snapshots under `dir` (step-<k>/), keeping the newest `keep`
 /// and `pinned` (a restore point a resumed run may still roll back to).
+/// `durable` false: without fsync (restore points in shared memory, which
+/// outlive the worker process, not the machine: gpu::write_checkpoint).
 template <caf::spawn_options Os = caf::detached>
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, std::filesystem::path dir, int keep,
-                                      std::filesystem::path pinned = {});
+                                      std::filesystem::path pinned = {}, bool durable = true);
 
 /// Measures real τ of the snapshots it is sent (messages/eval.hpp) with
 /// its own copy of the target on opts.device.

@@ -164,7 +164,7 @@ void spawn_into(running_system& run, caf::actor_system& sys, const launch_plan& 
       const auto resumed = std::filesystem::path(plan.restore_from);
       const bool from_host = !resumed.empty() && resumed.parent_path() == plan.host_checkpointer.dir;
       local_host = spawn_checkpointer(sys, plan.host_checkpointer.dir, plan.host_checkpointer.keep,
-                                      from_host ? resumed : std::filesystem::path{});
+                                      from_host ? resumed : std::filesystem::path{}, false);
     }
   }
   if (!remote_drafters) {

@@ -26,9 +26,10 @@ namespace tandem::gpu {
 /// gpu::error(bad_input) on failure, naming the path; when the disk is full
 /// (or would be: the space is checked first) the message gives the bytes
 /// needed and free, the .tmp folder is removed and the previous
-/// checkpoints are untouched.
+/// checkpoints are untouched.  `durable` false (restore points, which
+/// outlive the process, not the machine): the same steps without fsync.
 void write_checkpoint(transport::handle snap, const std::filesystem::path& dir,
-                      const std::string& extra_json);
+                      const std::string& extra_json, bool durable = true);
 
 /// The `extra_json` a checkpoint was written with, verbatim.  Throws
 /// gpu::error(bad_input) naming the file for a missing or malformed state.json.
@@ -43,7 +44,7 @@ std::string checkpoint_name(int64_t step);
 /// the checkpoint itself is in place.  For people and tools: a kill between
 /// the checkpoint's rename and this update leaves it one behind, so
 /// find_resume_checkpoint trusts what it verifies, not this pointer.
-void write_latest(const std::filesystem::path& root, const std::string& name);
+void write_latest(const std::filesystem::path& root, const std::string& name, bool durable = true);
 
 /// What `root`/latest names ("" when there is none).
 std::string read_latest(const std::filesystem::path& root);

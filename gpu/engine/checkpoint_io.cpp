@@ -104,7 +104,7 @@ void crash_point(const char* point, const fs::path& dir) {
 /// Writes `text` to `p` and fsyncs it (`crash`: the crash point just before
 /// the fsync, or nullptr).
 void write_synced(const fs::path& p, const std::string& text, const char* crash = nullptr,
-                  const fs::path& crash_dir = {}) {
+                  const fs::path& crash_dir = {}, bool durable = true) {
   const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     fail(p, "cannot create: " + errno_text());
@@ -122,7 +122,7 @@ void write_synced(const fs::path& p, const std::string& text, const char* crash 
   }
   if (crash != nullptr)
     crash_point(crash, crash_dir);
-  if (::fsync(fd) != 0) {
+  if (durable && ::fsync(fd) != 0) {
     const auto e = errno_text();
     ::close(fd);
     fail(p, "cannot fsync: " + e);
@@ -276,7 +276,7 @@ snapshot_weights read_snapshot_weights(transport::handle snap) {
   return w;
 }
 
-void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std::string& extra_json) {
+void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std::string& extra_json, bool durable) {
   const auto dir = without_trailing_slash(dir_in);
   auto [t, text, state, names] = open_snapshot(snap);
   const auto p = names.size();
@@ -332,12 +332,13 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
       out_of_space("not enough disk space");
     fs::create_directory(tmp);
     try {
-      save_safetensors(tmp / "weights.safetensors", weights, {{"format", "pt"}});
+      save_safetensors(tmp / "weights.safetensors", weights, {{"format", "pt"}}, durable);
       crash_point("weights", dir);
-      save_safetensors(tmp / "optimizer.safetensors", optim, {{"format", "tandem"}});
+      save_safetensors(tmp / "optimizer.safetensors", optim, {{"format", "tandem"}}, durable);
       crash_point("optimizer", dir);
-      write_synced(tmp / "state.json", state.dump(2) + "\n", "state", dir);
-      fsync_dir(tmp);
+      write_synced(tmp / "state.json", state.dump(2) + "\n", "state", dir, durable);
+      if (durable)
+        fsync_dir(tmp);
     } catch (const error& e) {
       if (std::string(e.what()).find(std::strerror(ENOSPC)) != std::string::npos
           || std::string(e.what()).find(std::strerror(EDQUOT)) != std::string::npos)
@@ -347,9 +348,10 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
     }
     crash_point("before_swap", dir);
     swap_into_place(tmp, dir);
-    fsync_dir(parent);
+    if (durable)
+      fsync_dir(parent);
     crash_point("after_swap", dir);
-    write_latest(parent, dir.filename().string());
+    write_latest(parent, dir.filename().string(), durable);
     crash_point("after_latest", dir);
   } catch (const fs::filesystem_error& e) {
     remove_tree(tmp);
@@ -369,12 +371,13 @@ std::string checkpoint_name(int64_t step) {
   return name;
 }
 
-void write_latest(const fs::path& root, const std::string& name) {
+void write_latest(const fs::path& root, const std::string& name, bool durable) {
   const auto tmp = root / "latest.tmp";
-  write_synced(tmp, name + "\n");
+  write_synced(tmp, name + "\n", nullptr, {}, durable);
   if (::rename(tmp.c_str(), (root / "latest").c_str()) != 0)
     fail(root / "latest", "cannot rename " + tmp.string() + " over it: " + errno_text());
-  fsync_dir(root);
+  if (durable)
+    fsync_dir(root);
 }
 
 std::string read_latest(const fs::path& root) {

@@ -470,7 +470,7 @@ bool write_in_parallel(int fd, uint64_t data_start, uint64_t data_bytes, const s
 } // namespace
 
 void save_safetensors(const fs::path& p, const std::map<std::string, at::Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata, bool durable) {
   using item = save_item;
   std::vector<item> items;
   for (const auto& [name, t] : tensors) {
@@ -534,7 +534,7 @@ void save_safetensors(const fs::path& p, const std::map<std::string, at::Tensor>
         write_all(fd, cpu.data_ptr(), it.bytes, tmp);
       }
     }
-    if (::fsync(fd) != 0)
+    if (durable && ::fsync(fd) != 0)
       fail(tmp, "cannot fsync: " + errno_text());
     if (::close(fd) != 0) {
       fd = -1;
@@ -549,6 +549,8 @@ void save_safetensors(const fs::path& p, const std::map<std::string, at::Tensor>
     ::unlink(tmp.c_str());
     throw;
   }
+  if (!durable)
+    return;
   // Make the rename itself durable.
   auto dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -50,10 +50,12 @@ std::map<std::string, at::Tensor> load_safetensors(const std::filesystem::path& 
 /// layout of the Python library (tensors ordered by dtype, widest first,
 /// then by name, so each is aligned to its element size; an empty
 /// `metadata` writes no `__metadata__`). Atomic: writes `p` + ".tmp",
-/// fsyncs, renames over `p`. The parent directory must exist.
+/// fsyncs, renames over `p`. The parent directory must exist.  `durable`
+/// false: no fsync — atomic against the process dying (the page cache
+/// keeps what was written), not against the machine losing power.
 void save_safetensors(const std::filesystem::path& p,
                       const std::map<std::string, at::Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {}, bool durable = true);
 
 /// Returns tensors[name] after checking its shape and dtype; throws
 /// bad_input naming `file_for_messages`, the tensor, and expected vs actual.

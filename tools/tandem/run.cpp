@@ -183,6 +183,33 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
            "and run --resume again (--force resumes from the older one, training the steps after it again)";
 }
 
+/// Whether metrics.jsonl says the run ended at `step`, its durable step,
+/// having trained all it was asked to (an "end" for its epochs or
+/// train.max_steps, no step after it): a --resume from that checkpoint has
+/// nothing to do.  An end not recorded (the process died after its last
+/// checkpoint) or one for an error is written again by the resume.
+bool ended_at(const run_config& cfg, int64_t step) {
+  const auto jsonl = cfg.metrics_file();
+  std::ifstream in(jsonl);
+  if (jsonl.empty() || !in)
+    return false;
+  bool ended = false;
+  for (std::string line; std::getline(in, line);) {
+    const bool end = line.find("\"event\":\"end\"") != std::string::npos;
+    if (!end && line.find("\"event\":\"step\"") == std::string::npos)
+      continue;  // (a restore point written after the end comes after it)
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object())
+      continue;
+    if (j.value("event", "") == "step")
+      ended = false;
+    else if (j.value("event", "") == "end")
+      ended = j.value("durable_step", int64_t{-1}) == step
+              && (j.value("reason", "") == "epochs" || j.value("reason", "") == "max_steps");
+  }
+  return ended;
+}
+
 /// The restore points in shared memory of `plan`, if their folder can be
 /// made: else the tier is turned off with a warning.
 /// A fresh start (no --resume) into a folder that holds an earlier run (a
@@ -613,6 +640,17 @@ int run_training(const run_options& ro, const worker_context& wc) {
       resumed = resumed_event{resume->step, found.dir.string(), host ? "host" : "disk",
                               disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5)),
                               unix_now()};
+      const auto last = cfg.train.max_steps > 0 ? std::min(cfg.train.max_steps, facts.steps) : facts.steps;
+      if (ro.resume && !wc.resume_if_any && resume->step >= last && ended_at(cfg, resume->step)) {
+        const bool by_max = cfg.train.max_steps > 0 && cfg.train.max_steps <= facts.steps;
+        std::fprintf(stderr, "tandem run --resume: %s already ended at step %lld, its last (%s): nothing to "
+                             "train.  To train on, raise %s, or start again with --overwrite\n",
+                     cfg.run.output_dir.c_str(), static_cast<long long>(resume->step),
+                     by_max ? ("train.max_steps = " + std::to_string(cfg.train.max_steps)).c_str()
+                            : ("data.epochs = " + std::to_string(cfg.data.epochs)).c_str(),
+                     by_max ? "train.max_steps" : "data.epochs (the learning-rate schedule stretches with it)");
+        return 0;
+      }
       std::fprintf(stderr, "resuming from %s (step %lld%s)\n", found.dir.c_str(),
                    static_cast<long long>(resume->step),
                    host ? ", a restore point in shared memory: newer than the newest checkpoint" : "");
