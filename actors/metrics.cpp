@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/default_handler.hpp"
+#include "actors/jsonl_log.hpp"
 #include "actors/metrics_lines.hpp"
 #include "actors/vitals.hpp"
 #include "actors/spawn.hpp"
@@ -138,7 +139,8 @@ constexpr double peak_tflops = 989.0;  ///< dense bf16 H100/H200: the MFU denomi
 struct metrics_state {
   static inline const char* name = "tandem.metrics";
   metrics_options opts;
-  std::ofstream jsonl;
+  jsonl_log jsonl;              ///< metrics.jsonl (actors/jsonl_log.hpp: nothing lost to a full disk it can keep)
+  bool jsonl_failing = false;   ///< its last write failed (said once until it recovers)
   clock_type::time_point start = clock_type::now();
   clock_type::time_point last_progress{};
   // Running sums since the last progress line.
@@ -179,10 +181,32 @@ void tb_step(metrics_state& s, const step_report& r) {
 void write_line(metrics_state& s, nlohmann::json j) {
   if (!s.opts.run_name.empty())
     j["run"] = s.opts.run_name;  // run.name: which run a line belongs to, when logs are merged
-  if (s.jsonl.is_open()) {
-    s.jsonl << j.dump() << '\n';
-    s.jsonl.flush();
+  if (!s.jsonl.is_open())
+    return;
+  const bool ok = s.jsonl.append(j.dump());
+  if (!ok && !s.jsonl_failing) {
+    s.jsonl_failing = true;
+    spdlog::error("metrics: cannot write {} ({}): its records wait in memory, in order, and are written once it "
+                  "can (the run goes on; free space there)",
+                  s.jsonl.path().string(), s.jsonl.trouble());
+  } else if (ok && s.jsonl_failing) {
+    s.jsonl_failing = false;
+    spdlog::warn("metrics: {} is writable again: the records that waited are in it{}", s.jsonl.path().string(),
+                 s.jsonl.dropped() > 0 ? " (the oldest " + std::to_string(s.jsonl.dropped())
+                                           + " were dropped: too many waited)"
+                                       : std::string());
   }
+}
+
+/// At the end: what still waits is tried once more, and said if it cannot be.
+void close_jsonl(metrics_state& s) {
+  if (!s.jsonl.is_open())
+    return;
+  if (!s.jsonl.flush())
+    spdlog::error("metrics: {} records could not be written to {} ({}): they are lost; the checkpoints are not "
+                  "affected",
+                  s.jsonl.pending(), s.jsonl.path().string(), s.jsonl.trouble());
+  s.jsonl.close();
 }
 
 /// An event's line: stamped with the time, written, and shown on stderr.
@@ -231,8 +255,16 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
     s.feed = std::move(f);
     s.tty = isatty(fileno(stderr)) != 0;
     if (!s.opts.jsonl.empty()) {
-      std::filesystem::create_directories(s.opts.jsonl.parent_path());
-      s.jsonl.open(s.opts.jsonl, std::ios::app);
+      try {
+        std::filesystem::create_directories(s.opts.jsonl.parent_path());
+        s.jsonl.open(s.opts.jsonl);
+        if (s.jsonl.repaired() > 0)
+          spdlog::warn("metrics: {} ended in a torn line ({} bytes of a record a process did not finish "
+                       "writing): cut, so that the records from here on parse",
+                       s.opts.jsonl.string(), s.jsonl.repaired());
+      } catch (const std::exception& e) {
+        spdlog::error("metrics: {}: this run writes no metrics.jsonl", e.what());
+      }
     }
     if (!s.opts.tensorboard.empty()) {
       // TensorBoard is a view: a folder it cannot write costs the view, not the run.
@@ -351,6 +383,7 @@ metrics_actor spawn_metrics(caf::actor_system& sys, metrics_options opts, contro
       [self](shutdown_atom) {
         if (self->state.opts.progress && self->state.tty)
           std::fprintf(stderr, "\n");
+        close_jsonl(self->state);
         self->quit();
       },
     });

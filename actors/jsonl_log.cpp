@@ -1,0 +1,123 @@
+// jsonl_log: see actors/jsonl_log.hpp.
+#include "actors/jsonl_log.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace tandem {
+
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+} // namespace
+
+jsonl_log::~jsonl_log() { close(); }
+
+void jsonl_log::open(const std::filesystem::path& path, size_t max_pending) {
+  close();
+  path_ = path;
+  max_pending_ = max_pending == 0 ? 1 : max_pending;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw std::runtime_error(path.string() + ": cannot open for appending: " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int e = errno;
+    close();
+    throw std::runtime_error(path.string() + ": cannot stat: " + errno_text(e));
+  }
+  auto size = static_cast<uint64_t>(st.st_size);
+  // A torn last line: cut back to the newline before it (looked for in the
+  // file's last MiB; a longer "line" is no torn record of ours: it is ended
+  // with a newline instead, so the next record stands on its own).
+  if (size > 0) {
+    const uint64_t from = size > (1u << 20) ? size - (1u << 20) : 0;
+    std::vector<char> tail(static_cast<size_t>(size - from));
+    const auto got = ::pread(fd_, tail.data(), tail.size(), static_cast<off_t>(from));
+    if (got != static_cast<ssize_t>(tail.size())) {
+      const int e = got < 0 ? errno : EIO;
+      close();
+      throw std::runtime_error(path.string() + ": cannot read its last line: " + errno_text(e));
+    }
+    if (tail.back() != '\n') {
+      size_t i = tail.size();
+      while (i > 0 && tail[i - 1] != '\n')
+        --i;
+      if (i > 0 || from == 0) {
+        const uint64_t end = from + i;
+        if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) {
+          const int e = errno;
+          close();
+          throw std::runtime_error(path.string() + ": cannot cut its torn last line: " + errno_text(e));
+        }
+        repaired_ = size - end;
+        size = end;
+      } else {
+        pending_.push_back("\n");
+      }
+    }
+  }
+  good_ = size;
+}
+
+bool jsonl_log::append(const std::string& line) {
+  if (fd_ < 0)
+    return false;
+  if (pending_.size() >= max_pending_) {
+    pending_.pop_front();
+    ++dropped_;
+  }
+  pending_.push_back(line + "\n");
+  return flush();
+}
+
+bool jsonl_log::flush() {
+  if (fd_ < 0)
+    return pending_.empty();
+  while (!pending_.empty()) {
+    const auto& text = pending_.front();
+    size_t done = 0;
+    int failed = 0;
+    while (done < text.size()) {
+      const auto n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(good_ + done));
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0) {
+        failed = n < 0 ? errno : ENOSPC;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (failed != 0) {
+      // No partial record stays behind: cut back to the last complete line
+      // (or, when even that fails, once a later write succeeds).
+      if (done > 0 && ::ftruncate(fd_, static_cast<off_t>(good_)) != 0)
+        cut_due_ = true;
+      trouble_ = errno_text(failed);
+      return false;
+    }
+    good_ += text.size();
+    pending_.pop_front();
+  }
+  if (cut_due_ && ::ftruncate(fd_, static_cast<off_t>(good_)) == 0)
+    cut_due_ = false;
+  trouble_.clear();
+  return true;
+}
+
+void jsonl_log::close() {
+  if (fd_ >= 0) {
+    flush();
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+} // namespace tandem
