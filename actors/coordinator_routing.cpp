@@ -357,7 +357,8 @@ void deliver(self_ptr self) {
       s.escalated + "; the run stopped after step " + std::to_string(s.step)
         + (s.summary.checkpoint.empty() ? std::string(" with no checkpoint")
                                         : ", checkpoint " + s.summary.checkpoint
-                                            + " holds it (tandem run --resume continues)")));
+                                            + " holds it (tandem run --resume continues from it once the "
+                                              "cause above is dealt with)")));
     return;
   }
   s.promise.deliver(s.summary);

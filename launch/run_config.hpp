@@ -73,7 +73,7 @@ struct run_config {
   struct model_section {
     std::filesystem::path target;    ///< target: a Hugging Face Qwen3 folder (required)
     std::vector<int64_t> tap_layers; ///< tap_layers: decoder-layer outputs to tap, strictly
-                                     ///< increasing; [] = DFLASH.md's default_tap_ids(L, 5)
+                                     ///< increasing; [] = gpu::training_tap_ids(L) (DFLASH.md's 5 for L ≥ 8)
     std::string dtype = "auto";      ///< dtype: "auto" (bfloat16 on a GPU, float32 on the CPU),
                                      ///< "float32" or "bfloat16"
   } model;

@@ -283,6 +283,9 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
   if (!extra_json.empty() && !json::accept(extra_json))
     fail(dir, "extra state is not JSON: " + extra_json.substr(0, 80));
   state["extra"] = extra_json;
+  // The runtime's cursor and ledger are bytes a resume trusts, as much as
+  // the tensors: checked the same way.
+  state["extra_crc32c"] = crc32c_hex(crc32c(extra_json.data(), extra_json.size()));
 
   std::map<std::string, at::Tensor> weights, optim;
   for (size_t i = 0; i < p; ++i) {
@@ -556,6 +559,24 @@ checkpoint_contents read_checkpoint(const fs::path& dir_in) {
   }
   if (s.contains("extra") && !s.at("extra").is_string())
     fail(file, "field 'extra' must be a string");
+  if (s.contains("extra")) {
+    const auto& extra = s.at("extra").get_ref<const std::string&>();
+    if (s.contains("extra_crc32c")) {  // checkpoints since it was added
+      const auto got = crc32c_hex(crc32c(extra.data(), extra.size()));
+      if (!s.at("extra_crc32c").is_string() || s.at("extra_crc32c").get<std::string>() != got)
+        fail(file, "field 'extra' is corrupt: its bytes have CRC-32C " + got + ", field 'extra_crc32c' is "
+                     + s.at("extra_crc32c").dump());
+    }
+    if (!extra.empty()) {
+      const auto e = json::parse(extra, nullptr, false);
+      if (e.is_discarded())
+        fail(file, "field 'extra' is not JSON: " + extra.substr(0, 80));
+      if (e.is_object() && e.contains("step")
+          && (!e.at("step").is_number_integer() || e.at("step").get<int64_t>() != c.step))
+        fail(file, "field 'extra' says step " + e.at("step").dump() + ", field 'step' is "
+                     + std::to_string(c.step));
+    }
+  }
 
   const auto wfile = dir / "weights.safetensors";
   const auto ofile = dir / "optimizer.safetensors";

@@ -308,7 +308,7 @@ struct drafter_engine::impl {
 
   void build_config() {
     auto tc = load_qwen3_config(opts.target_dir);
-    auto taps = opts.tap_ids.empty() ? default_tap_ids(tc.num_hidden_layers, 5) : opts.tap_ids;
+    auto taps = opts.tap_ids.empty() ? training_tap_ids(tc.num_hidden_layers) : opts.tap_ids;
     for (auto id : taps)
       require(id >= 0 && id < tc.num_hidden_layers,
               "tap layer " + std::to_string(id) + " outside the target's "
@@ -1324,7 +1324,7 @@ int64_t drafter_engine::parameter_count(const drafter_engine_options& opts) {
   const auto d = tc.hidden_size, i = tc.intermediate_size, h = tc.head_dim;
   const auto q = tc.num_attention_heads * h, kv = tc.num_key_value_heads * h;
   const auto taps = static_cast<int64_t>(
-    (opts.tap_ids.empty() ? default_tap_ids(tc.num_hidden_layers, 5) : opts.tap_ids).size());
+    (opts.tap_ids.empty() ? training_tap_ids(tc.num_hidden_layers) : opts.tap_ids).size());
   // dflash_weights: fc [D, n·D], hidden_norm [D], norm [D]; per layer the 11
   // tensors of decoder_layer_weights (gpu/models/common.hpp).
   const auto layer = 2 * d + q * d + 2 * kv * d + d * q + 2 * h + 3 * i * d;

@@ -185,6 +185,9 @@ qwen3_config parse_qwen3(const config_file& c) {
     q.tie_word_embeddings = as_bool(c, "tie_word_embeddings", *v);
   if (const json* v = c.find("attention_bias"))
     q.attention_bias = as_bool(c, "attention_bias", *v);
+  if (q.attention_bias)
+    c.fail("field 'attention_bias' is true; Tandem's Qwen3 has no attention biases (Qwen3's own checkpoints "
+           "have none: this is another architecture)");
   if (const json* v = c.find("hidden_act"); v != nullptr && *v != "silu")
     c.fail("field 'hidden_act' is " + v->dump() + "; Tandem supports only \"silu\"");
   if (const json* v = c.find("use_sliding_window"); v != nullptr && as_bool(c, "use_sliding_window", *v))
@@ -310,6 +313,23 @@ std::string to_json(const dflash_config& c, const std::string& dtype) {
   j["tie_word_embeddings"] = l.tie_word_embeddings;
   j["vocab_size"] = l.vocab_size;
   return j.dump(2);
+}
+
+std::vector<int64_t> training_tap_ids(int64_t num_target_layers) {
+  constexpr int64_t taps = 5;
+  if (num_target_layers >= 8) {
+    auto ids = default_tap_ids(num_target_layers, taps);
+    if (std::adjacent_find(ids.begin(), ids.end(), [](int64_t a, int64_t b) { return a >= b; }) == ids.end())
+      return ids;
+  }
+  const int64_t n = std::min(taps, std::max<int64_t>(num_target_layers, 1));
+  if (n == 1)
+    return {num_target_layers / 2};
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i)  // distinct: the step (L−1)/(n−1) is at least 1
+    ids.push_back(static_cast<int64_t>(std::llround(static_cast<double>(i * (num_target_layers - 1))
+                                                    / static_cast<double>(n - 1))));
+  return ids;
 }
 
 std::vector<int64_t> default_tap_ids(int64_t num_target_layers, int64_t num_taps) {

@@ -78,4 +78,11 @@ inline std::string dflash_config_json(const dflash_config& c,
 /// id would fall outside [0, L).
 std::vector<int64_t> default_tap_ids(int64_t num_target_layers, int64_t num_taps);
 
+/// The taps a run uses when model.tap_layers is not set: default_tap_ids(L,
+/// 5) when that gives 5 distinct layers in order (L ≥ 8; Qwen3-8B:
+/// [1, 9, 17, 25, 33]); for a smaller target, min(5, L) layers spread
+/// evenly over [0, L) (4 layers: [0, 1, 2, 3]; 1 layer: [0]).  Never throws
+/// for L ≥ 1.
+std::vector<int64_t> training_tap_ids(int64_t num_target_layers);
+
 } // namespace tandem::gpu

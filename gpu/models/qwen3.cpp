@@ -49,7 +49,7 @@ qwen3_weights qwen3_weights_from(const std::map<std::string, at::Tensor>& t,
 qwen3_target::qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<int64_t> tap_ids)
   : cfg_(std::move(cfg)), w_(std::move(weights)), tap_ids_(std::move(tap_ids)) {
   if (tap_ids_.empty())
-    tap_ids_ = default_tap_ids(cfg_.num_hidden_layers, 5);
+    tap_ids_ = training_tap_ids(cfg_.num_hidden_layers);
   for (auto id : tap_ids_)
     if (id < 0 || id >= static_cast<int64_t>(w_.layers.size()))
       throw error(errc::bad_input, "tap layer " + std::to_string(id) + " outside the target's "
@@ -94,7 +94,7 @@ qwen3_target qwen3_target::load(const std::filesystem::path& dir, at::Device dev
                                 bool with_head) {
   auto cfg = load_qwen3_config(dir);
   if (tap_ids.empty())
-    tap_ids = default_tap_ids(cfg.num_hidden_layers, 5);
+    tap_ids = training_tap_ids(cfg.num_hidden_layers);
   const auto deepest = *std::max_element(tap_ids.begin(), tap_ids.end());
   auto tensors = load_safetensors(dir);
   // Messages name the weights' file (the index of a sharded checkpoint).

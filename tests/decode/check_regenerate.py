@@ -13,7 +13,8 @@ of 2. Checks:
 3. resuming: with round 2 cut short (one finished generation and a torn line, progress
    rolled back to round 1), the same command finishes and writes identical conversations;
 4. a different option (another --max-new-tokens) on the same work folder is refused
-   without --overwrite.
+   without --overwrite;
+5. so are regenerations of a target whose weights changed since (modification time).
 Exit status 0 pass, 1 fail, 77 (SKIPPED) without torch/transformers.
 """
 
@@ -159,6 +160,22 @@ def main():
     refused = subprocess.run([a if a != str(MAX_NEW) else "30" for a in cmd], capture_output=True, text=True)
     if refused.returncode == 0 or "other inputs or options" not in refused.stderr:
         failures.append(f"other options on the same work folder were not refused: {refused.stderr[-400:]}")
+
+    # 5. The target's weights changed at the same path (here: a copy of the target whose
+    # weights file is rewritten with the same bytes, a newer modification time): its
+    # regenerations are not reused without --overwrite.
+    moved = os.path.join(work, "target")
+    shutil.copytree(target_dir, moved)
+    cmd_moved = [a if a != target_dir else moved for a in cmd]
+    subprocess.run(cmd_moved + ["--overwrite"], capture_output=True, text=True, check=False)
+    weights = [n for n in os.listdir(moved) if n.endswith(".safetensors")]
+    for n in weights:
+        p = os.path.join(moved, n)
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    stale = subprocess.run(cmd_moved, capture_output=True, text=True)
+    if stale.returncode == 0 or "its config.json or weights have changed since" not in stale.stderr:
+        failures.append(f"regenerations of a target whose weights changed were reused: {stale.stderr[-400:]}")
 
     for f in failures:
         print("FAILED:", f)

@@ -12,7 +12,9 @@
 #   3. a token id past the vocabulary in a shard whose sha256 matches;
 #   4. a manifest whose tokenizer is not the target's (vocab_size; eos);
 #   5. drafter.mask_token_id outside the embedding, a tap layer past the
-#      target's layers: config errors before any actor starts (exit 2); a
+#      target's layers, a target with attention biases, scaled RoPE or a
+#      context shorter than data.seq_len: config errors before any actor
+#      starts (exit 2; as is a manifest of another tokenizer, 4); a
 #      mask id the data holds: the shard check stops the run;
 #   6. a truncated target weights file: stops at once with the error, no
 #      restart with backoff (the drafter would be retried four times before).
@@ -150,7 +152,8 @@ m = json.load(open(sys.argv[1])); m["tokenizer"]["vocab_size"] = 151669
 json.dump(m, open(sys.argv[1], "w"))
 EOF
 run vocab
-check stopped_untrained vocab
+check test "$rc" -eq 2  # before anything starts or is written
+check test ! -e "$work/vocab/metrics.jsonl"
 check says vocab "$work/data/manifest.json: tokenizer.vocab_size = 151669 but $target/config.json has vocab_size = 2048"
 fresh_data
 "$python" - "$work/data/manifest.json" <<'EOF'
@@ -160,7 +163,7 @@ m["tokenizer"].update({"eos_token_id": 5, "bos_token_id": None, "pad_token_id": 
 json.dump(m, open(sys.argv[1], "w"))
 EOF
 run eos
-check stopped_untrained eos
+check test "$rc" -eq 2
 check says eos "$work/data/manifest.json: tokenizer.eos_token_id = 5 but $target/config.json has eos_token_id = 2046"
 # An old manifest (no special tokens recorded): a warning; it trains.
 fresh_data
@@ -173,6 +176,25 @@ run mask --set drafter.mask_token_id=2048
 check test "$rc" -eq 2
 check says mask "$work/run.toml: 'drafter.mask_token_id' = 2048 is not a row of the target's embedding: $target/config.json has vocab_size = 2048"
 check test ! -e "$work/mask/metrics.jsonl"
+# A target Tandem cannot run as written, or whose context is shorter than
+# data.seq_len: exit 2, naming config.json and the field, nothing written.
+odd_target() {  # NAME PYTHON-EDIT: a copy of the target with its config.json edited
+  mkdir -p "$work/t_$1"; cp -r "$target"/. "$work/t_$1"/
+  "$python" -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $2; json.dump(c, open(p, 'w'))" "$work/t_$1/config.json"
+}
+odd_target bias 'c["attention_bias"] = True'
+run bias --set model.target="$work/t_bias"
+check test "$rc" -eq 2
+check says bias "$work/t_bias/config.json: field 'attention_bias' is true"
+odd_target short 'c["max_position_embeddings"] = 128'
+run short --set model.target="$work/t_short"
+check test "$rc" -eq 2
+check says short "data.seq_len = 256 is longer than the target's context: $work/t_short/config.json has max_position_embeddings = 128"
+odd_target scaled 'c["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}'
+run scaled --set model.target="$work/t_scaled"
+check test "$rc" -eq 2
+check says scaled "field 'rope_scaling.rope_type' is \"linear\""
+check test ! -e "$work/scaled/metrics.jsonl"
 check test ! -e "$work/mask/config.toml"  # nothing written before the checks pass
 # A mask id the data holds: the shard check stops the run before it trains.
 fresh_data

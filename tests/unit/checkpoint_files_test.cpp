@@ -183,6 +183,24 @@ TEST(checkpoint_files, resume_falls_back_past_corrupt_checkpoints_naming_file_an
   write_bytes(t.dir / "step-00000040" / "state.json", state.dump());
   expect_bad_input([&] { verify_checkpoint(t.dir / "step-00000040"); },
                    {"optimizer.safetensors", "tensor 'step'"});
+  // The runtime's state (extra: step, ledger) has its checksum too: an edit
+  // that keeps it JSON is caught, and a resume falls back past it.
+  write_step(t.dir, 50);
+  state = nlohmann::json::parse(read_bytes(t.dir / "step-00000050" / "state.json"));
+  state["extra"] = "{\"step\": 50, \"ledger\": [1]}";
+  write_bytes(t.dir / "step-00000050" / "state.json", state.dump());
+  expect_bad_input([&] { verify_checkpoint(t.dir / "step-00000050"); },
+                   {"step-00000050/state.json", "field 'extra' is corrupt", "CRC-32C"});
+  // Without its checksum (as before it was recorded): still JSON, and its
+  // step must be the checkpoint's.
+  state.erase("extra_crc32c");
+  state["extra"] = "{\"step\": 49}";
+  write_bytes(t.dir / "step-00000050" / "state.json", state.dump());
+  expect_bad_input([&] { verify_checkpoint(t.dir / "step-00000050"); }, {"field 'extra' says step 49"});
+  state["extra"] = "{\"step\": 5";
+  write_bytes(t.dir / "step-00000050" / "state.json", state.dump());
+  expect_bad_input([&] { verify_checkpoint(t.dir / "step-00000050"); }, {"field 'extra' is not JSON"});
+  EXPECT_EQ(find_resume_checkpoint(t.dir).dir, t.dir / "step-00000010");
 }
 
 TEST(checkpoint_files, sizes_read_as_a_person_would) {

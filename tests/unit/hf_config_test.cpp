@@ -453,3 +453,24 @@ print(json.dumps({"block_size": m.block_size, "mask_token_id": m.mask_token_id,
 }
 
 } // namespace
+
+// The taps a run uses without model.tap_layers: DFlash's default from 8
+// layers up, else min(5, L) distinct layers in order — never a repeated or
+// out-of-order tap (default_tap_ids(4, 5) would be [1, 1, 1, 1, 1]).
+TEST(hf_config, training_tap_ids) {
+  EXPECT_EQ(training_tap_ids(36), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(training_tap_ids(8), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(training_tap_ids(7), (std::vector<int64_t>{0, 2, 3, 5, 6}));
+  EXPECT_EQ(training_tap_ids(4), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(training_tap_ids(2), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(training_tap_ids(1), (std::vector<int64_t>{0}));
+  for (int64_t L = 1; L <= 80; ++L) {
+    const auto ids = training_tap_ids(L);
+    ASSERT_EQ(ids.size(), static_cast<size_t>(std::min<int64_t>(5, L))) << L;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_TRUE(ids[i] >= 0 && ids[i] < L) << L;
+      if (i > 0)
+        EXPECT_LT(ids[i - 1], ids[i]) << L;
+    }
+  }
+}

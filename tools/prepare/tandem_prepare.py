@@ -572,6 +572,17 @@ def _shard_damage(path):
     return None
 
 
+def _target_files(target):
+    """The target's files as they are: config.json's sha256, and each weights file's name,
+    size and modification time (hashing the weights would cost more than a resume saves)."""
+    out = {"config.json": sha256_file(os.path.join(target, "config.json"))}
+    for name in sorted(os.listdir(target)):
+        if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+            st = os.stat(os.path.join(target, name))
+            out[name] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
 def _differs_from_existing(out_dir, identity, reporter):
     """For --reuse: None when out_dir holds a complete data set with this identity; else what
     differs ("inputs", "options", ...), or "" when there is no complete data set there."""
@@ -964,15 +975,24 @@ def regenerate(args):
                "seed": args.seed}
     identity = {"inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p)} for p in args.inputs],
                 "tokenizer": os.path.abspath(args.tokenizer), "format": args.format,
-                "chat_template_kwargs": template_kwargs, **options}
+                "chat_template_kwargs": template_kwargs, **options,
+                "target_files": _target_files(args.target)}
     progress_file = os.path.join(work, "progress.json")
     state_file = os.path.join(work, "conversations.jsonl")
     progress = None
     if os.path.isfile(progress_file):
         with open(progress_file) as f:
             progress = json.load(f)
-        if progress.get("identity") != identity:
+        was = progress.get("identity") or {}
+        if "target_files" not in was:  # written before the target's files were recorded
+            was = {**was, "target_files": identity["target_files"]}
+        if was != identity:
             if not args.overwrite:
+                if {k: v for k, v in was.items() if k != "target_files"} == \
+                        {k: v for k, v in identity.items() if k != "target_files"}:
+                    raise UsageError(f"{work} holds a regeneration by {args.target} as its files were then: "
+                                     "its config.json or weights have changed since (size or modification "
+                                     "time); pass --overwrite to regenerate with the target as it is now")
                 raise UsageError(f"{work} holds a regeneration with other inputs or options; "
                                  "pass --overwrite to start it again")
             progress = None

@@ -4,15 +4,18 @@
 // its batch ends, so an interrupted run resumes where it stopped.  The first
 // line identifies the prompts and options; a run with others refuses the file.
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
@@ -38,6 +41,47 @@ struct generate_args {
   bool quiet = false;
 };
 
+/// The target's files as they are now: FNV-1a 64 over config.json's bytes
+/// and each weights file's name, size and modification time (hashing 16 GB
+/// of weights would take longer than a resume saves).  Other weights at the
+/// same path give another fingerprint.
+std::string target_fingerprint(const fs::path& dir) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix_bytes = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<const unsigned char*>(p)[i];
+      h *= 1099511628211ull;
+    }
+  };
+  {
+    std::ifstream f(dir / "config.json", std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    mix_bytes(text.data(), text.size());
+  }
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.size() > 12 && (name.rfind(".safetensors") == name.size() - 12
+                             || name.find(".safetensors.index.json") != std::string::npos))
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0)
+      continue;
+    const auto name = f.filename().string();
+    mix_bytes(name.data(), name.size());
+    const int64_t fields[] = {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                              static_cast<int64_t>(st.st_mtim.tv_nsec)};
+    mix_bytes(fields, sizeof fields);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 /// What ties an --out file to its prompts and decoding options: its first
 /// line.  A resumed run must match it, so a file of other prompts or options
 /// is never taken for finished work.
@@ -62,6 +106,7 @@ json identity(const generate_args& a) {
               {"prompts", a.o.prompts.size()},
               {"prompts_fnv1a64", hex},
               {"target", (ec ? a.o.target_dir : target).string()},
+              {"target_files", target_fingerprint(a.o.target_dir)},
               {"max_new_tokens", a.o.max_new_tokens},
               {"temperature", a.o.temperature},
               {"top_p", a.o.top_p},
@@ -91,12 +136,21 @@ std::set<size_t> finished(const fs::path& out, const json& id) {
     // nothing to resume, so the new options simply replace it.
     std::string next;
     const bool empty = !std::getline(f, next);
-    for (const auto& [key, value] : id.items())
-      if (!empty && (!h.contains(key) || h[key] != value))
+    for (const auto& [key, value] : id.items()) {
+      if (empty || (key == "target_files" && !h.contains(key)))  // (a header written before it was recorded)
+        continue;
+      if (key == "target_files" && h[key] != value)
+        throw gpu::error(errc::bad_input,
+                         out.string() + " holds generations of " + h.value("target", std::string("the target"))
+                           + " as its files were then: its config.json or weights have changed since (size or "
+                             "modification time); delete it or choose another --out to generate with the "
+                             "target as it is now");
+      if (!h.contains(key) || h[key] != value)
         throw gpu::error(errc::bad_input,
                          out.string() + " holds generations of other prompts or options ('" + key
                            + "' is " + (h.contains(key) ? h[key].dump() : "missing") + " there, "
                            + value.dump() + " now); delete it or choose another --out");
+    }
     header = !empty && h == id;
     for (bool first = true; !empty && (first || std::getline(f, line)); first = false) {
       if (first)

@@ -42,6 +42,8 @@
 #include "actors/system.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
+#include "gpu/data/identity.hpp"
+#include "gpu/io/model_tokens.hpp"
 #include "gpu/data/packing.hpp"
 #include "gpu/engine/lr_schedule.hpp"
 #include "gpu/io/hf_config.hpp"
@@ -555,6 +557,32 @@ int run_training(const run_options& ro, const worker_context& wc) {
                placement.describe().c_str());
 
   check_paths(cfg, cfg.data.sources.empty());
+  // The target's config.json, as every engine will read it: what Tandem
+  // cannot run, and a context shorter than data.seq_len, stop here (exit 2)
+  // rather than once the engines load.
+  gpu::qwen3_config target_cfg;
+  try {
+    target_cfg = gpu::load_qwen3_config(cfg.model.target);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem run: %s: model.target: %s\n", ro.config.c_str(), e.what());
+    return 2;
+  }
+  if (target_cfg.max_position_embeddings < cfg.data.seq_len) {
+    std::fprintf(stderr, "tandem run: %s: data.seq_len = %lld is longer than the target's context: %s has "
+                         "max_position_embeddings = %lld (lower data.seq_len)\n",
+                 ro.config.c_str(), static_cast<long long>(cfg.data.seq_len),
+                 (cfg.model.target / "config.json").c_str(),
+                 static_cast<long long>(target_cfg.max_position_embeddings));
+    return 2;
+  }
+  if (cfg.model.tap_layers.empty() && target_cfg.num_hidden_layers < 8) {
+    std::string ids;
+    for (auto id : gpu::training_tap_ids(target_cfg.num_hidden_layers))
+      ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+    std::fprintf(stderr, "tandem run: model.tap_layers not set: the target has %lld layers, too few for DFlash's "
+                         "default of 5 taps spread over layers 1 .. L-3: taps [%s]\n",
+                 static_cast<long long>(target_cfg.num_hidden_layers), ids.c_str());
+  }
   std::string earlier_run;  // what --overwrite removes once the checks have passed
   if (!ro.resume && !wc.resume_if_any)
     if (int rc = check_fresh_start(cfg, ro.overwrite, earlier_run); rc != 0)
@@ -569,6 +597,15 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
   }
   gpu::data::dataset ds(cfg.data.path);
+  try {
+    // The data set must be the target's (the prefetch actors check it again,
+    // and say the warnings): a mismatch stops here, before anything is written.
+    (void)gpu::data::check_tokenizer_identity(ds.manifest(), ds.dir() / "manifest.json",
+                                              gpu::load_model_tokens(cfg.model.target));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem run: %s: data.path: %s\n", ro.config.c_str(), e.what());
+    return 2;
+  }
   // The schedule's length: the packer's own batch count over every epoch
   // (gpu/data/packer.hpp count_steps), not a fill factor.
   data_facts facts{ds.num_samples(), ds.num_tokens()};
@@ -621,13 +658,24 @@ int run_training(const run_options& ro, const worker_context& wc) {
       return 2;
     }
     if (!found.dir.empty()) {
-      auto extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
-      resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump(), {}};
+      nlohmann::json extra;
+      try {
+        // (Its bytes passed their checksum: a field that does not read here
+        // was written by another version, or edited.)
+        extra = nlohmann::json::parse(gpu::read_checkpoint_extra(found.dir));
+        resume = resume_point{found.dir.string(), extra.at("step").get<int64_t>(), extra.at("ledger").dump(), {}};
+        if (extra.contains("lr_scale"))  // set through the control endpoint (absent: never set)
+          for (const auto& change : extra.at("lr_scale"))
+            resume->lr_scale.emplace_back(change.at(0).get<int64_t>(), change.at(1).get<double>());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tandem run --resume: %s: field 'extra' (the run's step, ledger and learning-rate "
+                             "schedule) does not read: %s; move that checkpoint folder aside to resume from the "
+                             "one before it\n",
+                     (found.dir / "state.json").c_str(), e.what());
+        return 2;
+      }
       if (int rc = check_resumed_data(extra, facts, cfg, found.dir, ro.force); rc != 0)
         return rc;
-      if (extra.contains("lr_scale"))  // set through the control endpoint (absent: never set)
-        for (const auto& change : extra["lr_scale"])
-          resume->lr_scale.emplace_back(change.at(0).get<int64_t>(), change.at(1).get<double>());
       // A change made after this checkpoint (the schedule as last set is
       // kept beside metrics.jsonl): the newer schedule holds the older.
       if (auto kept = read_lr_schedule(cfg.lr_schedule_file()); kept && *kept != resume->lr_scale) {
@@ -740,10 +788,11 @@ int run_training(const run_options& ro, const worker_context& wc) {
     }
     read_prompt_file(rendered.string(), plan.eval->prompts, plan.eval->stop_ids);
     add_generation_eos(cfg.model.target.string(), plan.eval->stop_ids);
+    size_t dropped_for_context = 0;
     {
       // A prompt that with eval.max_new_tokens would pass the target's context is
       // left out (said once), not an error in every evaluation.
-      const int64_t context = gpu::load_qwen3_config(cfg.model.target).max_position_embeddings;
+      const int64_t context = target_cfg.max_position_embeddings;
       auto& ps = plan.eval->prompts;
       const auto before = ps.size();
       if (context > 0)
@@ -752,6 +801,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
                                   return static_cast<int64_t>(p.size()) + plan.eval->max_new_tokens > context;
                                 }),
                  ps.end());
+      dropped_for_context = before - ps.size();
       if (ps.size() != before)
         std::fprintf(stderr, "tandem run: eval: warning: %zu of %zu prompts of %s left out: with eval.max_new_tokens = "
                              "%lld they would run past the target's context (max_position_embeddings = %lld)\n",
@@ -759,8 +809,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
                      static_cast<long long>(plan.eval->max_new_tokens), static_cast<long long>(context));
     }
     if (plan.eval->prompts.empty()) {
-      std::fprintf(stderr, "tandem run: %s: eval.prompts (%s) holds no conversation with an assistant turn\n",
-                   ro.config.c_str(), cfg.eval.prompts.c_str());
+      std::fprintf(stderr, "tandem run: %s: eval.prompts (%s) %s\n", ro.config.c_str(), cfg.eval.prompts.c_str(),
+                   dropped_for_context > 0 ? "has no prompt left that fits the target's context with "
+                                             "eval.max_new_tokens (lower it, or give shorter prompts)"
+                                           : "holds no conversation with an assistant turn");
       return 2;
     }
     std::fprintf(stderr, "tandem run: eval: %zu held-out prompts, on %s%s\n", plan.eval->prompts.size(),
