@@ -132,6 +132,16 @@ EOF
   check grep -q "disk full (.*No space left on device.*checkpoint needs [0-9]* bytes" "$work/enospc.log"
   check test "$(cat "$work/left-enospc.txt")" = "$(printf 'latest\nstep-00000010')"
   check "$python" -c 'import json,sys; e=[j for j in map(json.loads, open(sys.argv[1])) if j["event"] == "end"][-1]; assert e["reason"] == "error" and e["durable_step"] == 10 and "bytes" in e["error"], e' "$work/disk-metrics.jsonl"
+  # A checkpoint.dir (or output folder) it cannot write: said before training, exit 2.
+  unshare --mount --propagation private bash -s "$tandem" "$work" "${extra[@]}" <<'EOF' > "$work/ro.log" 2>&1 || true
+set -u
+tandem=$1 work=$2; shift 2
+mkdir -p "$work/ro"; mount -t tmpfs -o size=64k,ro tmpfs "$work/ro"
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/ro-run" --set checkpoint.dir="$work/ro/ck" "$@"; echo "ro: $?"
+EOF
+  check grep -q "^ro: 2" "$work/ro.log"
+  check grep -q "checkpoint.dir = $work/ro/ck: cannot make it: Read-only file system" "$work/ro.log"
+  check test ! -e "$work/ro-run/metrics.jsonl"
   check grep -q "^resumed: 0" "$work/disk.log"
   check grep -q "resuming from .*/step-00000010 (step 10)" "$work/after.log"
 else

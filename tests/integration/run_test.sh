@@ -9,7 +9,7 @@
 #      completes with an exact ledger;
 #   2b. a drafter busy with a slow snapshot is not taken for dead;
 #   3. past the restart budget the run stops with a report naming the drafter;
-#   4. SIGTERM finishes the step, writes a checkpoint and exits 0;
+#   4. SIGTERM (and SIGHUP) finishes the step, writes a checkpoint and exits 0;
 #   5. stop at step 20 + --resume gives the uninterrupted run's losses for
 #      steps 1..40 exactly (tolerance: bit-identical on the CPU).
 # The assertions read metrics.jsonl (structured), never the progress text.
@@ -91,24 +91,26 @@ else
   grep -q "restart budget 1" "$work/budget.log" || { echo "budget.log:"; tail -n 20 "$work/budget.log"; }
 fi
 
-# 4. SIGTERM: finish the step, checkpoint, exit 0.
-"$tandem" run "$work/run.toml" --set run.output_dir="$work/signal" "${extra[@]}" --set data.epochs=200 \
-  > "$work/signal.log" 2>&1 &
+# 4. SIGTERM, and SIGHUP (a closed terminal): finish the step, checkpoint, exit 0.
+for sig in TERM HUP; do
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/signal-$sig" "${extra[@]}" --set data.epochs=200 \
+  > "$work/signal-$sig.log" 2>&1 &
 pid=$!  # tandem itself (a shell function here would put a subshell in between)
 for _ in $(seq 150); do
   sleep 0.2
-  if [[ -f "$work/signal/metrics.jsonl" ]] && (( $(grep -c '"event":"step"' "$work/signal/metrics.jsonl") >= 30 )); then
+  if [[ -f "$work/signal-$sig/metrics.jsonl" ]] && (( $(grep -c '"event":"step"' "$work/signal-$sig/metrics.jsonl") >= 30 )); then
     break
   fi
 done
-kill -TERM "$pid" 2>/dev/null || echo "the signal run had already ended"
+kill -"$sig" "$pid" 2>/dev/null || echo "the signal run had already ended"
 if wait "$pid"; then
-  s=$(summary "$work/signal/metrics.jsonl"); echo "signal: $s"
+  s=$(summary "$work/signal-$sig/metrics.jsonl"); echo "signal $sig: $s"
   check test "$(field "$s" end)" = signal
   check test "$(field "$s" last_checkpoint)" = "$(field "$s" last_step)"
 else
-  failed=$((failed+1)); echo "FAILED: SIGTERM exit status"; cat "$work/signal.log"
+  failed=$((failed+1)); echo "FAILED: SIG$sig exit status"; cat "$work/signal-$sig.log"
 fi
+done
 
 # 5. Resume follows the uninterrupted trajectory exactly.
 run whole --set train.max_steps=40 > /dev/null 2>&1 || fail "whole run"

@@ -199,6 +199,7 @@ int run_node(const node_options& o) {
   caf::actor_system sys{cfg};
   std::signal(SIGINT, on_node_signal);
   std::signal(SIGTERM, on_node_signal);
+  std::signal(SIGHUP, on_node_signal);
   const auto hello = build_hello(o.name, token, gpus);
   gpu::transport::name_nccl_host(o.name, false);  // per process once the plan says cluster.transport = "nccl"
   // CAF connects to a local connector, which passes the leader's gate

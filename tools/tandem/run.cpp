@@ -241,6 +241,26 @@ int check_fresh_start(const run_config& cfg, bool overwrite, std::string& what) 
   return 2;
 }
 
+/// Why `dir` cannot take this run's files (nullopt: it can): made if
+/// missing, then a file created, written and removed in it.
+std::optional<std::string> cannot_write(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return "cannot make it: " + ec.message();
+  const auto probe = dir / (".tandem-probe-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return "cannot write in it: " + std::string(std::strerror(errno));
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int e = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote)
+    return "cannot write in it: " + std::string(std::strerror(e));
+  return std::nullopt;
+}
+
 /// Holds run.output_dir/.lock (flock) for this worker process's life, so a
 /// second `tandem run` into the folder — a fresh start, a --resume, another
 /// cluster leader — is refused instead of training into the same
@@ -634,6 +654,19 @@ int run_training(const run_options& ro, const worker_context& wc) {
       std::fprintf(stderr, "tandem run: warning: --fault %s will not fire: the run ends at step %lld\n",
                    f.to_string().c_str(), static_cast<long long>(last));
   }
+  // The folders it writes, before anything is trained that would need them
+  // (a checkpoint.dir it cannot write was found at the first checkpoint),
+  // then the folder's lock — before a --resume looks at its checkpoints,
+  // which a run still writing there may be rotating.
+  for (const auto& [field, dir] : {std::pair<std::string, std::filesystem::path>{"run.output_dir", cfg.run.output_dir},
+                                   {"checkpoint.dir", cfg.checkpoint_dir()}})
+    if (auto why = cannot_write(dir)) {
+      std::fprintf(stderr, "tandem run: %s: %s = %s: %s\n", ro.config.c_str(), field.c_str(), dir.c_str(),
+                   why->c_str());
+      return 2;
+    }
+  if (int rc = lock_run_folder(cfg); rc != 0)
+    return rc;
   std::optional<resume_point> resume;
   std::optional<resumed_event> resumed;  // the "resumed" event
   const auto host_dir = host_restore_dir(cfg);
@@ -706,11 +739,6 @@ int run_training(const run_options& ro, const worker_context& wc) {
       std::fprintf(stderr, "tandem run: nothing to resume from yet: starting from step 0\n");
     }
   }
-  // Written once the run is known to start (a config that fails its checks
-  // leaves the folder's record of the last run that did).
-  std::filesystem::create_directories(cfg.run.output_dir);
-  if (int rc = lock_run_folder(cfg); rc != 0)
-    return rc;
   if (!earlier_run.empty())
     remove_earlier_run(cfg, earlier_run);
   {
@@ -739,6 +767,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   if (cluster) {
     std::signal(SIGINT, on_signal);  // while it waits for members, too
     std::signal(SIGTERM, on_signal);
+    std::signal(SIGHUP, on_signal);  // a closed terminal or ssh session: stop as SIGTERM does
     // Batches and features go to members on this host through shared memory.
     gpu::transport::share_with_host(true);
     if (const auto n = gpu::transport::sweep_orphan_segments())
@@ -903,6 +932,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGHUP, on_signal);  // a closed terminal or ssh session: stop as SIGTERM does
   caf::scoped_actor self{sys};
   start_run(sys, run, caf::actor_cast<caf::actor>(self));
   int exit_code = 0;
@@ -1033,6 +1063,7 @@ int supervise_workers(const run_options& ro) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
   const pid_t parent = ::getpid();
   int status = 0;
   for (int64_t restarts = 0;; ++restarts) {
@@ -1050,6 +1081,7 @@ int supervise_workers(const run_options& ro) {
         std::_Exit(1);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
+      std::signal(SIGHUP, SIG_DFL);
       return run_worker(ro, wc);
     }
     worker_pid.store(child);
