@@ -280,21 +280,65 @@ drafter_location locate_drafter(const fs::path& path) {
   const auto root = path / "checkpoints";
   if (fs::is_directory(root, ec)) {
     std::string skipped;
-    for (const auto& dir : list_checkpoints(root)) {
-      try {
-        verify_checkpoint(dir);
-        auto loc = checkpoint_location(dir);
-        loc.skipped = skipped.empty() ? skipped : skipped.substr(2);  // without the leading "; "
-        return loc;
-      } catch (const error& e) {
-        skipped += std::string("; skipped ") + e.what();
+    // A checkpoint that vanished while it was verified was rotated away by
+    // the run training there: its newer ones are listed again.
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      skipped.clear();
+      bool vanished = false;
+      for (const auto& dir : list_checkpoints(root)) {
+        try {
+          verify_checkpoint(dir);
+          auto loc = checkpoint_location(dir);
+          loc.skipped = skipped.empty() ? skipped : skipped.substr(2);  // without the leading "; "
+          return loc;
+        } catch (const error& e) {
+          if (!fs::exists(dir, ec)) {
+            vanished = true;
+            continue;
+          }
+          skipped += std::string("; skipped ") + e.what();
+        }
       }
+      if (!vanished)
+        break;
     }
     fail("run folder " + path.string() + " has no complete checkpoint under " + root.string()
          + skipped);
   }
   fail("drafter " + path.string() + " is neither an export (config.json), a checkpoint "
        "(state.json) nor a run folder (checkpoints/)");
+}
+
+/// The drafter at `path` (locate_drafter), loaded with its target.  A run
+/// folder's newest checkpoint that the run still training there rotates
+/// away between the lookup and the load is looked up again (a few times).
+struct located_drafter {
+  drafter_location loc;
+  fs::path target_dir;
+  qwen3_config target;
+  dflash_config cfg;
+  dflash_weights w;
+};
+located_drafter locate_and_load(const fs::path& path, const fs::path& given_target, at::Device device,
+                                at::ScalarType dtype, const char* who) {
+  for (int attempt = 1;; ++attempt) {
+    located_drafter d;
+    d.loc = locate_drafter(path);
+    d.target_dir = resolve_target(given_target, d.loc, who);
+    d.target = load_qwen3_config(d.target_dir);
+    try {
+      std::tie(d.cfg, d.w) = load_drafter(d.loc, d.target, d.target_dir, device, dtype);
+      return d;
+    } catch (const error&) {
+      std::error_code ec;
+      const bool rotated = d.loc.dir != path && !fs::exists(d.loc.dir, ec);
+      if (!rotated || attempt == 3)
+        throw;
+      std::fprintf(stderr, "%s: %s was removed while it was read (the run training there keeps its newest "
+                           "checkpoints): taking the newest again\n",
+                   who, d.loc.dir.c_str());
+    }
+  }
 }
 
 eval_report run_eval(const eval_options& o, const std::function<void(size_t, size_t)>& progress) {
@@ -304,10 +348,12 @@ eval_report run_eval(const eval_options& o, const std::function<void(size_t, siz
   if (o.max_new_tokens < 1)
     fail("tandem eval: --max-new-tokens must be at least 1");
   check_sampling(o.temperature, o.top_p, o.top_k, "tandem eval");
-  const auto loc = locate_drafter(o.drafter);
-  const auto target_dir = resolve_target(o.target_dir, loc, "tandem eval");
-  const auto tcfg = load_qwen3_config(target_dir);
-  auto [cfg, w] = load_drafter(loc, tcfg, target_dir, device, dtype);
+  auto located = locate_and_load(o.drafter, o.target_dir, device, dtype, "tandem eval");
+  const auto& loc = located.loc;
+  const auto& target_dir = located.target_dir;
+  const auto& tcfg = located.target;
+  auto& cfg = located.cfg;
+  auto& w = located.w;
   const auto target = qwen3_target::load(target_dir, device, dtype, cfg.target_layer_ids, true);
   const auto bs = o.block_size > 0 ? o.block_size : cfg.block_size;
   if (bs > cfg.block_size)
@@ -618,10 +664,11 @@ export_result export_drafter(const export_options& o) {
     dt = at::kFloat;
   else
     fail("tandem export: --dtype '" + o.dtype + "' is not one of bfloat16, float16, float32");
-  const auto loc = locate_drafter(o.source);
-  const auto target_dir = resolve_target(o.target, loc, "tandem export");
-  const auto tcfg = load_qwen3_config(target_dir);
-  auto [cfg, w] = load_drafter(loc, tcfg, target_dir, at::kCPU, at::kFloat);
+  auto located = locate_and_load(o.source, o.target, at::kCPU, at::kFloat, "tandem export");
+  const auto& loc = located.loc;
+  const auto& target_dir = located.target_dir;
+  const auto& cfg = located.cfg;
+  auto& w = located.w;
   export_dflash(o.out, cfg, w, dt);
   export_result r;
   r.from = loc;
