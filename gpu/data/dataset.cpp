@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "gpu/data/sha256.hpp"
@@ -109,6 +111,9 @@ struct shard_data {
   const int64_t* offsets = nullptr;  ///< [num_samples + 1]
   int64_t num_samples = 0;
   int64_t first_sample = 0;
+  /// The file as it was mapped (check_unchanged): same inode, size, mtime.
+  uint64_t dev = 0, ino = 0;
+  int64_t size = -1, mtime_ns = 0;
 };
 
 struct dataset::impl {
@@ -293,6 +298,8 @@ shard_data open_shard(const fs::path& manifest_file, const fs::path& file, const
   if (opts.verify_hashes)
     check_sha256(file, entry, info);
 
+  struct stat before {};
+  const bool stated = ::stat(file.c_str(), &before) == 0;
   auto st = read_safetensors(file);
   const auto& meta = st.metadata;
   auto fmt = meta.find("format");
@@ -334,6 +341,12 @@ shard_data open_shard(const fs::path& manifest_file, const fs::path& file, const
 
   if (opts.check_values)
     check_shard_values(file, entry, s, info, vocab_size, "tokenizer.vocab_size");
+  if (stated) {
+    s.dev = static_cast<uint64_t>(before.st_dev);
+    s.ino = static_cast<uint64_t>(before.st_ino);
+    s.size = static_cast<int64_t>(before.st_size);
+    s.mtime_ns = static_cast<int64_t>(before.st_mtim.tv_sec) * 1000000000 + before.st_mtim.tv_nsec;
+  }
   return s;
 }
 
@@ -435,6 +448,25 @@ int64_t dataset::sample_length(int64_t id) const {
   const auto [shard, i] = locate(id);
   const auto& s = impl_->shards[shard];
   return s.offsets[i + 1] - s.offsets[i];
+}
+
+void dataset::check_unchanged(size_t index) const {
+  const auto& s = impl_->shards.at(index);
+  if (s.size < 0)
+    return;
+  const auto file = shard_path(index);
+  struct stat now {};
+  if (::stat(file.c_str(), &now) != 0 || static_cast<uint64_t>(now.st_dev) != s.dev
+      || static_cast<uint64_t>(now.st_ino) != s.ino)
+    return;  // removed or replaced: the mapping still holds the bytes that were checked
+  const int64_t mtime = static_cast<int64_t>(now.st_mtim.tv_sec) * 1000000000 + now.st_mtim.tv_nsec;
+  if (static_cast<int64_t>(now.st_size) == s.size && mtime == s.mtime_ns)
+    return;
+  fail(file, "was modified in place while training read it (" + std::to_string(s.size) + " bytes then, "
+                 + std::to_string(now.st_size) + " now; modification time changed): the samples read from it "
+                 "are no longer the ones its manifest entry vouches for. Put the data set back as it was "
+                 "prepared (a changed data set is prepared into a new folder) and continue with tandem run "
+                 "--resume from the newest checkpoint");
 }
 
 size_t dataset::num_shards() const {

@@ -142,6 +142,12 @@ public:
   /// and the vocabulary size. Thread-safe (const; reads the file and the
   /// read-only mapping).
   void verify_shard(size_t index, const shard_check& check = {}) const;
+  /// Throws gpu::error(bad_input) naming the file when shard `index` was
+  /// written in place since it was opened (same file, another size or
+  /// modification time): its mapping then shows bytes nobody checked.  A
+  /// shard removed or replaced by a new file is no error (the mapping keeps
+  /// the old bytes).  A stat() per call: meant for once per batch.
+  void check_unchanged(size_t index) const;
 
 private:
   struct impl;

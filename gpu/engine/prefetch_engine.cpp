@@ -261,9 +261,13 @@ struct prefetch_engine::impl {
   }
 
   staged_batch publish(const data::packed_batch& b) {
-    // No token of an unverified shard reaches the device.
+    // No token of an unverified shard reaches the device, nor of one
+    // written in place since (the batch was read through its mapping).
+    const auto shards = shards_of(b.sample_ids);
+    for (auto s : shards)
+      ds.check_unchanged(s);
     if (verifier)
-      verifier->require(shards_of(b.sample_ids));
+      verifier->require(shards);
     auto d = stager.stage(b);
     transport::payload p;
     p.tensors = {d.tokens, d.loss_mask, d.doc_lengths};

@@ -89,6 +89,7 @@ check test "$(steps_trained good)" -eq 3
 # 1. One flipped low bit in the first token of sample 10 (a valid id).
 fresh_data
 expected=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["shards"][0]["sha256"])' "$work/data/manifest.json")
+flip_sample_10() {
 "$python" - "$shard" <<'EOF'
 import json, struct, sys
 path = sys.argv[1]
@@ -106,11 +107,26 @@ with open(path, "r+b") as f:
     f.seek(tokens_at + 4 * start)
     f.write(struct.pack("<i", token ^ 1))
 EOF
+}
+flip_sample_10
 actual=$(sha256sum "$shard" | cut -d' ' -f1)
 run flipped
 check stopped_untrained flipped
 check says flipped "$shard: sha256 is $actual but manifest.json shards[0].sha256 = '$expected'"
 check says flipped "prefetch 0"
+
+# The same bit flipped in place while a run trains on the shard (its
+# mapping shows the new bytes): the next batch from it is refused, naming
+# the file; the run stops, nothing trained on the changed bytes.
+fresh_data
+run_bg() { timeout 120 "$tandem" run "$work/run.toml" --set run.output_dir="$work/$1" --set placement.targets=cpu \
+             --set placement.drafters=cpu --set train.max_steps=0 --set data.epochs=500 "${@:2}" > "$work/$1.log" 2>&1; }
+rc=0; run_bg inplace & bg=$!
+for _ in $(seq 300); do (( $(steps_trained inplace) >= 5 )) && break; sleep 0.1; done
+flip_sample_10
+wait $bg || rc=$?
+check test "$rc" -ne 0
+check says inplace "$shard: was modified in place while training read it"
 
 # 2. A truncated shard: refused when the data set is opened.
 fresh_data
