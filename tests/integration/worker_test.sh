@@ -13,7 +13,9 @@
 #               and `--resume` continues from the restore point (restore
 #               points every 2 steps there; see below);
 #   budget      worker_restarts = 1 and two aborts: the second ends the run
-#               (exit 1, "giving up"), each fault firing once;
+#               (exit 1, "giving up"; the parent writes the run's end, reason
+#               error, and removes the dead worker's control.json), each fault
+#               firing once;
 #   actors      a target and a prefetch throw: restarted in the process, their
 #               batches issued again, the same result bit for bit.
 # ~20 s on 2 cores.
@@ -124,6 +126,9 @@ check test "$rc" = 1
 check grep -q "giving up" "$work/budget.log"
 check test "$(lines "$work/budget/metrics.jsonl" worker_restarted | "$python" -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
 check test -d "$work/budget-shm"   # kept for --resume
+# The dead worker could not close the run's record: the parent did.
+check test "$(field "$(summary "$work/budget/metrics.jsonl")" end)" = error
+check test ! -e "$work/budget/control.json"
 
 echo "worker: $((SECONDS - t0)) s"
 echo "$passed passed, $failed failed"

@@ -39,6 +39,7 @@
 
 #include "actors/cluster.hpp"
 #include "actors/cluster_gate.hpp"
+#include "actors/jsonl_log.hpp"
 #include "actors/system.hpp"
 #include "commands.hpp"
 #include "gpu/data/dataset.hpp"
@@ -1039,14 +1040,58 @@ std::string describe_exit(int status) {
   return "status " + std::to_string(WEXITSTATUS(status));
 }
 
+/// After the last worker ended abnormally: a run record it could not close
+/// is closed — an "end" event (reason "error") when metrics.jsonl's last
+/// record is not one (the worker died, or failed before its metrics actor
+/// wrote), and control.json removed when the dead worker wrote it (the
+/// shell would otherwise call an endpoint nobody serves).
+void close_run_record(const run_config& cfg, pid_t worker, const std::string& why) {
+  const auto control = cfg.run.output_dir / "control.json";
+  if (std::ifstream in(control); in) {
+    const auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.value("pid", int64_t{-1}) == static_cast<int64_t>(worker)) {
+      std::error_code ec;
+      std::filesystem::remove(control, ec);
+    }
+  }
+  const auto jsonl = cfg.metrics_file();
+  std::error_code ec;
+  if (jsonl.empty() || !std::filesystem::exists(jsonl, ec))
+    return;
+  std::string last;
+  {
+    std::ifstream in(jsonl);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty())
+        last = std::move(line);
+  }
+  const auto j = nlohmann::json::parse(last, nullptr, false);
+  if (j.is_object() && j.value("event", "") == "end")
+    return;
+  try {
+    jsonl_log log;
+    log.open(jsonl);
+    nlohmann::json end{{"event", "end"}, {"reason", "error"}, {"error", why + "; its own last words are on stderr"},
+                       {"unix_s", unix_now()}, {"written_by", "tandem run (the parent)"}};
+    if (!cfg.run.name.empty())
+      end["run"] = cfg.run.name;
+    if (!log.append(end.dump()))
+      std::fprintf(stderr, "tandem run: cannot write the run's end to %s: %s\n", jsonl.c_str(), log.trouble().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem run: cannot write the run's end: %s\n", e.what());
+  }
+}
+
 /// The parent: forks a worker, waits for it, forwards SIGINT/SIGTERM to it,
 /// and starts a new one (resuming from the newest restore point) after a
 /// death by a signal or exit status 75, up to supervision.worker_restarts
 /// times.  Returns the exit status of the run.
 int supervise_workers(const run_options& ro) {
   int64_t budget = 3;
+  run_config cfg;
   try {
-    budget = load_run_config(ro.config, ro.overrides).supervision.worker_restarts;
+    cfg = load_run_config(ro.config, ro.overrides);
+    budget = cfg.supervision.worker_restarts;
   } catch (const config_error& e) {
     std::fprintf(stderr, "tandem run: %s\n", e.what());
     return 2;
@@ -1066,7 +1111,10 @@ int supervise_workers(const run_options& ro) {
   ::sigaction(SIGHUP, &sa, nullptr);
   const pid_t parent = ::getpid();
   int status = 0;
+  int64_t restarts_done = 0;
+  pid_t last_child = 0;
   for (int64_t restarts = 0;; ++restarts) {
+    restarts_done = restarts;
     std::fflush(nullptr);
     const pid_t child = ::fork();
     if (child < 0) {
@@ -1085,6 +1133,7 @@ int supervise_workers(const run_options& ro) {
       return run_worker(ro, wc);
     }
     worker_pid.store(child);
+    last_child = child;
     if (const int sig = parent_signal.load(); sig != 0)
       ::kill(child, sig);  // it came before the worker existed
     while (::waitpid(child, &status, 0) < 0)
@@ -1103,6 +1152,8 @@ int supervise_workers(const run_options& ro) {
                            "from the newest restore point\n",
                    how.c_str(), static_cast<long long>(restarts), static_cast<long long>(budget));
       std::filesystem::remove(wc.fired_file);
+      close_run_record(cfg, child, "the worker process ended (" + how + ") after " + std::to_string(restarts)
+                                     + " restarts (supervision.worker_restarts): giving up");
       return 1;
     }
     std::fprintf(stderr, "tandem run: the worker process ended (%s): starting a new one (restart %lld of %lld), "
@@ -1112,6 +1163,8 @@ int supervise_workers(const run_options& ro) {
     wc.restarted = worker_restarted_event{how, restarts + 1, budget, unix_now()};
   }
   std::filesystem::remove(wc.fired_file);
+  if (status != 0 && (restarts_done > 0 || WIFSIGNALED(status)))  // (a first worker that refused to start wrote nothing)
+    close_run_record(cfg, last_child, "the worker process ended (" + describe_exit(status) + ")");
   if (WIFSIGNALED(status))
     return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
