@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -21,6 +23,8 @@
 #include <optional>
 #include <sstream>
 #include <tuple>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -1284,6 +1288,8 @@ void check_paths(const run_config& c, bool need_data) {
                          auto&& has) {
     if (!fs::exists(dir, ec)) fail(field, dir, "no such folder");
     if (!fs::is_directory(dir, ec)) fail(field, dir, "not a folder");
+    if (::access(dir.c_str(), R_OK | X_OK) != 0)
+      fail(field, dir, std::string("cannot read it: ") + std::strerror(errno));
     if (!has(dir)) fail(field, dir, "no " + what + " there");
   };
   auto has_file = [&](const char* name) {
