@@ -88,6 +88,7 @@ run sigkill --set checkpoint.every_steps=1000 > "$work/sigkill.log" 2>&1 & pid=$
 helper wait "$work/sigkill/metrics.jsonl" 0 13 "$pid" 120 || fail "step 13 never came"
 parent=$(pgrep -P "$pid" | head -n 1); [[ -n "$parent" ]] || fail "no tandem process under $pid"
 worker=$(pgrep -P "$parent" | head -n 1); [[ -n "$worker" ]] || fail "no worker process under tandem ($parent)"
+check test "$(cat "$work/sigkill/.lock")" = "$parent"  # the parent holds the folder across its workers
 kill -KILL "$worker"
 rc=0; wait "$pid" || rc=$?
 check test "$rc" = 0

@@ -86,6 +86,9 @@ struct worker_context {
   bool resume_if_any = false;     ///< a restarted worker: resume when anything can be resumed
   std::string fired_file;         ///< fault_plan::fired_file
   std::optional<worker_restarted_event> restarted;  ///< the worker_restarted event (none: the first worker)
+  /// The parent holds run.output_dir/.lock for every worker it starts (its
+  /// descriptor is theirs too), so the folder stays locked between them.
+  bool folder_locked = false;
 };
 
 /// Writes `text` to `path` whole or not at all (a reader never sees half of
@@ -262,11 +265,12 @@ std::optional<std::string> cannot_write(const std::filesystem::path& dir) {
   return std::nullopt;
 }
 
-/// Holds run.output_dir/.lock (flock) for this worker process's life, so a
-/// second `tandem run` into the folder — a fresh start, a --resume, another
+/// Holds run.output_dir/.lock (flock) for this process's life, so a second
+/// `tandem run` into the folder — a fresh start, a --resume, another
 /// cluster leader — is refused instead of training into the same
-/// checkpoints.  A restarted worker takes it again (its predecessor's died
-/// with it).  Returns the exit status (0: held).
+/// checkpoints.  Taken by the parent, whose workers share its descriptor
+/// (forked), or with supervision.worker_restarts = 0 by the one process.
+/// Returns the exit status (0: held).
 int lock_run_folder(const run_config& cfg) {
   const auto path = cfg.run.output_dir / ".lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -666,8 +670,9 @@ int run_training(const run_options& ro, const worker_context& wc) {
                    why->c_str());
       return 2;
     }
-  if (int rc = lock_run_folder(cfg); rc != 0)
-    return rc;
+  if (!wc.folder_locked)
+    if (int rc = lock_run_folder(cfg); rc != 0)
+      return rc;
   std::optional<resume_point> resume;
   std::optional<resumed_event> resumed;  // the "resumed" event
   const auto host_dir = host_restore_dir(cfg);
@@ -1099,6 +1104,16 @@ int supervise_workers(const run_options& ro) {
   if (budget <= 0)
     return run_worker(ro, {});
   worker_context wc;
+  // The folder's lock, held from here to the last worker's end (a worker
+  // restart leaves no moment another run could take the folder).
+  if (auto why = cannot_write(cfg.run.output_dir)) {
+    std::fprintf(stderr, "tandem run: %s: run.output_dir = %s: %s\n", ro.config.c_str(),
+                 cfg.run.output_dir.c_str(), why->c_str());
+    return 2;
+  }
+  if (int rc = lock_run_folder(cfg); rc != 0)
+    return rc;
+  wc.folder_locked = true;
   wc.fired_file = (std::filesystem::temp_directory_path()
                    / ("tandem-faults-fired-" + std::to_string(::getpid())))
                     .string();
