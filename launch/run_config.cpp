@@ -1107,10 +1107,13 @@ run_config read_config(toml::table& root, const fs::path& source,
                        + ": 'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)
                        + ") must be more than 'cluster.heartbeat_s' (" + w_num(c.cluster.heartbeat_s) + ")");
   if (c.data.seq_len < c.drafter.block_size) {
-    auto at = where.count("data.seq_len") ? where["data.seq_len"] : where["drafter.block_size"];
-    throw config_error(at + ": 'data.seq_len' must be at least drafter.block_size (" +
-                       std::to_string(c.drafter.block_size) + "), got " +
-                       std::to_string(c.data.seq_len));
+    // Both named where they were set: the file's line, or the --set that
+    // changed one of them.
+    auto at = [&](const char* name) { return where.count(name) ? where[name] : std::string("its default"); };
+    throw config_error((where.count("data.seq_len") ? where["data.seq_len"] : file) + ": 'data.seq_len' ("
+                       + std::to_string(c.data.seq_len) + ", " + at("data.seq_len")
+                       + ") must be at least 'drafter.block_size' (" + std::to_string(c.drafter.block_size) + ", "
+                       + at("drafter.block_size") + ")");
   }
   if (c.data.anchors > c.data.seq_len - c.drafter.block_size + 1) {
     // Anchors are distinct positions a <= seq_len - block_size (dflash_objective.hpp):

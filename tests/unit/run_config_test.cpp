@@ -458,7 +458,13 @@ TEST_F(run_config_test, type_and_range_errors_name_file_line_column_and_field) {
   // Across fields: the row must hold a block.
   p = write("t.toml", minimal + "seq_len = 8\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
-            p.string() + ":7:11: 'data.seq_len' must be at least drafter.block_size (16), got 8");
+            p.string() + ":7:11: 'data.seq_len' (8, " + p.string()
+              + ":7:11) must be at least 'drafter.block_size' (16, its default)");
+  // A --set that breaks it is named as such.
+  p = write("t.toml", minimal + "seq_len = 64\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p, {"drafter.block_size=100"}); }),
+            p.string() + ":7:11: 'data.seq_len' (64, " + p.string()
+              + ":7:11) must be at least 'drafter.block_size' (100, --set drafter.block_size=100)");
   // ... and the anchors distinct start positions of a row.
   p = write("t.toml", minimal + "seq_len = 64\nanchors = 50\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),
