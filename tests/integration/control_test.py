@@ -208,6 +208,12 @@ for cmd, key in (("help", "commands"), ("dashboard", "url"), ("top", "actors"), 
     check(shell.returncode == 0 and key in answer, f"tandem shell --json -c {cmd!r}: {shell.stdout[:200]!r}")
 shell = subprocess.run([tandem, "shell", run_dir, "-c", "frobnicate"], capture_output=True, text=True, timeout=30)
 check(shell.returncode == 2 and "unknown command" in shell.stderr, "an unknown shell command: exit 2")
+
+# Words a command does not take are refused (exit 2), not ignored: "pause now" is no pause.
+for line, says in (("pause now", "'now' is more than it takes"), ("steps x", "N is a count of steps"),
+                   ("events foo", "'foo' is not -f")):
+    shell = subprocess.run([tandem, "shell", run_dir, "-c", line], capture_output=True, text=True, timeout=30)
+    check(shell.returncode == 2 and says in shell.stderr, f"shell -c '{line}': exit {shell.returncode}, {shell.stderr!r}")
 shell = subprocess.run([tandem, "shell", f"{ctl['host']}:{ctl['port']}", "-c", "status"], capture_output=True,
                        text=True, timeout=30, env={**os.environ, "TANDEM_TOKEN": "f" * 64})
 check(shell.returncode == 1 and "wrong token" in shell.stderr, f"HOST:PORT with a wrong TANDEM_TOKEN: {shell.stderr}")

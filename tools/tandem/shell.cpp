@@ -605,6 +605,27 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   if (w.empty())
     return 0;
   const auto& cmd = w[0];
+  // Words past what a command takes are refused, not ignored ("pause now"
+  // must not read as a pause with an option it does not have).
+  static const std::map<std::string, std::pair<size_t, const char*>> takes{
+    {"help", {0, "help"}}, {"?", {0, "help"}}, {"quit", {0, "quit"}}, {"exit", {0, "exit"}},
+    {"status", {0, "status"}}, {"tree", {0, "tree"}}, {"ledger", {0, "ledger"}}, {"config", {0, "config"}},
+    {"steps", {1, "steps [N]"}}, {"show", {2, "show ROLE [INDEX]"}}, {"events", {1, "events [-f]"}},
+    {"top", {0, "top"}}, {"graphs", {0, "graphs"}}, {"dashboard", {0, "dashboard"}},
+    {"pause", {0, "pause"}}, {"resume", {0, "resume"}}, {"checkpoint", {0, "checkpoint"}}, {"stop", {0, "stop"}}};
+  if (auto t = takes.find(cmd); t != takes.end() && w.size() - 1 > t->second.first) {
+    std::fprintf(stderr, "%s: '%s' is more than it takes (%s)\n", cmd.c_str(), w[t->second.first + 1].c_str(),
+                 t->second.second);
+    return 2;
+  }
+  if (cmd == "steps" && w.size() > 1 && (w[1].empty() || w[1].find_first_not_of("0123456789") != std::string::npos)) {
+    std::fprintf(stderr, "steps [N]: N is a count of steps, got '%s'\n", w[1].c_str());
+    return 2;
+  }
+  if (cmd == "events" && w.size() > 1 && w[1] != "-f" && w[1] != "--follow") {
+    std::fprintf(stderr, "events [-f]: '%s' is not -f\n", w[1].c_str());
+    return 2;
+  }
   auto show = [&](const answer& a, void (*pretty)(const json&)) {
     if (!a.error.empty()) {
       std::fprintf(stderr, "%s\n", a.error.c_str());
