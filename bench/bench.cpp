@@ -300,7 +300,8 @@ void bench_target_forward(const bench_options& o, const at::Device& dev, const s
     reset_peak(dev);
     auto t = time_runs(dev, std::max(o.warmup, 1), o.iters, [&] { (void)runner.taps(ids, lengths); });
     auto j = line(v.name, v.docs, t, flop_of(lengths), runner.path());
-    j["graph_pool_gib"] = static_cast<double>(runner.graph_pool_bytes()) / (1 << 30);
+    j["graph_pool_gib"] = dev.is_cuda() ? nlohmann::json(static_cast<double>(runner.graph_pool_bytes()) / (1 << 30))
+                                        : nlohmann::json(nullptr);  // no graphs on the CPU
     if (std::string(v.name) == "eager" && o.profile_steps > 0) {
       auto kernels = profile_kernels(dev, o.profile_steps,
                                      o.trace_dir.empty() ? "" : o.trace_dir + "/target_forward_" + size + ".json",
@@ -776,9 +777,14 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
   if (dev.is_cuda())
     c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
-  auto graphed = run_mode(true);
-  graphed["speedup_vs_eager"] = eager["median_ms"].get<double>() / graphed["median_ms"].get<double>();
-  emit(graphed.dump());
+  // The CPU has no graphs: its "graphed" line would repeat the eager one,
+  // and Tandem's figure there is the eager step.
+  nlohmann::json graphed = eager;
+  if (dev.is_cuda()) {
+    graphed = run_mode(true);
+    graphed["speedup_vs_eager"] = eager["median_ms"].get<double>() / graphed["median_ms"].get<double>();
+    emit(graphed.dump());
+  }
   if (!o.reference)
     return;
 #ifdef TANDEM_HAVE_CUDA
