@@ -46,7 +46,7 @@ HF = {}  # template name -> loaded tokenizer
 def setUpModule():
     global TMP
     TMP = tempfile.mkdtemp(prefix="tandem-prepare-test-")
-    for name in ("chatml", "qwen3"):
+    for name in ("chatml", "qwen3", "tools"):
         TOK[name] = os.path.join(TMP, "tok-" + name)
         make_test_tokenizer.build(TOK[name], name)
         HF[name] = AutoTokenizer.from_pretrained(TOK[name], local_files_only=True)
@@ -204,6 +204,35 @@ class Masks(unittest.TestCase):
         want = HF[template].apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
         self.assertEqual([int(x) for x in ids], list(want))
         return ids, mask, manifest
+
+    def test_openai_tool_calls_and_answers(self):
+        # An assistant turn that calls a tool is supervised with its <tool_call> block (the
+        # drafter learns to draft calls); the tool's answer is not; the line's function
+        # definitions reach the template; content null on a calling turn is "".
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        line = {"tools": tools, "messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": '{"temp": 21}'},
+            {"role": "assistant", "content": LONG_B}]}
+        rc, err, out = prepare([write_jsonl([line])], "--min-supervised", "1", template="tools")
+        self.assertEqual(rc, 0, err)
+        _, samples = load_dataset(self, out)
+        ids, mask = samples[0]
+        called = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        self.assertEqual(runs(ids, mask), [called + EOT, LONG_B + EOT])
+        self.assertIn("<tools>", "".join(runs(ids, mask, 0)))
+        self.assertIn("<tool_response>", "".join(runs(ids, mask, 0)))
+        msgs = [dict(m, content=m["content"] or "") for m in line["messages"]]
+        want = HF["tools"].apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=False)
+        self.assertEqual([int(x) for x in ids], list(want))
+        # Prompts for eval (--prompts-out) and --regenerate do not take them: refused by name.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            tandem_prepare.main(["--tokenizer", TOK["tools"], "--prompts-out", os.path.join(TMP, "p-tools.jsonl"),
+                                 "--quiet", write_jsonl([line])])
+        self.assertIn("tool messages and tool calls are supported in training data", err.getvalue())
 
     def test_sharegpt_single_turn(self):
         line = sharegpt("What is two plus two?", LONG_A, system="Be brief.")

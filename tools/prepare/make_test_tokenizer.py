@@ -76,7 +76,35 @@ QWEN3_TEMPLATE = (
     "{%- endif %}\n"
 )
 
-TEMPLATES = {"chatml": CHATML_TEMPLATE, "qwen3": QWEN3_TEMPLATE}
+# Tool use as Qwen3's template renders it (written for this file, reduced to what the
+# loss mask meets): the function definitions in the system turn, an assistant's tool calls
+# as <tool_call> blocks inside its turn, consecutive tool answers as one user turn of
+# <tool_response> blocks.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "{%- if message.role == 'user' %}{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + message.content }}"
+    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
+    "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- set fn = call.function if call.function else call %}"
+    "{{- '<tool_call>\\n{\\\"name\\\": \\\"' + fn.name + '\\\", \\\"arguments\\\": ' + (fn.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n"
+)
+
+TEMPLATES = {"chatml": CHATML_TEMPLATE, "qwen3": QWEN3_TEMPLATE, "tools": TOOLS_TEMPLATE}
 
 # Training text: a few KB, written for this file.
 CORPUS = """\

@@ -125,6 +125,7 @@ FORMAT_KEY = {"sharegpt": "conversations", "openai": "messages", "tokenized": "i
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "model": "assistant", "system": "system"}
 OPENAI_ROLES = ("system", "user", "assistant")
+TOOL_ROLE = "tool"  # a tool's answer: rendered by the template, never supervised
 SENTINEL = "\u27e6tandem-sentinel-7f3a\u27e7"  # never rendered into a sample, only probed
 BATCH_LINES = 256  # lines rendered, then tokenized in one call
 MAX_REPORTED_LINES = 20  # invalid lines reported one by one; the rest only counted
@@ -196,10 +197,11 @@ class ChatMasker:
         self.template_kwargs = dict(template_kwargs)
         self.eot = self._probe_end_of_turn()
 
-    def render(self, messages, generation_prompt=False):
+    def render(self, messages, generation_prompt=False, tools=None):
+        extra = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation_prompt,
-            **self.template_kwargs)
+            **extra, **self.template_kwargs)
 
     def _probe_end_of_turn(self):
         s1, s2 = SENTINEL + "1", SENTINEL + "2"
@@ -221,19 +223,19 @@ class ChatMasker:
                              "turn; cannot tell where a turn ends")
         return eot
 
-    def _turn_start(self, messages, i, full):
+    def _turn_start(self, messages, i, full, tools=None):
         """Character offset in `full` where assistant turn i's output starts, or None."""
         if i > 0:  # (a) prefix: what the server renders before the model generates turn i
-            prompt = self.render(messages[:i], generation_prompt=True)
+            prompt = self.render(messages[:i], generation_prompt=True, tools=tools)
             if full.startswith(prompt):
                 return len(prompt)
         # (b) sentinel: header of turn i = text between the history and the sentinel content
-        before = self.render(messages[:i]) if i > 0 else ""
+        before = self.render(messages[:i], tools=tools) if i > 0 else ""
         if not full.startswith(before):
             return None
         probe = list(messages)
         probe[i] = dict(messages[i], content=SENTINEL)
-        text = self.render(probe)
+        text = self.render(probe, tools=tools)
         at = text.find(SENTINEL, len(before))
         if not text.startswith(before) or at < 0:
             return None
@@ -242,9 +244,10 @@ class ChatMasker:
             return None
         return len(before) + len(header)
 
-    def spans(self, messages, last_turn_only):
-        """(rendered text, [(start, end) character spans of the supervised assistant turns])."""
-        full = self.render(messages)
+    def spans(self, messages, last_turn_only, tools=None):
+        """(rendered text, [(start, end) character spans of the supervised assistant turns]).
+        `tools`: the line's function definitions (OpenAI "tools"), given to the template."""
+        full = self.render(messages, tools=tools)
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if last_turn_only:
             turns = turns[-1:]
@@ -253,7 +256,7 @@ class ChatMasker:
         for i in turns:
             if self.eot in messages[i]["content"]:
                 raise BadLine(f"assistant message {i} contains the end-of-turn marker {self.eot!r}")
-            start = self._turn_start(messages, i, full)
+            start = self._turn_start(messages, i, full, tools)
             if start is None or start < cursor:
                 raise BadLine(f"cannot locate assistant message {i} in the rendered conversation "
                               "(the chat template renders it differently in context)")
@@ -303,7 +306,10 @@ def _messages_sharegpt(obj):
     return messages
 
 
-def _messages_openai(obj):
+def _messages_openai(obj, allow_tools=False):
+    """The line's messages.  With `allow_tools`, "tool" messages and assistant "tool_calls"
+    pass to the chat template (an assistant turn's tool calls are part of its supervised
+    output; a tool's answer is not); without, they are refused by name."""
     conv = obj["messages"]
     if not isinstance(conv, list) or not conv:
         raise BadLine("'messages' is not a non-empty list")
@@ -314,9 +320,19 @@ def _messages_openai(obj):
         for key in ("role", "content"):
             if key not in msg:
                 raise BadLine(f"messages[{j}] has no '{key}'")
-        if msg["role"] not in OPENAI_ROLES:
-            raise BadLine(f"messages[{j}]: unknown role {msg['role']!r}")
+        tool_calls = msg.get("tool_calls")
+        if msg["role"] == TOOL_ROLE or tool_calls:
+            if not allow_tools:
+                raise BadLine(f"messages[{j}]: tool messages and tool calls are supported in training data, "
+                              "not in prompts or with --regenerate")
+            if tool_calls is not None and (msg["role"] != "assistant" or not isinstance(tool_calls, list)):
+                raise BadLine(f"messages[{j}]: 'tool_calls' must be a list on an assistant message")
+        elif msg["role"] not in OPENAI_ROLES:
+            raise BadLine(f"messages[{j}]: unknown role {msg['role']!r}"
+                          + (" (tool messages: the OpenAI role 'tool')" if msg["role"] in ("function", "ipython", "observation") else ""))
         content = msg["content"]
+        if content is None and tool_calls:
+            content = ""  # an assistant turn that only calls tools
         if isinstance(content, list):  # content parts: the text ones, concatenated (OpenAI's meaning)
             texts = []
             for k, part in enumerate(content):
@@ -328,7 +344,10 @@ def _messages_openai(obj):
             content = "".join(texts)
         if not isinstance(content, str):
             raise BadLine(f"messages[{j}]: 'content' is not a string or a list of text parts")
-        messages.append({"role": msg["role"], "content": content})
+        m = {"role": msg["role"], "content": content}
+        if tool_calls:
+            m["tool_calls"] = tool_calls
+        messages.append(m)
     return messages
 
 
@@ -397,9 +416,12 @@ class BatchProcessor:
                 return ("arrays", fmt) + _tokenized(obj, self.vocab_size)
             if self.masker is None:
                 raise BadLine("conversation line, but the tokenizer has no chat template")
-            messages = _messages_sharegpt(obj) if fmt == "sharegpt" else _messages_openai(obj)
+            messages = _messages_sharegpt(obj) if fmt == "sharegpt" else _messages_openai(obj, allow_tools=True)
+            tools = obj.get("tools") if fmt == "openai" else None
+            if tools is not None and not isinstance(tools, list):
+                raise BadLine("'tools' is not a list of function definitions")
             try:
-                text, spans = self.masker.spans(messages, self.last_turn_only)
+                text, spans = self.masker.spans(messages, self.last_turn_only, tools)
             except BadLine:
                 raise
             except Exception as e:  # the template itself refused (raise_exception, ...)
