@@ -66,6 +66,17 @@ rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
 rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
 [[ $rc != 0 ]] && grep -q "timeout must be a number of seconds above 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
 rm -rf "$empty"
+# A number out of range on the command line: said plainly, exit 2 (a usage error, as
+# every other), not CLI11's 105 with the whole double range printed.
+rng=$(mktemp -d)
+printf '%s\n' '{"format": "tandem.prompts.v1", "stop_ids": [1]}' '{"ids": [5, 6, 7]}' > "$rng/p.jsonl"
+rc=0; out=$("$tandem" generate --target "$rng" --prompts "$rng/p.jsonl" --out "$rng/g.jsonl" --batch 0 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q -- "--batch: must be at least 1, got 0" <<< "$out" || fail "generate --batch 0: exit $rc, $out"
+rm -rf "$rng"
+rc=0; out=$("$tandem" bench --seconds 0 prefetch_pack 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q -- "--seconds: must be more than 0, got 0" <<< "$out" || fail "bench --seconds 0: exit $rc, $out"
+rc=0; "$tandem" run --no-such-option > /dev/null 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "an unknown option: exit $rc"
 echo "ok: eval, export and generate name what is wrong"
 
 # 3. Each subcommand works.

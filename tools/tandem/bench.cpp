@@ -22,26 +22,26 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--size", opts->size, "Shapes: tiny, 8b (Qwen3-8B), or auto (8b on a GPU)")
     ->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "Untimed runs before timing")->capture_default_str()
-    ->check(CLI::NonNegativeNumber);
+    ->check(non_negative);
   cmd->add_option("--iters", opts->iters, "Timed runs (median and MAD are reported)")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(at_least_one);
   cmd->add_option("--dataset", opts->dataset,
                   "prefetch_pack: a dataset from `tandem prepare` (default: a synthetic one)")
     ->check(CLI::ExistingDirectory);
   cmd->add_option("--seconds", opts->seconds, "prefetch_pack: seconds of packing")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(positive);
   cmd->add_flag("--reference", opts->reference,
                 "drafter_step: also time the PyTorch reference (bench/reference_step.py, "
                 "run with TANDEM_PYTHON or the build's python)");
   cmd->add_option("--profile-steps", opts->profile_steps,
                   "drafter_step and target_forward (eager runs) and target_decode (its steps as timed): "
                   "runs profiled after timing for the per-kernel-class GPU time (kernel_ms); 0 turns it off")
-    ->capture_default_str()->check(CLI::NonNegativeNumber);
+    ->capture_default_str()->check(non_negative);
   cmd->add_option("--trace", opts->trace_dir,
                   "drafter_step, target_forward: save the profiled runs' Chrome trace in this folder");
   cmd->add_option("--docs", opts->docs,
                   "target_forward: documents a row, of equal lengths (its graphs, eager and mask lines)")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(at_least_one);
   auto device = std::make_shared<std::string>();
   cmd->add_option("--device", *device, "cpu, cuda, cuda:N, auto, or a CUDA ordinal (-1: the CPU); default: "
                                        "cuda:0 if present");

@@ -32,6 +32,36 @@ void add_prepare(CLI::App& app, int& exit_code);
 /// it could not be started, 128 + N when killed by signal N).
 int run_prepare(const std::vector<std::string>& args);
 
+/// Range checks for numeric options, said as a person would ("--batch: must
+/// be at least 1, got 0"; CLI11's own print the whole double range).
+inline CLI::Validator number_at_least(double low) {
+  return CLI::Validator(
+    [low](std::string& text) -> std::string {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(text, v))
+        return "must be a number, got '" + text + "'";
+      if (!(v >= low)) {
+        auto bound = std::to_string(low);
+        bound.erase(bound.find_last_not_of('0') + 1);
+        if (!bound.empty() && bound.back() == '.')
+          bound.pop_back();
+        return "must be at least " + bound + ", got " + text;
+      }
+      return std::string();
+    },
+    low == 0 ? "NONNEGATIVE" : "AT LEAST " + std::to_string(static_cast<long long>(low)));
+}
+inline const CLI::Validator non_negative = number_at_least(0);
+inline const CLI::Validator positive = CLI::Validator(
+  [](std::string& text) -> std::string {
+    double v = 0;
+    if (!CLI::detail::lexical_cast(text, v))
+      return "must be a number, got '" + text + "'";
+    return v > 0 ? std::string() : "must be more than 0, got " + text;
+  },
+  "POSITIVE");
+inline const CLI::Validator at_least_one = number_at_least(1);
+
 /// `message` without a leading `prefix` (an engine's error that already
 /// names the command, printed after the command's own name).
 inline std::string unprefixed(const std::string& message, const std::string& prefix) {

@@ -225,19 +225,19 @@ void add_eval(CLI::App& app, int& exit_code) {
                                          "the checkpoint was trained against");
   cmd->add_option("--tokenizer", a->tokenizer, "Tokenizer folder (default: the target folder)");
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "New tokens per prompt at most")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(at_least_one);
   cmd->add_option("--temperature", a->temperature, "0: greedy (lossless, token for token); > 0: "
                                                    "speculative sampling (lossless in distribution)")
-    ->capture_default_str()->check(CLI::NonNegativeNumber);
+    ->capture_default_str()->check(non_negative);
   cmd->add_option("--top-p", a->top_p, "Nucleus sampling, in (0, 1]")->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->capture_default_str()
-    ->check(CLI::NonNegativeNumber);
+    ->check(non_negative);
   cmd->add_option("--limit", a->limit, "At most this many prompts (0: all)")->capture_default_str()
-    ->check(CLI::NonNegativeNumber);
+    ->check(non_negative);
   cmd->add_flag("--last-turn", a->last_turn, "Cut each conversation before its last assistant "
                                              "turn instead of its first");
   cmd->add_option("--block-size", a->block_size, "Draft block size (0: the drafter's)")
-    ->capture_default_str()->check(CLI::NonNegativeNumber);
+    ->capture_default_str()->check(non_negative);
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N, or auto (cuda:0 when present)")
     ->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "auto (bfloat16 on CUDA, float32 on the CPU), float32, "
@@ -247,7 +247,7 @@ void add_eval(CLI::App& app, int& exit_code) {
   cmd->add_flag("--references", a->references, "Also measure tau of an untrained drafter of the "
                                                 "same shape and of prompt lookup (n-gram) drafting");
   cmd->add_option("--lookup-ngram", a->lookup_ngram, "Prompt lookup's longest n-gram")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(at_least_one);
   cmd->add_flag("--json", a->as_json, "One JSON line on stdout (schema tandem.eval.v1, per-prompt "
                                       "figures included); the table goes to stderr");
   cmd->add_flag("--quiet", a->quiet, "No progress bar");

@@ -270,13 +270,13 @@ void add_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", a->out, "JSON lines: a header (the prompts' fingerprint and the options), then {index, tokens, hit_limit} per prompt as its batch ends")
     ->required();
   cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "New tokens per prompt at most")
-    ->capture_default_str()->check(CLI::PositiveNumber);
+    ->capture_default_str()->check(at_least_one);
   cmd->add_option("--temperature", a->o.temperature, "0: greedy")->capture_default_str()
-    ->check(CLI::NonNegativeNumber);
+    ->check(non_negative);
   cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling, in (0, 1]")->capture_default_str();
   cmd->add_option("--top-k", a->o.top_k, "Top-k sampling (0: off)")->capture_default_str();
   cmd->add_option("--batch", a->o.batch, "Prompts decoded together")->capture_default_str()
-    ->check(CLI::PositiveNumber);
+    ->check(at_least_one);
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N, or auto")->capture_default_str();
   cmd->add_option("--dtype", a->o.dtype, "auto, float32, bfloat16")->capture_default_str();
   cmd->add_option("--seed", a->o.seed, "Seed of the sampling generator")->capture_default_str();

@@ -86,7 +86,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints it; --help and --version are successes, any other
+    // mistake on the command line is a usage error: 2, as every check of
+    // Tandem's own (CLI11's codes, 105 and up, meant nothing to a user).
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
   }
   return exit_code;
 }
