@@ -1,5 +1,7 @@
 #include "gpu/models/dflash_attention.hpp"
 
+#include <limits>
+
 #include "gpu/device/error.hpp"
 #include "gpu/models/common.hpp"
 
@@ -299,8 +301,18 @@ at::Tensor dflash_visible_mask(const at::Tensor& ctx_lo, const at::Tensor& ctx_h
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask, double scale) {
   const int64_t scores = q.numel() / std::max<int64_t>(q.size(-1), 1) * k.size(-2);
-  if (q.is_cuda() && scores * 4 <= masked_attention_math_bytes)
-    return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, mask, 0.0, false, {}, scale));
+  if (q.is_cuda() && scores * 4 <= masked_attention_math_bytes) {
+    // The math composite adds its mask to the scores as it is: a boolean
+    // one must become 0 / -inf first (the public SDPA converts it before it
+    // dispatches; calling the composite directly skips that — a bool mask
+    // then added 1 to the visible scores and hid nothing: rel err 0.7 on
+    // the H200, dflash_attention.cuda_unsupported_operands_fall_back_to_dense).
+    const auto additive = mask.scalar_type() == at::kBool
+                            ? at::zeros(mask.sizes(), q.options()).masked_fill(
+                                mask.logical_not(), -std::numeric_limits<double>::infinity())
+                            : mask;
+    return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, additive, 0.0, false, {}, scale));
+  }
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
 }
 
