@@ -670,8 +670,9 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
 }
 
 /// wgmma in the backward roles, bits: 1 key-major, 2 query-major context
-/// (d = 128, W = 8, G a multiple of 4, sm_90a).
-enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3 };
+/// (d = 128, W = 8, G a multiple of 4, sm_90a); 4: the key-major role with
+/// a CTA barrier an item even with two warpgroups (variant bit 9).
+enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3, wg_cta = 4 };
 
 /// The context part of the query-major backward with wgmma (sm_90a, d = 128,
 /// G a multiple of 4, 8 warps): each warpgroup is 4 heads of one block (64
@@ -1157,6 +1158,30 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
          + dkv_wg_stages(warps) * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
 }
 
+/// mbarrier primitives (sm_90), shared::cta scope.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                 smem_addr(bar))
+               : "memory");
+}
+
+/// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
 /// One CTA of 128 context keys, two warpgroups of 64 (dK/dV in registers):
 /// for each block whose range meets them, in order, and each group of 4
 /// heads of the GQA group (one pipeline stage), the warpgroup computes
@@ -1168,11 +1193,23 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
 /// while dV is.  The same blocks, order and roundings
 /// as dkv_body, so the same gradients up to the fp32 summation order inside
 /// the tensor cores.  Off sm_90a it runs dkv_body.
-template <typename T, int W>
+///
+/// Stage barriers (MB, the default with two warpgroups): instead of one CTA
+/// barrier an item, two mbarriers a stage, so that the warpgroups need not
+/// run in lockstep and one's exponentials overlap the other's matmuls
+/// (FlashAttention-3's ping-pong, without a producer warp; 2.37 → 2.31 ms a
+/// layer's backward, docs/bench.md).  full[s]: every thread has its copies
+/// of the stage's item landed and fenced (it arrives for item it + 1 when it
+/// starts item it); empty[s]: every thread's wgmmas on it are done.  A stage
+/// is refilled once both warpgroups released it, which keeps them within one
+/// item of each other.  Without MB (one warpgroup, two stages: variant bit
+/// 0; or variant bit 9), a CTA barrier an item.
+template <typename T, int W, bool MB>
 __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, int tile, int kvh,
                                             int b, uint16_t* smem_raw) {
 #if defined(TANDEM_HAS_WGMMA)
   static_assert(W % 4 == 0, "whole warpgroups");
+  static_assert(!MB || dkv_wg_stages(W) >= 3, "stage barriers announce the next item early");
   constexpr int D = 128, HC = 4, KEYS = 64, TILE = 16384;  // bytes of a [64][128] tile
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   using E = elem<T>;
@@ -1180,13 +1217,14 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   unsigned char* const base =
     reinterpret_cast<unsigned char*>(smem_raw) + ((1024u - (raw & 1023u)) & 1023u);
   unsigned char* const kv_s = base;                  // [2 warpgroups][K, V][TILE]
-  constexpr int NS = dkv_wg_stages(W);
+  constexpr int NS = dkv_wg_stages(W), AHEAD = NS - 1;
   unsigned char* const st_s = base + (W / 4) * 2 * TILE;  // [NS][Q, dO][TILE]
   float* const ld_s = reinterpret_cast<float*>(st_s + NS * 2 * TILE);  // [NS][4][lse, delta][16]
   int* const list_s = reinterpret_cast<int*>(ld_s + NS * 4 * 2 * 16);  // [N] blocks,
   int* const lo_s = list_s + a.shape.blocks;  // their context ranges
   int* const hi_s = lo_s + a.shape.blocks;
   __shared__ int count_s;
+  __shared__ alignas(8) uint64_t full_b[NS], empty_b[NS];  // MB
 
   const auto& sh = a.shape;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -1207,6 +1245,11 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       hi_s[i] = r.hi;
     }
   }
+  if constexpr (MB)
+    if (tid < NS) {
+      mbar_init(&full_b[tid], W * 32);
+      mbar_init(&empty_b[tid], W * 32);
+    }
 
   // This warpgroup's 64 keys of K and V (zero past S), once.
   const int wkey0 = c0 + wgi * KEYS;
@@ -1225,7 +1268,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     }
     cp_async_commit();
   }
-  __syncthreads();
+  __syncthreads();  // the block list (and the barriers' initialisation)
   const int items = count_s * parts;
 
   auto load_item = [&](int it, int buf) {
@@ -1262,17 +1305,38 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   const uint32_t kb = smem_addr(k_s), vb = smem_addr(v_s);
   float dk[64] = {}, dv[64] = {};
   // cp.async groups: K/V, then one per item (empty past the end), so item
-  // `it` has landed once at most NS - 2 newer groups are pending.
-  for (int i = 0; i < NS - 1; ++i)
+  // `it` has landed once at most AHEAD - 1 newer groups are pending.
+  for (int i = 0; i < AHEAD; ++i)
     load_item(i, i);
-  for (int it = 0; it < items; ++it) {
-    cp_async_wait<NS - 2>();
+  if constexpr (MB) {
+    cp_async_wait<AHEAD - 1>();  // K/V and item 0
     wg::fence_proxy_async();
-    __syncthreads();  // item it landed everywhere; item it - 1's stage is free
-    const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
+    __syncthreads();  // everyone's K/V
+    if (items > 0)
+      mbar_arrive(&full_b[0]);
+  }
+  for (int it = 0; it < items; ++it) {
     const int buf = it % NS;
+    if constexpr (MB) {
+      // Announce item it + 1, then wait for everyone's copies of item it.
+      if (it + 1 < items) {
+        cp_async_wait<AHEAD - 2>();
+        wg::fence_proxy_async();
+        mbar_arrive(&full_b[(it + 1) % NS]);
+      }
+      mbar_wait(&full_b[buf], static_cast<uint32_t>((it / NS) & 1));
+    } else {
+      cp_async_wait<AHEAD - 1>();
+      wg::fence_proxy_async();
+      __syncthreads();  // item it landed everywhere; item it - 1's stage is free
+    }
+    const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
     const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
     float st[32], dpt[32];
+    if constexpr (MB)  // fresh each item: no copies of the last item's (registers)
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        st[i] = dpt[i] = 0.0f;
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
@@ -1282,9 +1346,14 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     for (int ks = 0; ks < D / 16; ++ks)
       wg::mma_ss_n64<bf>(dpt, wg::desc_k(vb, KEYS, ks), wg::desc_k(dob, HC * 16, ks), ks);
     wg::commit();
-    // The next copy goes out while the tensor cores work (its stage is the
-    // one item it - 1 used: free since the barrier; docs/bench.md).
-    load_item(it + NS - 1, (it + NS - 1) % NS);
+    // The next copy goes out while the tensor cores work, into the stage
+    // item it - 1 used (free since the CTA barrier; with MB, once both
+    // warpgroups released it; docs/bench.md).
+    const int next = it + AHEAD;
+    if constexpr (MB)
+      if (next < items && next >= NS)
+        mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
+    load_item(next, next % NS);
     const float* const lse = ld_s + buf * 128;
     const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
     const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
@@ -1327,6 +1396,8 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       wg::mma_rs_n128_tb<bf>(dk, da[kq], wg::desc_n(qb, HC * 16, kq), 1);
     wg::commit();
     wg::wait<0>();  // the stage and pa/da are free again
+    if constexpr (MB)
+      mbar_arrive(&empty_b[buf]);
   }
   cp_async_wait<0>();
 
@@ -1363,7 +1434,7 @@ template <typename T, int D, int W, int Wg>
 __device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, int tile, int kvh,
                                          int b, uint16_t* smem, const bwd_grid& grid) {
   if constexpr ((Wg & wg_dkv) && D == 128 && W % 4 == 0)
-    dkv_wg_body<T, W>(a, tile, kvh, b, smem);
+    dkv_wg_body<T, W, W == 8 && !(Wg & wg_cta)>(a, tile, kvh, b, smem);
   else
     dkv_body<T, D, W>(a, tile, kvh, b, smem, grid.hc);
 }
@@ -1450,6 +1521,8 @@ constexpr int fwd_bn = 64;
 ///   128 the query-major role with mma.sync, the key-major one with wgmma
 ///   256 the one-launch backward's key-major CTAs longest first (all tile 0s,
 ///       then all tile 1s, …) instead of tile-fastest
+///   512 the wgmma key-major role with a CTA barrier an item instead of a
+///       full and an empty barrier a stage (dkv_wg_body's MB; two warpgroups)
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1537,6 +1610,9 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
     // blocks a row it no longer fits, and mma.sync takes over.)
     if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024) {
       const bool two = group > 4 || !(a.variant & 1);
+      if constexpr (has_variants<T, D>)
+        if ((a.variant & 512) && two)
+          return backward_config<T, D, 8, 32, wg_both | wg_cta>(a, stream);
       if constexpr (has_variants<T, D>)
         if (a.variant & 128)
           return two ? backward_config<T, D, 8, 32, wg_dkv>(a, stream)

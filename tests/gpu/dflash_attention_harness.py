@@ -233,8 +233,9 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # separate backward launches, bit 2 one head per key-major item, bit 3 64-key dq tiles,
 # bits 4 / 5 (with 1) skip the key-major / query-major role (timing only), bit 6 mma.sync
 # everywhere instead of wgmma (d 128, G a multiple of 4), bit 7 the query-major role with mma.sync,
-# bit 8 the one-launch backward's key-major CTAs longest first.
-VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
+# bit 8 the one-launch backward's key-major CTAs longest first, bit 9 the key-major role with
+# a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before).
+VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
