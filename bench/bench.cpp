@@ -239,7 +239,11 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
 ///                          reference's case: bench/reference_target.py);
 ///   causal_sdpa            one document a row through forward(ids): SDPA's
 ///                          causal kernel, kv heads expanded (the bench's
-///                          line before issue 20).
+///                          line before issue 20);
+///   graphs_flash2,         graphs and graphs_1doc with FlashAttention-2
+///   graphs_1doc_flash2     varlen (TANDEM_TARGET_ATTENTION=flash2), when the
+///                          packed path's attention is the chunked kernel.
+/// Each line's "attention" is the packed path's (qwen3_target::packed_attention).
 /// The eager line carries kernel_ms (per forward, profiled after the timed runs).
 void bench_target_forward(const bench_options& o, const at::Device& dev, const std::string& size,
                           at::ScalarType dtype, const std::function<void(const std::string&)>& emit) {
@@ -292,14 +296,25 @@ void bench_target_forward(const bench_options& o, const at::Device& dev, const s
     const char* name;
     const char* mode;
     int64_t docs;
+    bool flash2 = false;
   };
-  for (const auto& v : {variant{"graphs", "graphs", docs}, variant{"eager", "eager", docs},
-                        variant{"mask", "mask", docs}, variant{"graphs_1doc", "graphs", 1}}) {
+  std::vector<variant> variants{{"graphs", "graphs", docs}, {"eager", "eager", docs},
+                                {"mask", "mask", docs}, {"graphs_1doc", "graphs", 1}};
+  if (target.packed_attention() == "dflash chunked") {
+    variants.push_back({"graphs_flash2", "graphs", docs, true});
+    variants.push_back({"graphs_1doc_flash2", "graphs", 1, true});
+  }
+  for (const auto& v : variants) {
     auto lengths = lengths_of(v.docs);
+    if (v.flash2)  // only offered when the variable did not already ask for it
+      setenv("TANDEM_TARGET_ATTENTION", "flash2", 1);
     target_forward_runner runner(target, dev, v.mode);
     reset_peak(dev);
     auto t = time_runs(dev, std::max(o.warmup, 1), o.iters, [&] { (void)runner.taps(ids, lengths); });
     auto j = line(v.name, v.docs, t, flop_of(lengths), runner.path());
+    j["attention"] = std::string(v.mode) == "mask" ? "sdpa mask" : target.packed_attention();
+    if (v.flash2)
+      unsetenv("TANDEM_TARGET_ATTENTION");
     j["graph_pool_gib"] = dev.is_cuda() ? nlohmann::json(static_cast<double>(runner.graph_pool_bytes()) / (1 << 30))
                                         : nlohmann::json(nullptr);  // no graphs on the CPU
     if (std::string(v.name) == "eager" && o.profile_steps > 0) {

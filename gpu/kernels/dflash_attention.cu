@@ -183,6 +183,19 @@ __device__ __forceinline__ void warp_load_rows(uint16_t* dst, const uint16_t* sr
   }
 }
 
+/// warp_load_rows for 16 rows of which the first `valid` are read and the
+/// rest zero-filled (no global read past them).
+template <int D, int RS>
+__device__ __forceinline__ void warp_load_rows16(uint16_t* dst, const uint16_t* src,
+                                                 int64_t stride, int valid, int lane) {
+  constexpr int chunks = D / 8;
+  for (int i = lane; i < 16 * chunks; i += 32) {
+    const int r = i / chunks, c = i % chunks;
+    const bool ok = r < valid;
+    cp_async16(smem_addr(dst + r * RS + c * 8), src + (ok ? r : 0) * stride + c * 8, ok);
+  }
+}
+
 /// The CTA's share of query tiles: warp w takes pair p = blockIdx.x·W + w
 /// of the kv head's (block, head-in-group) pairs, p = j·G + hh.
 struct query_tile {
@@ -484,12 +497,23 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
   uint32_t qf[KS][4];
 
-  // Phase 0, per warp: Q to registers, then the own block (always visible).
+  // The block's query rows (chunked mode: a first row and a count).
+  const bool chunked = a.row0 != nullptr;
+  int64_t row0 = int64_t{qt.j} * rows_per_block;
+  int len = rows_per_block;
+  if (chunked) {  // a warp past the last block (the last CTA's) writes nothing
+    const int64_t at = int64_t{b} * sh.blocks + qt.j;
+    row0 = qt.j < sh.blocks ? a.row0[at] : 0;
+    len = qt.j < sh.blocks ? a.rows[at] : 0;
+  }
+
+  // Phase 0, per warp: Q to registers, then the own block (always visible;
+  // chunked: its first len keys, causally).
   uint16_t* const slot = smem + warp * 32 * RS;
   if (qt.live) {
-    const int64_t row0 = int64_t{qt.j} * rows_per_block;
-    warp_load_rows<D, RS>(slot, at_row(a.q, b, qt.head, row0), a.q.token, 16, lane);
-    warp_load_rows<D, RS>(slot + 16 * RS, at_row(a.k_blk, b, kvh, row0), a.k_blk.token, 16, lane);
+    warp_load_rows16<D, RS>(slot, at_row(a.q, b, qt.head, row0), a.q.token, len, lane);
+    warp_load_rows16<D, RS>(slot + 16 * RS, at_row(a.k_blk, b, kvh, row0), a.k_blk.token, len,
+                            lane);
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();
@@ -500,8 +524,18 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
     float s[2][4] = {};
     mma_a_mt<false, T, D>(s, qf, sq + 2 * 16 * RS, off, 0, 16);
     __syncwarp();
-    warp_load_rows<D, RS>(slot, at_row(a.v_blk, b, kvh, row0), a.v_blk.token, 16, lane);
+    warp_load_rows16<D, RS>(slot, at_row(a.v_blk, b, kvh, row0), a.v_blk.token, len, lane);
     cp_async_commit();
+    if (chunked) {  // key i < len seen by row r iff i <= r (key 0 always: no empty row)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t4 + e;
+          s[nt][e] = key < len && key <= g ? s[nt][e] : -INFINITY;
+          s[nt][2 + e] = key < len && key <= g + 8 ? s[nt][2 + e] : -INFINITY;
+        }
+    }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -563,20 +597,24 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   const float i0 = qt.live ? 1.0f / l0 : 0.0f, i1 = qt.live ? 1.0f / l1 : 0.0f;
-  const int64_t row0 = int64_t{qt.j} * rows_per_block;
+  const bool st0 = g < len, st1 = g + 8 < len;  // chunked: rows past the chunk are not its
   uint16_t* const out0 = at_row(a.out, b, qt.head, row0 + g);
   uint16_t* const out1 = at_row(a.out, b, qt.head, row0 + g + 8);
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) {
     const int col = dt * 8 + 2 * t4;
-    *reinterpret_cast<uint32_t*>(out0 + col) = E::pack(o[dt][0] * i0, o[dt][1] * i0);
-    *reinterpret_cast<uint32_t*>(out1 + col) = E::pack(o[dt][2] * i1, o[dt][3] * i1);
+    if (st0)
+      *reinterpret_cast<uint32_t*>(out0 + col) = E::pack(o[dt][0] * i0, o[dt][1] * i0);
+    if (st1)
+      *reinterpret_cast<uint32_t*>(out1 + col) = E::pack(o[dt][2] * i1, o[dt][3] * i1);
   }
   if (t4 == 0) {
-    const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
+    const int64_t q_len = chunked ? a.q_rows : int64_t{sh.blocks} * rows_per_block;
     float* const lse = a.lse + (int64_t{b} * sh.heads + qt.head) * q_len + row0;
-    lse[g] = qt.live ? (m0 + __log2f(l0)) * ln2 : -INFINITY;
-    lse[g + 8] = qt.live ? (m1 + __log2f(l1)) * ln2 : -INFINITY;
+    if (st0)
+      lse[g] = qt.live ? (m0 + __log2f(l0)) * ln2 : -INFINITY;
+    if (st1)
+      lse[g + 8] = qt.live ? (m1 + __log2f(l1)) * ln2 : -INFINITY;
   }
 }
 
@@ -1678,6 +1716,8 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
 cudaError_t dflash_attention_forward(const dflash_attention_fwd_args& a, cudaStream_t stream) {
   if (dflash_attention_unsupported(a.shape) != nullptr || !in_ok(a.q) || !in_ok(a.k_ctx)
       || !in_ok(a.v_ctx) || !in_ok(a.k_blk) || !in_ok(a.v_blk) || !out_ok(a.out))
+    return cudaErrorInvalidValue;
+  if ((a.row0 == nullptr) != (a.rows == nullptr) || (a.row0 != nullptr && a.q_rows <= 0))
     return cudaErrorInvalidValue;
   return dispatch<run_forward>(a, stream);
 }

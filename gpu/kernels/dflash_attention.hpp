@@ -82,6 +82,14 @@ struct dflash_attention_fwd_args {
   attn_out out;              ///< [B, H, Q, d]
   float* lse = nullptr;      ///< [B, H, Q] contiguous, natural log
   int variant = 0;           ///< 0: the tuned default; bits pick benchmark variants (.cu)
+  /// Chunked mode (a target's causal, document-packed attention; forward
+  /// only): block j's query rows are row0[b, j] … row0[b, j] + rows[b, j] − 1
+  /// (at most 16) of q, out and lse, which hold q_rows rows a batch row; its
+  /// own keys are the same rows of k_blk/v_blk, key i seen by row r iff
+  /// i ≤ r.  Null: rows j·16 … j·16 + 15, all 16 keys seen (DFlash).
+  const int32_t* row0 = nullptr;  ///< [B, N]
+  const int32_t* rows = nullptr;  ///< [B, N]
+  int q_rows = 0;
 };
 
 struct dflash_attention_bwd_args {

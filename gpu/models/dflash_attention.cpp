@@ -1,5 +1,6 @@
 #include "gpu/models/dflash_attention.hpp"
 
+#include <cstdlib>
 #include <limits>
 
 #include "gpu/device/error.hpp"
@@ -150,6 +151,17 @@ kernel_ranges ranges_for_kernel(const at::Tensor& lo, const at::Tensor& hi, cons
           keep.to(at::kBool).contiguous()};
 }
 
+/// The kernels' variant bits (gpu/kernels/dflash_attention.cu; 0, the
+/// tuned default): TANDEM_ATTENTION_VARIANT, read once, lets `tandem bench`
+/// time a kernel variant inside the whole drafter step (docs/bench.md).
+int kernel_variant() {
+  static const int v = [] {
+    const char* env = std::getenv("TANDEM_ATTENTION_VARIANT");
+    return env != nullptr ? std::atoi(env) : 0;
+  }();
+  return v;
+}
+
 void check_launch(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw error(errc::device_failure,
@@ -208,6 +220,7 @@ dflash_attention_result kernel_forward(const attn_dims& m, const at::Tensor& q,
   res.lse = at::empty({m.batch, m.heads, m.q_len}, q.options().dtype(at::kFloat));
   kernels::dflash_attention_fwd_args a;
   a.shape = kernel_shape(m, scale, q.scalar_type());
+  a.variant = kernel_variant();
   a.q = in_view(q);
   a.k_ctx = in_view(k_ctx);
   a.v_ctx = in_view(v_ctx);
@@ -237,6 +250,7 @@ dflash_attention_grads kernel_backward(const attn_dims& m, const at::Tensor& q,
   const auto lse_c = lse.contiguous();
   kernels::dflash_attention_bwd_args a;
   a.shape = kernel_shape(m, scale, q.scalar_type());
+  a.variant = kernel_variant();
   a.q = in_view(q);
   a.k_ctx = in_view(k_ctx);
   a.v_ctx = in_view(v_ctx);
@@ -395,6 +409,97 @@ dflash_attention_grads dflash_attention_backward(
                          kernel_ready(dout));
 #else
   (void)scale; (void)out; (void)lse; (void)dout;
+  return {};
+#endif
+}
+
+causal_chunks causal_chunks_of(const at::Tensor& starts, const at::Tensor& lengths, int64_t s) {
+  require(starts.dim() == 2 && starts.sizes() == lengths.sizes(),
+          "causal chunks: starts and lengths must be [B, D] alike");
+  const auto b = starts.size(0), docs = starts.size(1);
+  const int64_t n = (s + 15) / 16 + docs;
+  const auto lens = lengths.to(at::kLong).clamp_min(0);
+  const auto per_doc = lens.add(15).floor_divide(16);                        // chunks a document
+  const auto ends = per_doc.cumsum(1);                                       // [B, D] inclusive
+  const auto j = at::arange(n, lens.options()).unsqueeze(0).expand({b, n}).contiguous();
+  const auto doc = at::searchsorted(ends, j, /*out_int32=*/false, /*right=*/true);  // [B, N]
+  const auto live = doc < docs;
+  const auto d = doc.clamp_max(docs - 1);
+  const auto first = (ends - per_doc).gather(1, d);  // the document's first chunk
+  const auto start = starts.to(at::kLong).gather(1, d);
+  const auto row0 = start + (j - first) * 16;
+  const auto rows = at::minimum(lens.gather(1, d) - (j - first) * 16, at::full({}, 16, lens.options()));
+  const auto zero = at::zeros({}, lens.options());
+  causal_chunks c;
+  c.row0 = at::where(live, row0, zero).to(at::kInt).contiguous();
+  c.rows = at::where(live, rows, zero).to(at::kInt).contiguous();
+  c.lo = at::where(live, start, zero).to(at::kInt).contiguous();
+  c.hi = c.row0;
+  c.keep = live.contiguous();
+  return c;
+}
+
+std::string causal_chunked_unsupported(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
+                                       int64_t head_dim) {
+#ifndef TANDEM_HAVE_CUDA
+  (void)o; (void)heads; (void)kv_heads; (void)head_dim;
+  return "built without CUDA";
+#else
+  if (!o.device().is_cuda())
+    return "not on CUDA";
+  if (c10::typeMetaToScalarType(o.dtype()) != at::kBFloat16)
+    return "not bf16";
+  if (head_dim != 128 || kv_heads <= 0 || heads % kv_heads != 0 || (heads / kv_heads) % 4 != 0)
+    return "head_dim is not 128 or the GQA group not a multiple of 4";
+  if (at::cuda::getDeviceProperties(o.device().index())->major != 9)
+    return "not sm_90";
+  return kernel_unsupported(o, heads, kv_heads, head_dim, 16);
+#endif
+}
+
+at::Tensor causal_chunked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const causal_chunks& chunks, int64_t s, double scale) {
+  require(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.size(0) == k.size(0)
+            && s > 0 && q.size(0) % s == 0 && chunks.row0.dim() == 2
+            && chunks.row0.size(0) * s == q.size(0),
+          "causal chunks: q " + sizes_text(q) + ", k " + sizes_text(k) + ", v " + sizes_text(v)
+            + " do not agree with rows of " + std::to_string(s));
+  const auto why = causal_chunked_unsupported(q.options(), q.size(1), k.size(1), q.size(2));
+  require(why.empty(), "causal chunks: the kernel does not take these operands (" + why + ")");
+#ifdef TANDEM_HAVE_CUDA
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto b = q.size(0) / s;
+  attn_dims m;
+  m.batch = b;
+  m.heads = q.size(1);
+  m.kv_heads = k.size(1);
+  m.ctx_len = s;
+  m.blocks = chunks.row0.size(1);
+  m.block_size = 16;
+  m.head_dim = q.size(2);
+  // [B·S, heads, d] memory seen as [B, heads, S, d].
+  const auto as_bhsd = [&](const at::Tensor& t) {
+    return t.unflatten(0, {b, s}).transpose(1, 2);
+  };
+  auto out = at::empty(q.sizes(), q.options());
+  auto lse = at::empty({b, m.heads, s}, q.options().dtype(at::kFloat));
+  const auto qv = kernel_ready(as_bhsd(q)), kv = kernel_ready(as_bhsd(k)), vv = kernel_ready(as_bhsd(v));
+  kernels::dflash_attention_fwd_args a;
+  a.shape = kernel_shape(m, scale, q.scalar_type());
+  a.q = in_view(qv);
+  a.k_ctx = a.k_blk = in_view(kv);
+  a.v_ctx = a.v_blk = in_view(vv);
+  a.ranges = {chunks.lo.data_ptr<int32_t>(), chunks.hi.data_ptr<int32_t>(),
+              reinterpret_cast<const uint8_t*>(chunks.keep.data_ptr<bool>())};
+  a.out = out_view(as_bhsd(out));
+  a.lse = lse.data_ptr<float>();
+  a.row0 = chunks.row0.data_ptr<int32_t>();
+  a.rows = chunks.rows.data_ptr<int32_t>();
+  a.q_rows = static_cast<int>(s);
+  check_launch(kernels::dflash_attention_forward(a, at::cuda::getCurrentCUDAStream()), "chunked forward");
+  return out;
+#else
+  (void)chunks; (void)scale;
   return {};
 #endif
 }

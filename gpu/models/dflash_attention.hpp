@@ -76,4 +76,33 @@ dflash_attention_grads dflash_attention_backward(
   const at::Tensor& keep, double scale, const at::Tensor& out, const at::Tensor& lse,
   const at::Tensor& dout);
 
+/// The forward kernel in chunked mode, as a target's causal attention over
+/// packed documents (gpu/models/qwen3_packed.cpp; issue 20): each document
+/// becomes 16-row chunks, chunk c of a document seeing the document's rows
+/// before it as context and its own rows causally, the GQA group's heads
+/// sharing each K/V tile.  The table of chunks, [B, N] each, N = ⌈S/16⌉ +
+/// documents a row (a fixed bound, so a captured graph keeps its shapes):
+/// chunks past a row's count have rows = 0 and keep = false.
+struct causal_chunks {
+  at::Tensor lo, hi, keep, row0, rows;  ///< int32, int32, bool, int32, int32
+};
+
+/// The chunk table of rows of length `s` split into documents [B, D] by
+/// their `starts` and `lengths` (int64, on the device; together covering
+/// each row, zero lengths allowed), by tensor operations only (no host sync).
+causal_chunks causal_chunks_of(const at::Tensor& starts, const at::Tensor& lengths, int64_t s);
+
+/// Empty when causal_chunked_attention takes operands of this dtype, device
+/// and shape; otherwise why not.  It is used where it was measured faster
+/// than FlashAttention-2 varlen: bf16, head_dim 128, a GQA group of a
+/// multiple of 4 (the wgmma path), CUDA sm_90.
+std::string causal_chunked_unsupported(const at::TensorOptions& options, int64_t heads,
+                                       int64_t kv_heads, int64_t head_dim);
+
+/// out [B·S, H, d] (contiguous) from q [B·S, H, d] and k, v [B·S, Hkv, d]
+/// (any strides with d contiguous and 16-byte aligned rows, e.g. views of
+/// a fused qkv projection), rows of `s` tokens, under the chunk table.
+at::Tensor causal_chunked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const causal_chunks& chunks, int64_t s, double scale);
+
 } // namespace tandem::gpu

@@ -63,14 +63,19 @@ public:
   /// CUDA device in bf16/fp16 it runs the packed path (gpu/models/
   /// qwen3_packed.cpp): tokens flattened to [B·S, D], fused q/k/v and
   /// gate/up GEMMs, the residual adds in the GEMMs' epilogues, one kernel
-  /// for q/k norm + RoPE and one for SwiGLU, and FlashAttention-2's
-  /// variable-length causal kernel over the documents (GQA without
-  /// expanding the kv heads).  No host sync and fixed shapes per (B, S, K):
+  /// for q/k norm + RoPE and one for SwiGLU, and a causal attention over
+  /// the documents without expanding the kv heads (packed_attention says
+  /// which).  No host sync and fixed shapes per (B, S, K):
   /// capturable as a CUDA graph (target_engine does).  Elsewhere it is
   /// forward(input_ids, make_doc_layout(doc_lengths, S)).
   qwen3_output forward_packed(const at::Tensor& input_ids, const at::Tensor& doc_lengths) const;
   /// "packed", or why forward_packed runs the mask path instead.
   std::string packed_path() const;
+  /// The packed path's attention: "dflash chunked" (Tandem's kernel,
+  /// gpu/models/dflash_attention.hpp causal_chunked_attention), or "flash2
+  /// varlen (<why not>)" (FlashAttention-2's variable-length kernel;
+  /// TANDEM_TARGET_ATTENTION=flash2 asks for it).
+  std::string packed_attention() const;
   /// "" when the fused-layout kernels (gpu/kernels/target_fused.cu: q/k
   /// norm + RoPE in place, SwiGLU over gate/up rows) take this target —
   /// fused projections (a CUDA bf16/fp16 target), a head_dim and an

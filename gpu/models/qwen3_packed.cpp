@@ -4,16 +4,24 @@
 //   h   = rms_norm(x)                                (fused kernel)
 //   qkv = h · [Wq; Wk; Wv]ᵀ                          (one GEMM)
 //   q/k norm + RoPE in place                         (kernels/target_fused.cu)
-//   a   = FlashAttention-2 varlen, causal per document, GQA
+//   a   = attention, causal per document, GQA (below)
 //   x  += a · Woᵀ                                    (addmm_: the add in the GEMM's epilogue)
 //   h   = rms_norm(x)
 //   gu  = h · [Wg; Wu]ᵀ                              (one GEMM)
 //   x  += swiglu(gu) · Wdᵀ                           (kernel, then addmm_)
-// Why FlashAttention-2 (PyTorch's bundled aten::_flash_attention_forward):
-// its variable-length kernel takes the documents as cu_seqlens (no [S, S]
-// mask, no work on invisible pairs), reads the kv heads without expanding
-// them, and needs no host sync; gpu/dev/target_attention_probe.py timed it
-// against the mask path, SDPA's causal kernels and cuDNN (docs/bench.md).
+// The attention: where causal_chunked_unsupported is empty (bf16, head_dim
+// 128, GQA groups of 4k, sm_90: Qwen3-8B on Hopper), Tandem's DFlash
+// forward kernel in chunked mode (gpu/models/dflash_attention.hpp), each
+// document as 16-row chunks whose context is the document before them, the
+// group's heads sharing each K/V tile (one layer at 4 × 3072, 32/8 heads:
+// 0.348 ms at four documents a row against FlashAttention-2 varlen's
+// 0.419, 0.954 against 1.012 at one; docs/bench.md).  Elsewhere, or with
+// TANDEM_TARGET_ATTENTION=flash2, FlashAttention-2 (PyTorch's bundled
+// aten::_flash_attention_forward): its variable-length kernel takes the
+// documents as cu_seqlens (no [S, S] mask, no work on invisible pairs),
+// reads the kv heads without expanding them, and needs no host sync;
+// gpu/dev/target_attention_probe.py timed it against the mask path, SDPA's
+// causal kernels and cuDNN.
 
 #include "gpu/models/qwen3.hpp"
 
@@ -23,6 +31,7 @@
 #include <cstdlib>
 
 #include "gpu/device/error.hpp"
+#include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/fused_ops.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -46,6 +55,18 @@ std::string qwen3_target::packed_path() const {
     return "mask (query heads are not a multiple of kv heads)";
   return "packed";
 #endif
+}
+
+std::string qwen3_target::packed_attention() const {
+  if (w_.layers.empty() || !w_.layers[0].qkv_proj.defined())
+    return "flash2 varlen (projections not fused)";
+  const auto why = causal_chunked_unsupported(w_.layers[0].qkv_proj.options(), cfg_.num_attention_heads,
+                                              cfg_.num_key_value_heads, cfg_.head_dim);
+  if (!why.empty())
+    return "flash2 varlen (" + why + ")";
+  if (const char* env = std::getenv("TANDEM_TARGET_ATTENTION"); env != nullptr && std::string(env) == "flash2")
+    return "flash2 varlen (TANDEM_TARGET_ATTENTION=flash2)";
+  return "dflash chunked";
 }
 
 std::string qwen3_target::fused_layout_unsupported() const {
@@ -85,6 +106,12 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
     auto row0 = at::arange(b, lengths.options()).unsqueeze(1) * s;
     auto cu = at::cat({at::zeros({1}, lengths.options()), (ends + row0).flatten()}).to(at::kInt);
     const auto docs = make_doc_layout(lengths, s);
+    const bool chunked = packed_attention() == "dflash chunked";
+    causal_chunks chunks;
+    if (chunked) {  // the documents and the padding after them, as cu_seqlens has them
+      auto starts = at::cat({at::zeros({b, 1}, ends.options()), ends.narrow(1, 0, ends.size(1) - 1)}, 1);
+      chunks = causal_chunks_of(starts, ends - starts, s);
+    }
     auto [cos, sin] = rope_tables(docs.position.reshape({t}), cfg_.head_dim, cfg_.rope_theta);
     cos = cos.contiguous();
     sin = sin.contiguous();
@@ -100,8 +127,9 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
       auto q = qkv.narrow(1, 0, hh).unflatten(1, {d.heads, d.head_dim});
       auto k = qkv.narrow(1, hh, kh).unflatten(1, {d.kv_heads, d.head_dim});
       auto v = qkv.narrow(1, hh + kh, kh).unflatten(1, {d.kv_heads, d.head_dim});
-      auto attn = std::get<0>(at::_flash_attention_forward(q, k, v, cu, cu, s, s, 0.0, /*is_causal=*/true,
-                                                           /*return_debug_mask=*/false, scale));
+      auto attn = chunked ? causal_chunked_attention(q, k, v, chunks, s, scale)
+                          : std::get<0>(at::_flash_attention_forward(q, k, v, cu, cu, s, s, 0.0, /*is_causal=*/true,
+                                                                     /*return_debug_mask=*/false, scale));
       x.addmm_(attn.reshape({t, hh}), l.o_proj.t());  // in place: no copy of x for beta = 1
       auto gu = at::mm(rms_norm(x, l.post_norm, d.eps), l.gate_up_proj.t());  // [T, 2I]
       auto act = swiglu_rows(gu);

@@ -9,15 +9,21 @@
 // - graphs replay the eager packed forward bit for bit, for new inputs too;
 // - the two kernels against the composites they fuse (gpu/kernels/
 //   target_fused.cu): SwiGLU bit for bit, q/k norm + RoPE within one bf16
-//   rounding on a handful of elements (only the sum-of-squares order differs).
+//   rounding on a handful of elements (only the sum-of-squares order differs);
+// - the chunked attention (head_dim 128, GQA 4 on an H100/H200) against an
+//   fp32 per-document causal reference and FlashAttention-2 varlen, at
+//   documents of every length (1, 15, 16, 17, empty, a row's padding).
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include <gtest/gtest.h>
 
 #include "gpu/engine/target_forward.hpp"
 #include "gpu/kernels/target_fused.hpp"
 #include "gpu/models/common.hpp"
+#include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/fused_ops.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
@@ -30,14 +36,14 @@ using tandem::gpu::test::rel_err;
 
 namespace {
 
-qwen3_config small_config(int64_t head_dim) {
+qwen3_config small_config(int64_t head_dim, int64_t heads = 4, int64_t kv_heads = 2) {
   qwen3_config c;
   c.vocab_size = 512;
   c.hidden_size = 256;
   c.intermediate_size = 512;
   c.num_hidden_layers = 6;  // 4 loaded: the taps stop at layer 3
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
   c.head_dim = head_dim;
   c.max_position_embeddings = 4096;
   c.rms_norm_eps = 1e-6;
@@ -84,15 +90,20 @@ qwen3_weights to_dtype(const qwen3_weights& w, at::ScalarType t) {
 TEST(target_packed, matches_the_fp32_mask_path_and_keeps_documents_apart) {
   if (!have_cuda())
     GTEST_SKIP() << "SKIPPED: no CUDA device";
-  for (int64_t head_dim : {16, 64}) {
+  // head_dim 16 and 64 (GQA 2) take FlashAttention-2; 128 with GQA 4 the
+  // chunked DFlash kernel on sm_90.
+  for (auto [head_dim, heads] : {std::pair<int64_t, int64_t>{16, 4}, {64, 4}, {128, 8}}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const auto c = small_config(head_dim);
+    const auto c = small_config(head_dim, heads, 2);
     const auto w = random_weights(c, 5 + head_dim);
     const std::vector<int64_t> taps{0, 2, 3};
     qwen3_target ref(c, w, taps);  // fp32: the mask path
     qwen3_target ours(c, to_dtype(w, at::kBFloat16), taps);
     ASSERT_EQ(ours.packed_path(), "packed");
     EXPECT_NE(ref.packed_path(), "packed");
+    const bool hopper = at::cuda::getDeviceProperties(0)->major == 9;
+    std::printf("head_dim %lld: attention %s\n", static_cast<long long>(head_dim), ours.packed_attention().c_str());
+    EXPECT_EQ(ours.packed_attention() == "dflash chunked", head_dim == 128 && hopper) << ours.packed_attention();
     ASSERT_TRUE(ours.weights().layers[0].qkv_proj.defined());
     EXPECT_EQ(ours.weights().layers[0].k_proj.data_ptr(),
               static_cast<char*>(ours.weights().layers[0].qkv_proj.data_ptr())
@@ -199,5 +210,114 @@ TEST(target_packed, kernels_match_the_composites) {
       EXPECT_LT(worst, 0.07);  // a bf16 rounding or two (|x| < 8) where the sum order tipped one
     }
     EXPECT_TRUE(at::equal(qkv.narrow(1, (nh + nk) * h, nk * h), before.narrow(1, (nh + nk) * h, nk * h)));
+  }
+}
+
+TEST(target_packed, chunked_attention_matches_fp32_and_flash2) {
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  const at::Device dev(at::kCUDA, 0);
+  auto bf = at::TensorOptions().dtype(at::kBFloat16).device(dev);
+  const int64_t h = 8, kvh = 2, d = 128;
+  const auto why = causal_chunked_unsupported(bf, h, kvh, d);
+  if (!why.empty())
+    GTEST_SKIP() << "SKIPPED: the chunked kernel does not run here (" << why << ")";
+  auto g = gen(21);
+  // Rows of S = 200 (not a multiple of 16); each row's documents, the last
+  // entry being what the others leave (the engine passes it the same way).
+  const int64_t s = 200;
+  const std::vector<std::vector<int64_t>> rows{{1, 15, 16, 17, 0, 151}, {200, 0, 0, 0, 0, 0},
+                                               {33, 0, 47, 64, 56, 0}, {3, 5, 7, 9, 11, 165}};
+  const int64_t b = static_cast<int64_t>(rows.size()), docs = 6;
+  std::vector<int64_t> flat;
+  for (const auto& r : rows)
+    flat.insert(flat.end(), r.begin(), r.end());
+  auto lengths = at::tensor(flat, at::kLong).view({b, docs}).to(dev);
+  auto ends = lengths.cumsum(1);
+  auto starts = ends - lengths;
+  const auto chunks = causal_chunks_of(starts, lengths, s);
+  ASSERT_EQ(chunks.row0.size(1), (s + 15) / 16 + docs);
+  // Every token in exactly one live chunk.
+  auto covered = at::zeros({b, s}, at::kInt);
+  const auto row0 = chunks.row0.cpu(), n = chunks.rows.cpu(), keep = chunks.keep.cpu();
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t j = 0; j < row0.size(1); ++j)
+      if (keep[r][j].item<bool>())
+        covered[r].narrow(0, row0[r][j].item<int>(), n[r][j].item<int>()) += 1;
+  EXPECT_TRUE(at::equal(covered, at::ones({b, s}, at::kInt)));
+
+  auto qkv = at::randn({b * s, (h + 2 * kvh) * d}, g).to(bf);
+  auto q = qkv.narrow(1, 0, h * d).unflatten(1, {h, d});
+  auto k = qkv.narrow(1, h * d, kvh * d).unflatten(1, {kvh, d});
+  auto v = qkv.narrow(1, (h + kvh) * d, kvh * d).unflatten(1, {kvh, d});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto got = causal_chunked_attention(q, k, v, chunks, s, scale);
+  ASSERT_EQ(got.sizes(), q.sizes());
+
+  // fp32 reference, document by document.
+  auto want = at::zeros({b * s, h, d}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  for (int64_t r = 0; r < b; ++r) {
+    int64_t at0 = r * s;
+    for (int64_t len : rows[r]) {
+      if (len == 0)
+        continue;
+      auto qq = q.narrow(0, at0, len).to(at::kFloat).transpose(0, 1);                       // [h, L, d]
+      auto kk = k.narrow(0, at0, len).to(at::kFloat).transpose(0, 1).repeat_interleave(h / kvh, 0);
+      auto vv = v.narrow(0, at0, len).to(at::kFloat).transpose(0, 1).repeat_interleave(h / kvh, 0);
+      auto sc = at::matmul(qq, kk.transpose(1, 2)) * scale;
+      auto mask = at::ones({len, len}, at::TensorOptions().dtype(at::kBool).device(dev)).tril();
+      sc = sc.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+      want.narrow(0, at0, len).copy_(at::matmul(sc.softmax(-1), vv).transpose(0, 1));
+      at0 += len;
+    }
+  }
+  auto cu = at::cat({at::zeros({1}, lengths.options()),
+                     (ends + at::arange(b, lengths.options()).unsqueeze(1) * s).flatten()}).to(at::kInt);
+  const auto fa2 = std::get<0>(at::_flash_attention_forward(q, k, v, cu, cu, s, s, 0.0, true, false, scale));
+  const double err = rel_err(got, want), err_fa2 = rel_err(fa2, want);
+  std::printf("chunked attention vs fp32: rel err %.3e (FlashAttention-2 varlen %.3e)\n", err, err_fa2);
+  EXPECT_LT(err, 1e-2);
+  EXPECT_LT(err, 1.5 * err_fa2 + 1e-3);
+  EXPECT_FALSE(got.isnan().any().item<bool>());
+}
+
+// The chunk table (plain tensor operations, so the CPU checks it): every
+// token of every row in exactly one live chunk of at most 16 rows, inside
+// its document, whose context is the document's rows before the chunk.
+TEST(target_packed, chunk_table_covers_each_token_once) {
+  auto g = gen(4);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t s = 1 + at::randint(300, {1}, g, at::kLong).item<int64_t>();
+    const int64_t b = 1 + trial % 3, docs = 1 + trial % 6;
+    // Random cuts of each row into `docs` documents (empty ones allowed).
+    auto cuts = std::get<0>(at::randint(s + 1, {b, docs - 1}, g, at::kLong).sort(1));
+    auto bounds = at::cat({at::zeros({b, 1}, at::kLong), cuts, at::full({b, 1}, s, at::kLong)}, 1);
+    auto starts = bounds.narrow(1, 0, docs), lengths = bounds.narrow(1, 1, docs) - starts;
+    const auto c = causal_chunks_of(starts.contiguous(), lengths.contiguous(), s);
+    ASSERT_EQ(c.row0.sizes(), at::IntArrayRef({b, (s + 15) / 16 + docs}));
+    for (int64_t r = 0; r < b; ++r) {
+      std::vector<int> seen(static_cast<size_t>(s), 0);
+      for (int64_t j = 0; j < c.row0.size(1); ++j) {
+        const int row0 = c.row0[r][j].item<int>(), n = c.rows[r][j].item<int>();
+        const int lo = c.lo[r][j].item<int>(), hi = c.hi[r][j].item<int>();
+        if (!c.keep[r][j].item<bool>()) {
+          EXPECT_EQ(n, 0);
+          continue;
+        }
+        ASSERT_GE(n, 1);
+        ASSERT_LE(n, 16);
+        EXPECT_EQ(hi, row0);
+        // lo is the start of the document holding the chunk, which ends past it.
+        bool inside = false;
+        for (int64_t d = 0; d < docs; ++d)
+          inside |= starts[r][d].item<int64_t>() == lo && lo + lengths[r][d].item<int64_t>() >= row0 + n
+                    && lengths[r][d].item<int64_t>() > 0;
+        EXPECT_TRUE(inside) << "row " << r << " chunk " << j;
+        for (int i = row0; i < row0 + n; ++i)
+          ++seen[static_cast<size_t>(i)];
+      }
+      for (int64_t i = 0; i < s; ++i)
+        ASSERT_EQ(seen[static_cast<size_t>(i)], 1) << "s " << s << " row " << r << " token " << i;
+    }
   }
 }
