@@ -132,7 +132,9 @@ def make_target(out, s, device):
         json.dump({"metadata": {}, "weight_map": index}, f)
 
 
-def make_data(out, vocab, samples, lo, hi):
+def make_data(out, vocab, samples, lo, hi, mask_token):
+    """Random token samples that never hold the drafter's mask token (tandem run
+    refuses data that does: it could not tell a masked position from it)."""
     import numpy as np
     from safetensors.numpy import save_file as save_np
 
@@ -141,7 +143,9 @@ def make_data(out, vocab, samples, lo, hi):
     toks, masks, lens = [], [], []
     for _ in range(samples):
         n = int(rng.integers(lo, hi))
-        toks.append(rng.integers(0, vocab - 2, size=n).astype(np.int32))
+        t = rng.integers(0, vocab - 3, size=n)
+        t[t >= mask_token] += 1  # uniform over [0, vocab - 2) without the mask token
+        toks.append(t.astype(np.int32))
         m = np.zeros(n, dtype=np.uint8)
         m[n // 3:] = 1
         masks.append(m)
@@ -445,7 +449,7 @@ def main():
             make_target(os.path.join(work, "target"), s, gen_device)
         if not os.path.exists(os.path.join(work, "data", "manifest.json")):
             shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
-            make_data(os.path.join(work, "data"), s["vocab_size"], 2000, s["seq"] // 6, s["seq"])
+            make_data(os.path.join(work, "data"), s["vocab_size"], 2000, s["seq"] // 6, s["seq"], s["mask"])
         prep_s = time.time() - t0
         targets = [d.strip() for d in a.target_device.split(",") if d.strip()]
         drafters = [d.strip() for d in a.drafter_device.split(",") if d.strip()]

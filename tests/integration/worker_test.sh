@@ -17,8 +17,11 @@
 #               error, and removes the dead worker's control.json), each fault
 #               firing once;
 #   actors      a target and a prefetch throw: restarted in the process, their
-#               batches issued again, the same result bit for bit.
-# ~20 s on 2 cores.
+#               batches issued again, the same result bit for bit;
+#   teardown    the worker crashes after the run's end (TANDEM_TEST_ABORT_AT_EXIT):
+#               not restarted (nothing is left to do), exit 0, the crash and its
+#               stack on stderr, one end in the record.
+# ~25 s on 2 cores.
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -63,7 +66,16 @@ check test "$(first "$r" tier)" = host
 # yet written when the abort landed: they are written beside training).
 check grep -qx "8\|4" <<< "$(first "$r" step)"
 check grep -q "starting a new one (restart 1 of 3)" "$work/abort.log"
+check grep -q "tandem run (worker): fatal signal SIGABRT; the stack" "$work/abort.log"
 same_as_reference "$work/abort"
+
+# The worker crashes in teardown, after the run ended and checkpointed.
+rc=0; TANDEM_TEST_ABORT_AT_EXIT=1 run teardown > "$work/teardown.log" 2>&1 || rc=$?
+check test "$rc" = 0
+check grep -qE "after the run had ended at step [0-9]+, checkpointed: nothing is lost" "$work/teardown.log"
+check grep -q "fatal signal SIGABRT" "$work/teardown.log"
+check test "$(lines "$work/teardown/metrics.jsonl" worker_restarted)" = "[]"
+check test "$(lines "$work/teardown/metrics.jsonl" end | "$python" -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
 
 # A target and a prefetch fail in the process (an exception each): each is
 # restarted, the batches in flight are issued again, and nothing else moves:

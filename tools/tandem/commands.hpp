@@ -125,4 +125,9 @@ void add_shell(CLI::App& app, int& exit_code);
 /// and join tokens (OpenSSL).
 void add_certs(CLI::App& app, int& exit_code);
 
+/// On SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT, writes "<who>: fatal
+/// signal …" and the stack to stderr, then dies of the signal as before (a
+/// parent that restarts the process still sees it).  tools/tandem/crash.cpp.
+void report_crashes(const char* who);
+
 } // namespace tandem::cli

@@ -155,6 +155,7 @@ int32_t parse_devices(const std::string& text) {
 }
 
 int run_node(const node_options& o) {
+  report_crashes("tandem node");
   if (!valid_node_name(o.name)) {
     std::fprintf(stderr, "tandem node: --name '%s': lowercase letters, digits and '-' (not cpu, cuda or auto)\n",
                  o.name.c_str());

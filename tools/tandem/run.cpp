@@ -189,17 +189,17 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
            "and run --resume again (--force resumes from the older one, training the steps after it again)";
 }
 
-/// Whether metrics.jsonl says the run ended at `step`, its durable step,
-/// having trained all it was asked to (an "end" for its epochs or
-/// train.max_steps, no step after it): a --resume from that checkpoint has
-/// nothing to do.  An end not recorded (the process died after its last
-/// checkpoint) or one for an error is written again by the resume.
-bool ended_at(const run_config& cfg, int64_t step) {
+/// The step at which metrics.jsonl says the run ended, having trained all
+/// it was asked to (the last record an "end" for its epochs or
+/// train.max_steps, whose durable step is its last step: no step after it,
+/// none lost), if it does.
+std::optional<int64_t> clean_end_step(const run_config& cfg) {
   const auto jsonl = cfg.metrics_file();
   std::ifstream in(jsonl);
   if (jsonl.empty() || !in)
-    return false;
-  bool ended = false;
+    return std::nullopt;
+  std::optional<int64_t> ended;
+  int64_t last_step = -1;
   for (std::string line; std::getline(in, line);) {
     const bool end = line.find("\"event\":\"end\"") != std::string::npos;
     if (!end && line.find("\"event\":\"step\"") == std::string::npos)
@@ -207,13 +207,26 @@ bool ended_at(const run_config& cfg, int64_t step) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object())
       continue;
-    if (j.value("event", "") == "step")
-      ended = false;
-    else if (j.value("event", "") == "end")
-      ended = j.value("durable_step", int64_t{-1}) == step
-              && (j.value("reason", "") == "epochs" || j.value("reason", "") == "max_steps");
+    if (j.value("event", "") == "step") {
+      ended.reset();
+      last_step = j.value("step", int64_t{-1});
+    } else if (j.value("event", "") == "end") {
+      const auto durable = j.value("durable_step", int64_t{-1});
+      const auto reason = j.value("reason", "");
+      ended.reset();
+      if ((reason == "epochs" || reason == "max_steps") && durable >= 0 && durable >= last_step)
+        ended = durable;
+    }
   }
   return ended;
+}
+
+/// Whether metrics.jsonl says the run ended at `step`, its durable step
+/// (clean_end_step): a --resume from that checkpoint has nothing to do.  An
+/// end not recorded (the process died after its last checkpoint) or one
+/// for an error is written again by the resume.
+bool ended_at(const run_config& cfg, int64_t step) {
+  return clean_end_step(cfg) == step;
 }
 
 /// The restore points in shared memory of `plan`, if their folder can be
@@ -1008,12 +1021,16 @@ int run_training(const run_options& ro, const worker_context& wc) {
       self->wait_for(run.peers.host_checkpointer);
     gpu::remove_folder(plan.host_checkpointer.dir);
   }
+  // tests/integration/worker_test.sh: a crash in teardown, after the end.
+  if (exit_code == 0 && std::getenv("TANDEM_TEST_ABORT_AT_EXIT") != nullptr)
+    std::abort();
   return exit_code;
 }
 
 /// run_training with its errors as exit statuses (2: the config or its
 /// files, 1: anything else).
 int run_worker(const run_options& ro, const worker_context& wc) {
+  report_crashes("tandem run (worker)");
   try {
     return run_training(ro, wc);
   } catch (const config_error& e) {
@@ -1161,6 +1178,16 @@ int supervise_workers(const run_options& ro) {
     if (!died || parent_signal.load() != 0)
       break;
     const auto how = describe_exit(status);
+    if (const auto end = clean_end_step(cfg)) {
+      // Dead after the run's end and its last checkpoint: a crash in
+      // teardown.  A new worker would only load everything to end again.
+      std::fprintf(stderr, "tandem run: the worker process ended (%s) after the run had ended at step %lld, "
+                           "checkpointed: nothing is lost and nothing is left to do.  A crash in teardown is a "
+                           "bug in Tandem: please report it with the stack printed above\n",
+                   how.c_str(), static_cast<long long>(*end));
+      status = 0;
+      break;
+    }
     if (restarts >= budget) {
       std::fprintf(stderr, "tandem run: the worker process ended (%s) after %lld restarts "
                            "(supervision.worker_restarts = %lld): giving up; `tandem run --resume` continues "
