@@ -14,7 +14,6 @@ its own rows causally.  Tolerances as tests/gpu/dflash_attention_harness.py (out
 import argparse
 import ctypes
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -22,6 +21,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import kernel_lib  # noqa: E402
+from dflash_attention_harness import timed  # noqa: E402  (the same median of CUDA-event samples)
 
 SHIM = r'''
 #include "gpu/kernels/dflash_attention.hpp"
@@ -124,19 +124,6 @@ def fa2(q, k, v, docs, scale):
                                                            scale=scale)
 
 
-def timed(fn, iters=20, reps=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record(); b.synchronize()
-        ms.append(a.elapsed_time(b) / reps)
-    return statistics.median(ms)
 
 
 def rel(a, b):
