@@ -28,6 +28,7 @@ print(json.dumps({
     "steps": len(steps),
     "failed": len(events("drafter_failed")),
     "restarted": len(events("drafter_restarted")),
+    "worker_restarts": len(events("worker_restarted")),
     "end": (events("end") or [{}])[-1].get("reason"),
     "committed_per_epoch": per_epoch,
     "last_step": steps[-1]["step"] if steps else 0,

@@ -28,6 +28,10 @@ run plain > "$work/plain.log" 2>&1 || { cat "$work/plain.log"; fail "plain run";
 s=$(summary "$work/plain/metrics.jsonl"); echo "plain: $s"
 plain_last=$(field "$s" last)
 check test "$(field "$s" end)" = epochs
+# No worker process died, in training or in teardown (a crash after the end
+# is not restarted, but still prints its stack: report_crashes).
+check test "$(field "$s" worker_restarts)" = 0
+check bash -c '! grep -q "fatal signal" "$1"' _ "$work/plain.log"
 check "$python" -c "import json,sys; s=json.loads(sys.argv[1]); assert s['last'] < s['first'] - 0.5, s" "$s"
 check both_epochs_exact "$s"
 
