@@ -521,7 +521,11 @@ output_dir = "out"
                     break
             progress(metrics.read(), seen, a.steps)
             err.seek(0)
-            stderr_tail = err.read()[-2000:]
+            stderr_all = err.read()
+            stderr_tail = stderr_all[-2000:]
+            # A process of the run that died of a fatal signal prints its stack
+            # (report_crashes), even where nothing was restarted (teardown).
+            crashes = [l for l in stderr_all.splitlines() if ": fatal signal " in l]
         run_s = time.time() - t1
         if proc.returncode != 0 and not stopped:
             print(json.dumps({"case": "pipeline", "error": f"tandem run exited {proc.returncode}",
@@ -529,6 +533,9 @@ output_dir = "out"
             return 1
         rows = metrics.read()
         out = summarize(rows, a, targets, drafters, prep_s, run_s)
+        out["fatal_signals"] = crashes
+        if crashes:
+            print(f"pipeline: {len(crashes)} fatal signal(s), stacks in {err.name}", file=sys.stderr, flush=True)
         if stopped:
             out.update(complete=False, stopped=stopped)
         if "error" in out:

@@ -1646,7 +1646,9 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
     // CTAs an SM; docs/bench.md); variant bit 7 keeps the query-major role on mma.sync.
     // (The key-major role keeps a block list in shared memory: past ~2700
     // blocks a row it no longer fits, and mma.sync takes over.)
-    if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024) {
+    // (227 KiB an SM less the kernel's static shared memory: the count and
+    // the stage barriers, 80 bytes; 256 kept for them.)
+    if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024 - 256) {
       const bool two = group > 4 || !(a.variant & 1);
       if constexpr (has_variants<T, D>)
         if ((a.variant & 512) && two)

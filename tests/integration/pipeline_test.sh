@@ -25,8 +25,8 @@ pipe() {  # pipe OUT ARGS...
 }
 
 pipe "$work/full.json" --steps 14
-check "a complete run: 14 steps, 8 measured after the 5 skipped, data wait reported, no worker restart" \
-  'j.get("steps_measured") == 8 and 0 <= j["data_wait_share"] < 1 and "complete" not in j and j["failures"] == 0 and j["worker_restarts"] == 0 and 0 < j["drafter_mfu"] < 1' "$work/full.json"
+check "a complete run: 14 steps, 8 measured after the 5 skipped, data wait reported, no worker restart or crash" \
+  'j.get("steps_measured") == 8 and 0 <= j["data_wait_share"] < 1 and "complete" not in j and j["failures"] == 0 and j["worker_restarts"] == 0 and j["fatal_signals"] == [] and 0 < j["drafter_mfu"] < 1' "$work/full.json"
 grep -q "pipeline: step 10/14" "$work/full.json.err" && { passed=$((passed+1)); echo "ok: progress on stderr"; } \
   || { failed=$((failed+1)); echo "FAIL: no progress line"; cat "$work/full.json.err"; }
 

@@ -20,7 +20,9 @@
 #               batches issued again, the same result bit for bit;
 #   teardown    the worker crashes after the run's end (TANDEM_TEST_ABORT_AT_EXIT):
 #               not restarted (nothing is left to do), exit 0, the crash and its
-#               stack on stderr, one end in the record.
+#               stack on stderr, one end in the record; then a --resume with a
+#               second epoch whose worker aborts mid-way: restarted (the old end
+#               does not count), trained to the new end.
 # ~25 s on 2 cores.
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
@@ -76,6 +78,19 @@ check grep -qE "after the run had ended at step [0-9]+, checkpointed: nothing is
 check grep -q "fatal signal SIGABRT" "$work/teardown.log"
 check test "$(lines "$work/teardown/metrics.jsonl" worker_restarted)" = "[]"
 check test "$(lines "$work/teardown/metrics.jsonl" end | "$python" -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1
+# A --resume with more to train (a second epoch) whose worker aborts before
+# its end, no step record written since the earlier end (log_every 1000): that
+# end does not count, so the parent restarts the worker and the run trains to
+# its new end.
+rc=0; "$tandem" run "$work/run.toml" --resume --set run.output_dir="$work/teardown" \
+  --set checkpoint.host_dir="$work/teardown-shm" --set data.epochs=2 --set checkpoint.every_steps=20 \
+  --set checkpoint.host_every=4 --set train.log_every=1000 --fault drafter=0,kind=abort,at_step=50 \
+  > "$work/more.log" 2>&1 || rc=$?
+check test "$rc" = 0
+check grep -q "starting a new one (restart 1 of 3)" "$work/more.log"
+s=$(summary "$work/teardown/metrics.jsonl"); echo "more: $s"
+check test "$(field "$s" end)" = epochs
+check test "$(field "$s" last_checkpoint)" -gt 50   # (no step records: log_every 1000)
 
 # A target and a prefetch fail in the process (an exception each): each is
 # restarted, the batches in flight are issued again, and nothing else moves:

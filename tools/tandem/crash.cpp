@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <cstring>
+#include <cstddef>
 
 #include "commands.hpp"
 
@@ -14,20 +14,28 @@ namespace {
 
 const char* crash_who = "tandem";
 
-void write_text(const char* s) {
-  const ssize_t ignored = ::write(STDERR_FILENO, s, std::strlen(s));
-  (void)ignored;
+/// Appends `s` to `buf` (of `cap` bytes, `len` used), as far as it fits.
+void append(char* buf, size_t cap, size_t& len, const char* s) {
+  for (; *s != '\0' && len + 1 < cap; ++s)
+    buf[len++] = *s;
 }
 
 /// Only async-signal-safe calls, except backtrace(), whose first call may
-/// allocate (report_crashes makes that call beforehand).
+/// allocate (report_crashes makes that call beforehand).  The header goes
+/// out in one write, so other threads' output cannot split it.
 void on_crash(int sig) {
-  write_text("\n");
-  write_text(crash_who);
-  write_text(": fatal signal ");
-  write_text(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE"
-             : sig == SIGILL ? "SIGILL" : "SIGABRT");
-  write_text("; the stack (addresses resolve with addr2line -f -C -e <binary> <offset>):\n");
+  char line[512];
+  size_t len = 0;
+  append(line, sizeof line, len, "\n");
+  append(line, sizeof line, len, crash_who);
+  append(line, sizeof line, len, ": fatal signal ");
+  append(line, sizeof line, len,
+         sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE"
+         : sig == SIGILL ? "SIGILL" : "SIGABRT");
+  append(line, sizeof line, len,
+         "; the stack (addresses resolve with addr2line -f -C -e <binary> <offset>):\n");
+  const ssize_t ignored = ::write(STDERR_FILENO, line, len);
+  (void)ignored;
   void* frames[64];
   const int n = ::backtrace(frames, 64);
   ::backtrace_symbols_fd(frames, n, STDERR_FILENO);

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -191,18 +192,22 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
 
 /// The step at which metrics.jsonl says the run ended, having trained all
 /// it was asked to (the last record an "end" for its epochs or
-/// train.max_steps, whose durable step is its last step: no step after it,
-/// none lost), if it does.
-std::optional<int64_t> clean_end_step(const run_config& cfg) {
+/// train.max_steps, whose durable step is its last step: no step, and no
+/// worker started by a --resume or a restart, after it; none lost), if it
+/// does.  Only the lines from byte `from` on count (metrics_lines_end).
+std::optional<int64_t> clean_end_step(const run_config& cfg, std::streamoff from = 0) {
   const auto jsonl = cfg.metrics_file();
   std::ifstream in(jsonl);
   if (jsonl.empty() || !in)
     return std::nullopt;
+  in.seekg(from);
   std::optional<int64_t> ended;
   int64_t last_step = -1;
   for (std::string line; std::getline(in, line);) {
     const bool end = line.find("\"event\":\"end\"") != std::string::npos;
-    if (!end && line.find("\"event\":\"step\"") == std::string::npos)
+    const bool started = line.find("\"event\":\"resumed\"") != std::string::npos
+                         || line.find("\"event\":\"worker_restarted\"") != std::string::npos;
+    if (!end && !started && line.find("\"event\":\"step\"") == std::string::npos)
       continue;  // (a restore point written after the end comes after it)
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object())
@@ -210,7 +215,9 @@ std::optional<int64_t> clean_end_step(const run_config& cfg) {
     if (j.value("event", "") == "step") {
       ended.reset();
       last_step = j.value("step", int64_t{-1});
-    } else if (j.value("event", "") == "end") {
+    } else if (j.value("event", "") != "end") {
+      ended.reset();  // a worker started after the end (a --resume with more to train)
+    } else {
       const auto durable = j.value("durable_step", int64_t{-1});
       const auto reason = j.value("reason", "");
       ended.reset();
@@ -227,6 +234,18 @@ std::optional<int64_t> clean_end_step(const run_config& cfg) {
 /// for an error is written again by the resume.
 bool ended_at(const run_config& cfg, int64_t step) {
   return clean_end_step(cfg) == step;
+}
+
+/// The byte after metrics.jsonl's last complete line (0: none yet): where
+/// the lines of workers started from now on begin.
+std::streamoff metrics_lines_end(const run_config& cfg) {
+  const auto jsonl = cfg.metrics_file();
+  std::ifstream in(jsonl, std::ios::binary);
+  if (jsonl.empty() || !in)
+    return 0;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto nl = text.rfind('\n');
+  return nl == std::string::npos ? 0 : static_cast<std::streamoff>(nl + 1);
 }
 
 /// The restore points in shared memory of `plan`, if their folder can be
@@ -1142,6 +1161,9 @@ int supervise_workers(const run_options& ro) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGHUP, &sa, nullptr);
   const pid_t parent = ::getpid();
+  // An end counts for a dead worker only if this invocation's workers wrote
+  // it (a --resume with more to train follows an earlier end).
+  const auto metrics_from = metrics_lines_end(cfg);
   int status = 0;
   int64_t restarts_done = 0;
   pid_t last_child = 0;
@@ -1178,9 +1200,9 @@ int supervise_workers(const run_options& ro) {
     if (!died || parent_signal.load() != 0)
       break;
     const auto how = describe_exit(status);
-    if (const auto end = clean_end_step(cfg)) {
-      // Dead after the run's end and its last checkpoint: a crash in
-      // teardown.  A new worker would only load everything to end again.
+    if (const auto end = clean_end_step(cfg, metrics_from)) {
+      // Dead after this invocation's end of the run and its last
+      // checkpoint: a crash in teardown.  A new worker would only load everything to end again.
       std::fprintf(stderr, "tandem run: the worker process ended (%s) after the run had ended at step %lld, "
                            "checkpointed: nothing is lost and nothing is left to do.  A crash in teardown is a "
                            "bug in Tandem: please report it with the stack printed above\n",
