@@ -18,6 +18,44 @@ std::string errno_text(int e) { return std::strerror(e); }
 
 } // namespace
 
+jsonl_tail jsonl_tail_of(int fd, uint64_t size, const std::filesystem::path& path) {
+  jsonl_tail t{size, false};
+  if (size == 0)
+    return t;
+  // Looked for in the file's last MiB: a longer "line" is no torn record of
+  // ours (complete stays at size).
+  const uint64_t from = size > (1u << 20) ? size - (1u << 20) : 0;
+  std::vector<char> tail(static_cast<size_t>(size - from));
+  const auto got = ::pread(fd, tail.data(), tail.size(), static_cast<off_t>(from));
+  if (got != static_cast<ssize_t>(tail.size()))
+    throw std::runtime_error(path.string() + ": cannot read its last line: " + errno_text(got < 0 ? errno : EIO));
+  if (tail.back() == '\n')
+    return t;
+  t.torn = true;
+  size_t i = tail.size();
+  while (i > 0 && tail[i - 1] != '\n')
+    --i;
+  if (i > 0 || from == 0)
+    t.complete = from + i;
+  return t;
+}
+
+uint64_t jsonl_complete_size(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  struct stat st {};
+  uint64_t end = 0;
+  try {
+    if (::fstat(fd, &st) == 0)
+      end = jsonl_tail_of(fd, static_cast<uint64_t>(st.st_size), path).complete;
+  } catch (const std::runtime_error&) {
+    end = 0;
+  }
+  ::close(fd);
+  return end;
+}
+
 jsonl_log::~jsonl_log() { close(); }
 
 void jsonl_log::open(const std::filesystem::path& path, size_t max_pending) {
@@ -34,35 +72,26 @@ void jsonl_log::open(const std::filesystem::path& path, size_t max_pending) {
     throw std::runtime_error(path.string() + ": cannot stat: " + errno_text(e));
   }
   auto size = static_cast<uint64_t>(st.st_size);
-  // A torn last line: cut back to the newline before it (looked for in the
-  // file's last MiB; a longer "line" is no torn record of ours: it is ended
-  // with a newline instead, so the next record stands on its own).
-  if (size > 0) {
-    const uint64_t from = size > (1u << 20) ? size - (1u << 20) : 0;
-    std::vector<char> tail(static_cast<size_t>(size - from));
-    const auto got = ::pread(fd_, tail.data(), tail.size(), static_cast<off_t>(from));
-    if (got != static_cast<ssize_t>(tail.size())) {
-      const int e = got < 0 ? errno : EIO;
+  // A torn last line: cut back to the newline before it; a last "line"
+  // longer than jsonl_tail_of looks is ended with a newline instead, so the
+  // next record stands on its own.
+  jsonl_tail t;
+  try {
+    t = jsonl_tail_of(fd_, size, path);
+  } catch (...) {
+    close();
+    throw;
+  }
+  if (t.complete < size) {
+    if (::ftruncate(fd_, static_cast<off_t>(t.complete)) != 0) {
+      const int e = errno;
       close();
-      throw std::runtime_error(path.string() + ": cannot read its last line: " + errno_text(e));
+      throw std::runtime_error(path.string() + ": cannot cut its torn last line: " + errno_text(e));
     }
-    if (tail.back() != '\n') {
-      size_t i = tail.size();
-      while (i > 0 && tail[i - 1] != '\n')
-        --i;
-      if (i > 0 || from == 0) {
-        const uint64_t end = from + i;
-        if (::ftruncate(fd_, static_cast<off_t>(end)) != 0) {
-          const int e = errno;
-          close();
-          throw std::runtime_error(path.string() + ": cannot cut its torn last line: " + errno_text(e));
-        }
-        repaired_ = size - end;
-        size = end;
-      } else {
-        pending_.push_back("\n");
-      }
-    }
+    repaired_ = size - t.complete;
+    size = t.complete;
+  } else if (t.torn) {
+    pending_.push_back("\n");
   }
   good_ = size;
 }

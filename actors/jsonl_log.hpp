@@ -21,6 +21,21 @@
 
 namespace tandem {
 
+/// The end of a JSON-lines file open as `fd`, `size` bytes long: `complete`
+/// is the byte after its last complete line (a last line without its
+/// newline is torn: `torn`, cut there), looked for in the last MiB (past
+/// that, a longer line counts as complete).  Throws std::runtime_error
+/// naming `path` when it cannot be read.
+struct jsonl_tail {
+  uint64_t complete = 0;
+  bool torn = false;
+};
+jsonl_tail jsonl_tail_of(int fd, uint64_t size, const std::filesystem::path& path);
+
+/// jsonl_tail_of(...).complete of the file at `path` (0 when it cannot be
+/// read): where lines appended from now on will begin.
+uint64_t jsonl_complete_size(const std::filesystem::path& path);
+
 class jsonl_log {
  public:
   jsonl_log() = default;

@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -194,7 +193,7 @@ std::optional<std::string> missing_member_checkpoint(const run_config& cfg, cons
 /// it was asked to (the last record an "end" for its epochs or
 /// train.max_steps, whose durable step is its last step: no step, and no
 /// worker started by a --resume or a restart, after it; none lost), if it
-/// does.  Only the lines from byte `from` on count (metrics_lines_end).
+/// does.  Only the lines from byte `from` on count (jsonl_complete_size).
 std::optional<int64_t> clean_end_step(const run_config& cfg, std::streamoff from = 0) {
   const auto jsonl = cfg.metrics_file();
   std::ifstream in(jsonl);
@@ -236,17 +235,6 @@ bool ended_at(const run_config& cfg, int64_t step) {
   return clean_end_step(cfg) == step;
 }
 
-/// The byte after metrics.jsonl's last complete line (0: none yet): where
-/// the lines of workers started from now on begin.
-std::streamoff metrics_lines_end(const run_config& cfg) {
-  const auto jsonl = cfg.metrics_file();
-  std::ifstream in(jsonl, std::ios::binary);
-  if (jsonl.empty() || !in)
-    return 0;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto nl = text.rfind('\n');
-  return nl == std::string::npos ? 0 : static_cast<std::streamoff>(nl + 1);
-}
 
 /// The restore points in shared memory of `plan`, if their folder can be
 /// made: else the tier is turned off with a warning.
@@ -1163,7 +1151,9 @@ int supervise_workers(const run_options& ro) {
   const pid_t parent = ::getpid();
   // An end counts for a dead worker only if this invocation's workers wrote
   // it (a --resume with more to train follows an earlier end).
-  const auto metrics_from = metrics_lines_end(cfg);
+  const auto metrics_from = cfg.metrics_file().empty()
+                              ? std::streamoff{0}
+                              : static_cast<std::streamoff>(jsonl_complete_size(cfg.metrics_file()));
   int status = 0;
   int64_t restarts_done = 0;
   pid_t last_child = 0;
