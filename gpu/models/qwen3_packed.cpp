@@ -103,14 +103,18 @@ qwen3_output qwen3_target::forward_packed(const at::Tensor& input_ids, const at:
     // so no sequence may leave its row.
     auto lengths = doc_lengths.to(input_ids.device(), at::kLong).clamp_min(0);
     auto ends = at::cat({lengths, at::full({b, 1}, s, lengths.options())}, 1).cumsum(1).clamp_max(s);
-    auto row0 = at::arange(b, lengths.options()).unsqueeze(1) * s;
-    auto cu = at::cat({at::zeros({1}, lengths.options()), (ends + row0).flatten()}).to(at::kInt);
     const auto docs = make_doc_layout(lengths, s);
+    // The chunked kernel takes the same documents (and padding) as a table
+    // of 16-row chunks instead.
     const bool chunked = packed_attention() == "dflash chunked";
     causal_chunks chunks;
-    if (chunked) {  // the documents and the padding after them, as cu_seqlens has them
+    at::Tensor cu;
+    if (chunked) {
       auto starts = at::cat({at::zeros({b, 1}, ends.options()), ends.narrow(1, 0, ends.size(1) - 1)}, 1);
       chunks = causal_chunks_of(starts, ends - starts, s);
+    } else {
+      auto row0 = at::arange(b, lengths.options()).unsqueeze(1) * s;
+      cu = at::cat({at::zeros({1}, lengths.options()), (ends + row0).flatten()}).to(at::kInt);
     }
     auto [cos, sin] = rope_tables(docs.position.reshape({t}), cfg_.head_dim, cfg_.rope_theta);
     cos = cos.contiguous();
