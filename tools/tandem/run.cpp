@@ -1230,7 +1230,7 @@ void add_run(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("run", "Train a drafter on this host (CPU or its GPUs) from a TOML config.  The "
                                          "training runs in a worker process, started again from the newest "
                                          "restore point when it dies by a signal or loses its CUDA context "
-                                         "(exit 75), up to supervision.worker_restarts times");
+                                         "(exit 75) before the run has ended, up to supervision.worker_restarts times");
   auto opts = std::make_shared<run_options>();
   cmd->add_option("config", opts->config, "Run configuration (config/README.md)")->required();
   cmd->add_flag("--resume", opts->resume,
