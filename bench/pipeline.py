@@ -535,7 +535,11 @@ output_dir = "out"
         out = summarize(rows, a, targets, drafters, prep_s, run_s)
         out["fatal_signals"] = crashes
         if crashes:
-            print(f"pipeline: {len(crashes)} fatal signal(s), stacks in {err.name}", file=sys.stderr, flush=True)
+            # The stacks go to this script's stderr too: --work is often deleted
+            # right after (tools/gpu-host/ratios.sh removes its 16 GB target).
+            first = stderr_all.find(crashes[0])
+            print(f"pipeline: {len(crashes)} fatal signal(s), stacks in {err.name}:\n"
+                  f"{stderr_all[first:first + 12000]}", file=sys.stderr, flush=True)
         if stopped:
             out.update(complete=False, stopped=stopped)
         if "error" in out:

@@ -291,6 +291,18 @@ struct drafter_engine::impl {
       leave_group(group_timeout);
     } catch (...) {
     }
+#ifdef TANDEM_HAVE_CUDA
+    // The side stream's copies read the masters and moments (a restore
+    // point in device memory, a snapshot): they end before those are
+    // freed, or a new allocation could take their memory mid-copy.
+    try {
+      if (memory && memory->copied)
+        memory->copied->synchronize();
+      if (snapshot_copied)
+        snapshot_copied->synchronize();
+    } catch (...) {
+    }
+#endif
   }
 
   void check_options() const {

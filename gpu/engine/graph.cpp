@@ -179,6 +179,13 @@ void captured_step::reset() {
     return;
   c10::cuda::CUDAGuard device_guard(device_);
   stream_.synchronize();
+  // Under the capture lock: a graph's destructor unregisters it from the
+  // generator states it captured, the device's default CUDA generator
+  // always among them (CUDAGraph::capture_begin registers it), and
+  // LibTorch guards neither that nor the registration at capture with a
+  // lock.  Two engines on one GPU ending together, or a drafter restarted
+  // while the target captures, would otherwise edit one set at once.
+  std::lock_guard<std::mutex> lock(capture_mutex());
   graph_.reset();
 }
 

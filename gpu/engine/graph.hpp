@@ -79,7 +79,9 @@ public:
   /// one of the device's training turns (see device_turns below).
   void replay(bool take_turn = false);
 
-  /// Drops the graph and its memory pool (a restarted engine captures anew).
+  /// Drops the graph and its memory pool (a restarted engine captures
+  /// anew), after its stream's work, holding the process capture lock (the
+  /// destructor calls it).
   void reset();
 
 private:

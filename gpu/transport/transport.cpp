@@ -42,8 +42,12 @@ struct registry {
 };
 
 registry& the_registry() {
-  static registry r;
-  return r;
+  // Never destroyed: entries left at exit hold device tensors and events,
+  // which must not be freed by the static destructors after the CUDA
+  // runtime has shut down (their shared-memory segments are swept by the
+  // next process, sweep_orphan_segments).
+  static auto* r = new registry;
+  return *r;
 }
 
 std::atomic<bool> sharing{false};

@@ -1035,18 +1035,25 @@ int run_training(const run_options& ro, const worker_context& wc) {
 }
 
 /// run_training with its errors as exit statuses (2: the config or its
-/// files, 1: anything else).
-int run_worker(const run_options& ro, const worker_context& wc) {
+/// files, 1: anything else), then the worker process's end: its stdio
+/// flushed and _Exit.  When run_training returns, its actors are gone and
+/// everything the run keeps is written and closed; what is left is the
+/// process's static teardown (LibTorch's and CUDA's, CAF's threads ending),
+/// whose order is not ours and which has nothing to save.
+[[noreturn]] void run_worker(const run_options& ro, const worker_context& wc) {
   report_crashes("tandem run (worker)");
+  int code = 1;
   try {
-    return run_training(ro, wc);
+    code = run_training(ro, wc);
   } catch (const config_error& e) {
     std::fprintf(stderr, "tandem run: %s\n", e.what());
-    return 2;
+    code = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem run: %s\n", e.what());
-    return 1;
+    code = 1;
   }
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 std::atomic<int> parent_signal{0};
@@ -1087,14 +1094,7 @@ void close_run_record(const run_config& cfg, pid_t worker, const std::string& wh
   std::error_code ec;
   if (jsonl.empty() || !std::filesystem::exists(jsonl, ec))
     return;
-  std::string last;
-  {
-    std::ifstream in(jsonl);
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty())
-        last = std::move(line);
-  }
-  const auto j = nlohmann::json::parse(last, nullptr, false);
+  const auto j = nlohmann::json::parse(jsonl_last_line(jsonl), nullptr, false);
   if (j.is_object() && j.value("event", "") == "end")
     return;
   try {
@@ -1126,7 +1126,7 @@ int supervise_workers(const run_options& ro) {
     return 2;
   }
   if (budget <= 0)
-    return run_worker(ro, {});
+    run_worker(ro, {});
   worker_context wc;
   // The folder's lock, held from here to the last worker's end (a worker
   // restart leaves no moment another run could take the folder).
@@ -1174,7 +1174,7 @@ int supervise_workers(const run_options& ro) {
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
       std::signal(SIGHUP, SIG_DFL);
-      return run_worker(ro, wc);
+      run_worker(ro, wc);
     }
     worker_pid.store(child);
     last_child = child;
