@@ -56,6 +56,32 @@ uint64_t jsonl_complete_size(const std::filesystem::path& path) {
   return end;
 }
 
+std::string jsonl_last_line(const std::filesystem::path& path) {
+  const uint64_t end = jsonl_complete_size(path);
+  if (end == 0)
+    return {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return {};
+  const uint64_t from = end > (1u << 20) ? end - (1u << 20) : 0;
+  std::string tail(static_cast<size_t>(end - from), '\0');
+  const auto got = ::pread(fd, tail.data(), tail.size(), static_cast<off_t>(from));
+  ::close(fd);
+  if (got != static_cast<ssize_t>(tail.size()))
+    return {};
+  auto blank = [](char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; };
+  size_t stop = tail.size();
+  while (stop > 0 && blank(tail[stop - 1]))
+    --stop;
+  if (stop == 0)
+    return {};
+  const auto nl = tail.rfind('\n', stop - 1);
+  if (nl == std::string::npos && from > 0)
+    return {};  // longer than a MiB: no line of ours
+  const size_t start = nl == std::string::npos ? 0 : nl + 1;
+  return tail.substr(start, stop - start);
+}
+
 jsonl_log::~jsonl_log() { close(); }
 
 void jsonl_log::open(const std::filesystem::path& path, size_t max_pending) {

@@ -36,6 +36,11 @@ jsonl_tail jsonl_tail_of(int fd, uint64_t size, const std::filesystem::path& pat
 /// read): where lines appended from now on will begin.
 uint64_t jsonl_complete_size(const std::filesystem::path& path);
 
+/// The last complete, non-blank line of the file at `path`, without its
+/// newline, looked for in the last MiB before jsonl_complete_size; "" when
+/// there is none or the file cannot be read.
+std::string jsonl_last_line(const std::filesystem::path& path);
+
 class jsonl_log {
  public:
   jsonl_log() = default;

@@ -306,15 +306,15 @@ void bench_target_forward(const bench_options& o, const at::Device& dev, const s
   }
   for (const auto& v : variants) {
     auto lengths = lengths_of(v.docs);
-    if (v.flash2)  // only offered when the variable did not already ask for it
-      setenv("TANDEM_TARGET_ATTENTION", "flash2", 1);
+    if (v.flash2)  // offered only when TANDEM_TARGET_ATTENTION did not already ask for it
+      target.prefer_flash2(true);
     target_forward_runner runner(target, dev, v.mode);
     reset_peak(dev);
     auto t = time_runs(dev, std::max(o.warmup, 1), o.iters, [&] { (void)runner.taps(ids, lengths); });
     auto j = line(v.name, v.docs, t, flop_of(lengths), runner.path());
     j["attention"] = std::string(v.mode) == "mask" ? "sdpa mask" : target.packed_attention();
     if (v.flash2)
-      unsetenv("TANDEM_TARGET_ATTENTION");
+      target.prefer_flash2(false);
     j["graph_pool_gib"] = dev.is_cuda() ? nlohmann::json(static_cast<double>(runner.graph_pool_bytes()) / (1 << 30))
                                         : nlohmann::json(nullptr);  // no graphs on the CPU
     if (std::string(v.name) == "eager" && o.profile_steps > 0) {

@@ -1585,6 +1585,26 @@ bool listen_address::loopback() const {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+namespace {
+
+/// ok(part) for each of the parts of `host` between dots (an empty one
+/// included); false at the first it refuses.
+template <class Ok>
+bool each_dotted_part(const std::string& host, Ok&& ok) {
+  size_t i = 0;
+  while (i <= host.size()) {
+    size_t j = host.find('.', i);
+    if (j == std::string::npos)
+      j = host.size();
+    if (!ok(host.substr(i, j - i)))
+      return false;
+    i = j + 1;
+  }
+  return true;
+}
+
+} // namespace
+
 std::optional<listen_address> parse_connect(const std::string& text) {
   if (auto a = parse_listen(text))
     return a;
@@ -1596,18 +1616,13 @@ std::optional<listen_address> parse_connect(const std::string& text) {
   // between them, not all digits (that is an IPv4 literal, and a bad one).
   if (host.size() > 253 || host.find_first_not_of("0123456789.") == std::string::npos)
     return std::nullopt;
-  size_t i = 0;
-  while (i <= host.size()) {
-    size_t j = host.find('.', i);
-    if (j == std::string::npos)
-      j = host.size();
-    const auto label = host.substr(i, j - i);
-    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-'
-        || label.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
-             != std::string::npos)
-      return std::nullopt;
-    i = j + 1;
-  }
+  const bool labels_ok = each_dotted_part(host, [](const std::string& label) {
+    return !label.empty() && label.size() <= 63 && label.front() != '-' && label.back() != '-'
+           && label.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+                == std::string::npos;
+  });
+  if (!labels_ok)
+    return std::nullopt;
   auto a = parse_listen("127.0.0.1" + text.substr(colon));  // the port, checked as parse_listen does
   if (!a)
     return std::nullopt;
@@ -1644,19 +1659,12 @@ std::optional<listen_address> parse_listen(const std::string& text) {
   if (host != "localhost" && host != "::1") {
     // An IPv4 literal: four numbers 0-255.
     int parts = 0;
-    size_t i = 0;
-    while (i <= host.size()) {
-      size_t j = host.find('.', i);
-      if (j == std::string::npos)
-        j = host.size();
-      const auto part = host.substr(i, j - i);
-      if (part.empty() || part.size() > 3 || part.find_first_not_of("0123456789") != std::string::npos
-          || std::stoi(part) > 255)
-        return std::nullopt;
+    const bool numbers_ok = each_dotted_part(host, [&parts](const std::string& part) {
       ++parts;
-      i = j + 1;
-    }
-    if (parts != 4)
+      return !part.empty() && part.size() <= 3 && part.find_first_not_of("0123456789") == std::string::npos
+             && std::stoi(part) <= 255;
+    });
+    if (!numbers_ok || parts != 4)
       return std::nullopt;
   }
   return listen_address{host, static_cast<uint16_t>(value)};

@@ -74,8 +74,13 @@ public:
   /// The packed path's attention: "dflash chunked" (Tandem's kernel,
   /// gpu/models/dflash_attention.hpp causal_chunked_attention), or "flash2
   /// varlen (<why not>)" (FlashAttention-2's variable-length kernel;
-  /// TANDEM_TARGET_ATTENTION=flash2 asks for it).
+  /// TANDEM_TARGET_ATTENTION=flash2 asks for it, read when the target is
+  /// made; `auto`, the default, takes the chunked kernel where it can).
   std::string packed_attention() const;
+  /// Asks for FlashAttention-2 in the packed forward (or not) from now on,
+  /// whatever TANDEM_TARGET_ATTENTION said: `tandem bench target_forward`'s
+  /// A/B lines.  Graphs captured before keep the attention they captured.
+  void prefer_flash2(bool on) { prefer_flash2_ = on; }
   /// "" when the fused-layout kernels (gpu/kernels/target_fused.cu: q/k
   /// norm + RoPE in place, SwiGLU over gate/up rows) take this target —
   /// fused projections (a CUDA bf16/fp16 target), a head_dim and an
@@ -99,6 +104,7 @@ private:
   qwen3_config cfg_;
   qwen3_weights w_;
   std::vector<int64_t> tap_ids_;
+  bool prefer_flash2_ = false;  ///< TANDEM_TARGET_ATTENTION=flash2, or prefer_flash2()
 };
 
 /// Causal attention of a decoder layer over packed rows.  `visible` is a

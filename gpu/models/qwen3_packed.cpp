@@ -64,8 +64,8 @@ std::string qwen3_target::packed_attention() const {
                                               cfg_.num_key_value_heads, cfg_.head_dim);
   if (!why.empty())
     return "flash2 varlen (" + why + ")";
-  if (const char* env = std::getenv("TANDEM_TARGET_ATTENTION"); env != nullptr && std::string(env) == "flash2")
-    return "flash2 varlen (TANDEM_TARGET_ATTENTION=flash2)";
+  if (prefer_flash2_)
+    return "flash2 varlen (asked for: TANDEM_TARGET_ATTENTION=flash2)";
   return "dflash chunked";
 }
 

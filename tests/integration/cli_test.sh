@@ -64,7 +64,7 @@ rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?
 rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "not one of cpu, cuda, cuda:N, auto" <<< "$out" || fail "bench --device gpu: exit $rc, $out"
 rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
-[[ $rc != 0 ]] && grep -q "timeout must be a number of seconds above 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
+[[ $rc != 0 ]] && grep -q -- "--timeout: must be more than 0, got 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
 rm -rf "$empty"
 # A number out of range on the command line: said plainly, exit 2 (a usage error, as
 # every other), not CLI11's 105 with the whole double range printed.

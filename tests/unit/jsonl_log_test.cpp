@@ -68,6 +68,28 @@ TEST(jsonl_log, cuts_a_torn_last_line) {
   fs::remove(p);
 }
 
+TEST(jsonl_log, last_line_is_the_last_complete_one) {
+  const auto p = fresh("last");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "");  // no file
+  spit(p, "");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "");
+  spit(p, "{\"a\":1}\n{\"end\":2}\n");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "{\"end\":2}");
+  spit(p, "{\"a\":1}\n{\"end\":2}\n\n  \n");  // blank lines after it
+  EXPECT_EQ(tandem::jsonl_last_line(p), "{\"end\":2}");
+  spit(p, "{\"a\":1}\n{\"b\":");  // torn: the line before it
+  EXPECT_EQ(tandem::jsonl_last_line(p), "{\"a\":1}");
+  spit(p, "{\"b\":");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "");
+  // Only the file's end is read: a long file's last line, and a "line"
+  // longer than the MiB looked at is none of ours.
+  spit(p, std::string(3u << 20, 'x') + "\n{\"e\":1}\n");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "{\"e\":1}");
+  spit(p, "{\"a\":1}\n" + std::string(2u << 20, 'x') + "\n");
+  EXPECT_EQ(tandem::jsonl_last_line(p), "");
+  fs::remove(p);
+}
+
 TEST(jsonl_log, a_failed_write_waits_and_loses_nothing) {
   const auto p = fresh("full");
   std::signal(SIGXFSZ, SIG_IGN);  // past the limit: EFBIG instead of the signal

@@ -2,6 +2,7 @@
 /// The `tandem` subcommands.  Each adds itself to the CLI and returns the
 /// process exit code when run.
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,14 +33,21 @@ void add_prepare(CLI::App& app, int& exit_code);
 /// it could not be started, 128 + N when killed by signal N).
 int run_prepare(const std::vector<std::string>& args);
 
+/// `text` read as a finite number into `v`: "" or what is wrong with it.
+inline std::string read_finite_number(const std::string& text, double& v) {
+  if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v))
+    return "must be a number, got '" + text + "'";
+  return std::string();
+}
+
 /// Range checks for numeric options, said as a person would ("--batch: must
 /// be at least 1, got 0"; CLI11's own print the whole double range).
 inline CLI::Validator number_at_least(double low) {
   return CLI::Validator(
     [low](std::string& text) -> std::string {
       double v = 0;
-      if (!CLI::detail::lexical_cast(text, v))
-        return "must be a number, got '" + text + "'";
+      if (auto why = read_finite_number(text, v); !why.empty())
+        return why;
       if (!(v >= low)) {
         auto bound = std::to_string(low);
         bound.erase(bound.find_last_not_of('0') + 1);
@@ -55,8 +63,8 @@ inline const CLI::Validator non_negative = number_at_least(0);
 inline const CLI::Validator positive = CLI::Validator(
   [](std::string& text) -> std::string {
     double v = 0;
-    if (!CLI::detail::lexical_cast(text, v))
-      return "must be a number, got '" + text + "'";
+    if (auto why = read_finite_number(text, v); !why.empty())
+      return why;
     return v > 0 ? std::string() : "must be more than 0, got " + text;
   },
   "POSITIVE");

@@ -91,18 +91,7 @@ void add_doctor(CLI::App& app, int& exit_code) {
   cmd->add_flag("--cpu", opts->cpu, "Probe the CPU as well");
   cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe (more than 0)")
     ->capture_default_str()
-    ->check(CLI::Validator(
-      [](std::string& v) -> std::string {
-        try {
-          size_t used = 0;
-          const double x = std::stod(v, &used);
-          if (used == v.size() && std::isfinite(x) && x > 0)
-            return {};
-        } catch (const std::exception&) {
-        }
-        return "--timeout must be a number of seconds above 0, got '" + v + "'";
-      },
-      "SECONDS > 0"));
+    ->check(positive);
   cmd->add_flag("--json", opts->json, "JSON lines instead of text");
   cmd->callback([opts, &exit_code] { exit_code = run_doctor(*opts); });
 }
