@@ -116,7 +116,7 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
     // TANDEM_DECODE: "graphs" (the default), "eager" (the kernel, no
     // graphs) or "sdpa" (neither: SDPA over the longest row), to compare.
     const char* env = std::getenv("TANDEM_DECODE");
-    const std::string mode = !mode_in.empty() ? mode_in : env ? env : "graphs";
+    const std::string mode = !mode_in.empty() ? mode_in : env && *env ? env : "graphs";
     if (mode != "graphs" && mode != "eager" && mode != "sdpa")
       throw error(errc::bad_input, "TANDEM_DECODE='" + mode + "' is not one of graphs, eager, sdpa");
     graphs_ = mode == "graphs";

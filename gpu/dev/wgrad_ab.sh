@@ -1,5 +1,5 @@
 # On the GPU host (tools/gpu-host/pack, .devbin carried): the weight-gradient
-# side stream (TANDEM_WEIGHT_GRADS, gpu/models/linear.hpp) A/B on the 8b
+# side stream (TANDEM_WEIGHT_GRADS; apply gpu/dev/weight_grad_side_stream.patch first: the mainline has no such stream) A/B on the 8b
 # drafter step, interleaved, after the GPU tests its change touches.
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <tuple>
 #include <sstream>
+#include <set>
 
 #include <csignal>
 #include <cstdlib>
@@ -76,7 +77,7 @@ int64_t step_of(const fs::path& dir) {
   return k;
 }
 
-/// Fault injection for the crash tests (tests/unit/checkpoint_crash_test.cpp,
+/// Fault injection for the crash tests (tests/unit/checkpoint_files_test.cpp,
 /// tests/integration/checkpoint_test.sh): TANDEM_CHECKPOINT_CRASH=POINT or
 /// POINT:STEP kills the process with SIGKILL when a checkpoint write reaches
 /// POINT (of a checkpoint of step STEP or later: which steps are written
@@ -92,9 +93,16 @@ void crash_point(const char* point, const fs::path& dir) {
     return;
   const std::string w = want;
   const auto colon = w.find(':');
-  if (w.substr(0, colon) != point)
+  const auto name = w.substr(0, colon);
+  static const std::set<std::string> points{"weights", "optimizer", "state", "before_swap", "after_swap",
+                                            "after_latest"};
+  const auto step_text = colon == std::string::npos ? std::string("0") : w.substr(colon + 1);
+  if (!points.count(name) || step_text.empty() || step_text.size() > 18 || step_text.find_first_not_of("0123456789") != std::string::npos)
+    throw error(errc::bad_input, "TANDEM_CHECKPOINT_CRASH='" + w + "' is not POINT or POINT:STEP (points: weights, "
+                                 "optimizer, state, before_swap, after_swap, after_latest)");
+  if (name != point)
     return;
-  if (colon != std::string::npos && step_of(dir) < std::atoll(w.c_str() + colon + 1))
+  if (step_of(dir) < std::stoll(step_text))
     return;
   std::fprintf(stderr, "TANDEM_CHECKPOINT_CRASH: killed at '%s' writing %s\n", point, dir.c_str());
   std::fflush(stderr);

@@ -69,7 +69,7 @@ device_turn_state& turn_state(int device) {
 bool device_turns_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("TANDEM_SHARED_GPU");
-    const std::string mode = v ? v : "turns";
+    const std::string mode = v && *v ? v : "turns";  // empty: unset
     if (mode != "turns" && mode != "concurrent")
       throw error(errc::bad_input, "TANDEM_SHARED_GPU='" + mode + "' is not one of turns, concurrent");
     return mode == "turns";

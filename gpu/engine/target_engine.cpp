@@ -34,7 +34,7 @@ struct target_engine::impl {
     info.dtype = detail::dtype_name(dtype);
     info.device = device.is_cuda() ? device.index() : -1;
     const char* env = std::getenv("TANDEM_TARGET_PATH");
-    runner.emplace(*target, device, env ? env : "graphs");
+    runner.emplace(*target, device, env && *env ? env : "graphs");  // empty: unset
     info.path = runner->path();
   }
 };

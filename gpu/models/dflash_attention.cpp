@@ -154,10 +154,24 @@ kernel_ranges ranges_for_kernel(const at::Tensor& lo, const at::Tensor& hi, cons
 /// The kernels' variant bits (gpu/kernels/dflash_attention.cu; 0, the
 /// tuned default): TANDEM_ATTENTION_VARIANT, read once, lets `tandem bench`
 /// time a kernel variant inside the whole drafter step (docs/bench.md).
+/// Refused: anything but an integer of the known bits, and bits 16 and 32,
+/// which skip part of the backward (the harness's timing, never a step's).
 int kernel_variant() {
   static const int v = [] {
     const char* env = std::getenv("TANDEM_ATTENTION_VARIANT");
-    return env != nullptr ? std::atoi(env) : 0;
+    if (env == nullptr || *env == '\0')
+      return 0;
+    char* end = nullptr;
+    const long x = std::strtol(env, &end, 0);
+    const std::string text = env;
+    if (*end != '\0' || x < 0 || x >= 1024)
+      throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
+                                     + "' is not an integer of the kernels' variant bits (0 to 1023)");
+    if (x & (16 | 32))
+      throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
+                                     + "': bits 16 and 32 skip part of the backward (incomplete gradients; "
+                                       "tests/gpu/dflash_attention_harness.py times them)");
+    return static_cast<int>(x);
   }();
   return v;
 }

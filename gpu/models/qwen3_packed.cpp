@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "gpu/device/error.hpp"
 #include "gpu/models/dflash_attention.hpp"
@@ -44,8 +43,6 @@ std::string qwen3_target::packed_path() const {
 #ifndef TANDEM_HAVE_CUDA
   return "mask (built without CUDA)";
 #else
-  if (const char* env = std::getenv("TANDEM_TARGET_PATH"); env != nullptr && std::string(env) == "mask")
-    return "mask (TANDEM_TARGET_PATH=mask)";
   if (auto why = fused_layout_unsupported(); !why.empty())
     return "mask (" + why + ")";
   const auto dev = w_.layers[0].qkv_proj.device();

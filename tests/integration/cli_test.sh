@@ -65,6 +65,15 @@ rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "not one of cpu, cuda, cuda:N, auto" <<< "$out" || fail "bench --device gpu: exit $rc, $out"
 rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
 [[ $rc != 0 ]] && grep -q -- "--timeout: must be more than 0, got 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
+# A shell that can never connect (HOST:PORT without a token) leaves at once, --follow or not.
+rc=0; out=$(TANDEM_TOKEN= timeout 20 "$tandem" shell 127.0.0.1:1 --follow 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "needs the run's token" <<< "$out" || fail "shell HOST:PORT --follow without a token: exit $rc, $out"
+# TANDEM_PYTHON may name an interpreter on PATH, as a shell would find it.
+py=$(TANDEM_PYTHON= "$tandem" info --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("python",""))' 2>/dev/null || true)
+if [[ -x "$py" ]]; then
+  rc=0; out=$(PATH="$(dirname "$py"):$PATH" TANDEM_PYTHON="$(basename "$py")" "$tandem" prepare --help 2>&1) || rc=$?
+  [[ $rc == 0 ]] && grep -q "usage: tandem prepare" <<< "$out" || fail "TANDEM_PYTHON=$(basename "$py") (on PATH): exit $rc, $out"
+fi
 rm -rf "$empty"
 # A number out of range on the command line: said plainly, exit 2 (a usage error, as
 # every other), not CLI11's 105 with the whole double range printed.

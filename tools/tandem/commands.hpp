@@ -28,6 +28,11 @@ void add_bench(CLI::App& app, int& exit_code);
 /// `tandem prepare`: chat JSONL -> token shards (runs tools/prepare/tandem_prepare.py).
 void add_prepare(CLI::App& app, int& exit_code);
 
+/// The Python that runs tools/prepare/tandem_prepare.py: TANDEM_PYTHON when
+/// set and not empty (a path, or a name looked up on PATH), else the one
+/// the build was configured with.
+std::string prepare_python();
+
 /// Runs `tandem prepare ARGS...` as a child process and waits for it; its
 /// output goes to this process's stderr.  Returns its exit status (127 when
 /// it could not be started, 128 + N when killed by signal N).

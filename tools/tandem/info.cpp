@@ -33,6 +33,7 @@ nlohmann::json info_json() {
     {"torch_cuda_available", rt.torch_cuda},
     {"nccl", rt.nccl_version},
     {"resources", resource_root().string()},
+    {"python", prepare_python()},
     {"devices", devices},
   };
 }

@@ -24,12 +24,12 @@ extern char** environ;
 
 namespace tandem::cli {
 
-namespace {
-
-std::string python_path() {
+std::string prepare_python() {
   const char* env = std::getenv("TANDEM_PYTHON");
   return env && *env ? env : build::python;
 }
+
+namespace {
 
 /// python, the script, --tandem-version, then `args`; empty when the script
 /// is missing (reported).
@@ -41,7 +41,7 @@ std::vector<std::string> prepare_argv(const std::vector<std::string>& args) {
                  script.c_str());
     return {};
   }
-  std::vector<std::string> argv{python_path(), script.string(), "--tandem-version",
+  std::vector<std::string> argv{prepare_python(), script.string(), "--tandem-version",
                                 std::string(build::version) + " (" + build::git_commit + ")"};
   // --regenerate decodes with this executable (`tandem generate`).
   std::error_code ec;
@@ -73,7 +73,7 @@ int run_prepare(const std::vector<std::string>& args) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);  // all on stderr
-  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
+  int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     std::fprintf(stderr, "tandem prepare: cannot run %s: %s (set TANDEM_PYTHON)\n",
@@ -104,7 +104,7 @@ void add_prepare(CLI::App& app, int& exit_code) {
     }
     auto cargv = c_argv(argv);
     std::fflush(stdout);
-    execv(argv[0].c_str(), cargv.data());
+    execvp(argv[0].c_str(), cargv.data());
     std::fprintf(stderr, "tandem prepare: cannot run %s: %s (set TANDEM_PYTHON)\n",
                  argv[0].c_str(), std::strerror(errno));
     exit_code = 2;

@@ -180,6 +180,12 @@ answer call(const endpoint& ep, http::verb method, const std::string& target, co
   return a;
 }
 
+/// What waiting cannot mend (--follow leaves on it): a token file that
+/// cannot be read, HOST:PORT without a token.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// The endpoint from a run folder's control.json or HOST:PORT plus a token.
 endpoint find_endpoint(const std::string& target, const std::string& token_file, const std::string& ca) {
   endpoint ep;
@@ -188,7 +194,7 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
   if (!token_file.empty()) {
     std::ifstream f(token_file);
     if (!f)
-      throw std::runtime_error("--token-file " + token_file + ": cannot read it");
+      throw usage_error("--token-file " + token_file + ": cannot read it");
     std::getline(f, token);
   } else if (const char* t = std::getenv("TANDEM_TOKEN")) {
     token = t;
@@ -200,8 +206,8 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
     ep.where = target;
     ep.tls = !ca.empty();
     if (token.empty())
-      throw std::runtime_error("HOST:PORT needs the run's token: --token-file FILE or TANDEM_TOKEN (it is in "
-                               "RUN_DIR/control.json)");
+      throw usage_error("HOST:PORT needs the run's token: --token-file FILE or TANDEM_TOKEN (it is in "
+                        "RUN_DIR/control.json)");
     ep.token = token;
     return ep;
   }
@@ -934,6 +940,8 @@ void add_shell(CLI::App& app, int& exit_code) {
                       ep.port.c_str());
           return;
         }
+      } catch (const usage_error&) {
+        throw;  // the token file went away: waiting will not mend it
       } catch (const std::exception&) {
         // no control.json yet: keep waiting
       }
@@ -942,14 +950,19 @@ void add_shell(CLI::App& app, int& exit_code) {
   cmd->callback([o, &exit_code, wait_for_endpoint] {
     endpoint ep;
     try {
-      ep = find_endpoint(o->target, o->token_file, o->ca);
-    } catch (const std::exception& e) {
-      if (!o->follow) {
-        std::fprintf(stderr, "tandem shell: %s\n", e.what());
-        exit_code = 2;
-        return;
+      try {
+        ep = find_endpoint(o->target, o->token_file, o->ca);
+      } catch (const usage_error&) {
+        throw;
+      } catch (const std::exception&) {
+        if (!o->follow)
+          throw;
+        wait_for_endpoint(ep);
       }
-      wait_for_endpoint(ep);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem shell: %s\n", e.what());
+      exit_code = 2;
+      return;
     }
     if (!o->commands.empty()) {
       exit_code = 0;
@@ -986,7 +999,13 @@ void add_shell(CLI::App& app, int& exit_code) {
           std::printf("the run has ended or its endpoint is gone (%s)\n", alive.error.c_str());
           if (!o->follow)
             break;
-          wait_for_endpoint(ep);
+          try {
+            wait_for_endpoint(ep);
+          } catch (const usage_error& e) {
+            std::fprintf(stderr, "tandem shell: %s\n", e.what());
+            exit_code = 2;
+            return;
+          }
         }
       }
     }
