@@ -915,7 +915,8 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
                    {"layers", c.num_hidden_layers}, {"vocab", c.vocab_size},
                    {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};
     // TANDEM_DECODE (decoder.hpp): graphs (default), eager (the kernel), sdpa.
-    j["decode_mode"] = std::getenv("TANDEM_DECODE") ? std::getenv("TANDEM_DECODE") : "graphs";
+    const char* mode = std::getenv("TANDEM_DECODE");
+    j["decode_mode"] = !dev.is_cuda() ? "sdpa (the CPU: TANDEM_DECODE not read)" : mode && *mode ? mode : "graphs";
     finish_line(j, t, 2.0 * weight_bytes / at::elementSize(dtype) * batch, static_cast<double>(batch),
                 peak_gib(dev));
     j["bytes_read"] = weight_bytes + kv_bytes;

@@ -294,10 +294,15 @@ struct drafter_engine::impl {
 #ifdef TANDEM_HAVE_CUDA
     // The side stream's copies read the masters and moments (a restore
     // point in device memory, a snapshot): they end before those are
-    // freed, or a new allocation could take their memory mid-copy.
+    // freed, or a new allocation could take their memory mid-copy.  A
+    // restore point taken over by a newer engine (this one hung, then
+    // woke) holds that one's copy, which reads none of this engine's.
     try {
-      if (memory && memory->copied)
-        memory->copied->synchronize();
+      if (memory) {
+        std::lock_guard<std::mutex> hold(memory_mutex);
+        if (memory->owner == incarnation && memory->copied)
+          memory->copied->synchronize();
+      }
       if (snapshot_copied)
         snapshot_copied->synchronize();
     } catch (...) {

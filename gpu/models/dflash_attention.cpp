@@ -162,7 +162,7 @@ int kernel_variant() {
     if (env == nullptr || *env == '\0')
       return 0;
     char* end = nullptr;
-    const long x = std::strtol(env, &end, 0);
+    const long x = std::strtol(env, &end, 10);
     const std::string text = env;
     if (*end != '\0' || x < 0 || x >= 1024)
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text

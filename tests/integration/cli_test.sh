@@ -64,7 +64,7 @@ rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?
 rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "not one of cpu, cuda, cuda:N, auto" <<< "$out" || fail "bench --device gpu: exit $rc, $out"
 rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
-[[ $rc != 0 ]] && grep -q -- "--timeout: must be more than 0, got 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
+[[ $rc != 0 ]] && grep -q -- "--timeout: must be from 0.001 to 86400 seconds, got 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
 # A shell that can never connect (HOST:PORT without a token) leaves at once, --follow or not.
 rc=0; out=$(TANDEM_TOKEN= timeout 20 "$tandem" shell 127.0.0.1:1 --follow 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "needs the run's token" <<< "$out" || fail "shell HOST:PORT --follow without a token: exit $rc, $out"

@@ -89,9 +89,16 @@ void add_doctor(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<doctor_options>();
   cmd->add_option("--device", opts->devices, "CUDA ordinals to probe (default: all)");
   cmd->add_flag("--cpu", opts->cpu, "Probe the CPU as well");
-  cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe (more than 0)")
+  cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe (0.001 to 86400)")
     ->capture_default_str()
-    ->check(positive);
+    ->check(CLI::Validator(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (auto why = read_finite_number(text, v); !why.empty())
+          return why;
+        return v >= 0.001 && v <= 86400 ? std::string() : "must be from 0.001 to 86400 seconds, got " + text;
+      },
+      "SECONDS"));
   cmd->add_flag("--json", opts->json, "JSON lines instead of text");
   cmd->callback([opts, &exit_code] { exit_code = run_doctor(*opts); });
 }

@@ -1052,6 +1052,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::fprintf(stderr, "tandem run: %s\n", e.what());
     code = 1;
   }
+  gpu::transport::unlink_own_segments();  // the atexit handler _Exit skips (a cluster leader's)
   std::fflush(nullptr);
   std::_Exit(code);
 }
