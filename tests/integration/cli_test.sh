@@ -68,6 +68,14 @@ rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
 # A shell that can never connect (HOST:PORT without a token) leaves at once, --follow or not.
 rc=0; out=$(TANDEM_TOKEN= timeout 20 "$tandem" shell 127.0.0.1:1 --follow 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "needs the run's token" <<< "$out" || fail "shell HOST:PORT --follow without a token: exit $rc, $out"
+# An A/B knob with a value it does not know is refused, naming the variable.
+knob=$(mktemp -d)
+printf '%s\n' '{"format": "tandem.prompts.v1", "stop_ids": [1]}' '{"ids": [5, 6, 7]}' > "$knob/p.jsonl"
+rc=0; out=$(TANDEM_TARGET_ATTENTION=bogus "$tandem" generate --target "$src/config/default/target" \
+  --prompts "$knob/p.jsonl" --out "$knob/g.jsonl" --max-new-tokens 2 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "TANDEM_TARGET_ATTENTION='bogus' is not one of auto, flash2" <<< "$out" \
+  || fail "TANDEM_TARGET_ATTENTION=bogus: exit $rc, $out"
+rm -rf "$knob"
 # TANDEM_PYTHON may name an interpreter on PATH, as a shell would find it.
 py=$(TANDEM_PYTHON= "$tandem" info --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("python",""))' 2>/dev/null || true)
 if [[ -x "$py" ]]; then
