@@ -1,0 +1,41 @@
+# Issue 20: two memory-bound kernels' A/B in one call, written without a GPU
+# (session 27) and not yet run.  Before the call, here:
+#   git apply gpu/dev/bandwidth_kernels.patch && ninja -C build && bash tools/gpu-host/pack
+# then on the GPU host (carry .devbin): bash gpu/dev/bandwidth_ab.sh
+#   TANDEM_SWIGLU=grid|rows2d        the target's SwiGLU over its fused gate/up rows: the
+#                                    grid-stride kernel (a 64-bit division and remainder a
+#                                    chunk) against one token a blockIdx.y (none)
+#   TANDEM_ADAMW_MATH=double|float   the flat AdamW's per-element math as PyTorch's fused
+#                                    AdamW (double) or in float (no conversions; other roundings)
+# The parity tests under each value, then interleaved rounds (target_forward's and
+# drafter_step's kernel_ms show the swiglu and adamw classes) into $OUT/bandwidth_ab.jsonl.
+# ~6 min.
+source tools/gpu-host/env.sh
+OUT=${OUT:-/tmp}
+B=build/bin/tandem
+for v in grid rows2d; do
+  TANDEM_SWIGLU=$v timeout 120 build/bin/gpu_tests --gtest_filter='target_packed.*' 2>&1 \
+    | grep -E "^\[  (FAILED|PASSED|  OK) " | sed "s/^/swiglu=$v /" | tee -a $OUT/bandwidth_tests.log
+done
+for v in double float; do
+  TANDEM_ADAMW_MATH=$v timeout 120 build/bin/gpu_tests --gtest_filter='adamw*:graph.*' 2>&1 \
+    | grep -E "^\[  (FAILED|PASSED|  OK) |graph vs|max rel" | sed "s/^/adamw=$v /" | tee -a $OUT/bandwidth_tests.log
+done
+show() { python3 -c "
+import json,sys
+for l in sys.stdin:
+    if not l.startswith('{'): continue
+    j = json.loads(l); k = j.get('kernel_ms') or {}
+    print(j['ab'], j['round'], j['case'], j.get('mode') or j.get('variant'), round(j['median_ms'], 2),
+          {c: round(v['ms'], 2) for c, v in k.items() if isinstance(v, dict) and c in ('swiglu', 'adamw', 'other', 'elementwise')})"; }
+for r in ${ROUNDS:-1 2}; do
+  for v in grid rows2d; do
+    TANDEM_SWIGLU=$v timeout 100 $B bench target_forward --size 8b --warmup 1 --iters 8 --profile-steps 1 2>>$OUT/ab.err \
+      | grep -E '"(graphs|eager|graphs_1doc)"' | sed "s/^{/{\"ab\": \"swiglu=$v\", \"round\": $r, /" \
+      | tee -a $OUT/bandwidth_ab.jsonl | show
+  done
+  for v in double float; do
+    TANDEM_ADAMW_MATH=$v timeout 100 $B bench drafter_step --size 8b --warmup 2 --iters 8 2>>$OUT/ab.err \
+      | sed "s/^{/{\"ab\": \"adamw=$v\", \"round\": $r, /" | tee -a $OUT/bandwidth_ab.jsonl | show
+  done
+done
