@@ -125,7 +125,10 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
     // TANDEM_DECODE_GEMV=0: the fused layout's projections on cuBLAS even at
     // one to four rows (the decode GEMV kernel's A/B; docs/bench.md).
     const char* gemv = std::getenv("TANDEM_DECODE_GEMV");
-    gemv_ = !(gemv && std::string(gemv) == "0");
+    const std::string gemv_mode = gemv && *gemv ? gemv : "1";
+    if (gemv_mode != "0" && gemv_mode != "1")
+      throw error(errc::bad_input, "TANDEM_DECODE_GEMV='" + gemv_mode + "' is not 0 or 1");
+    gemv_ = gemv_mode == "1";
   }
 #endif
 }
