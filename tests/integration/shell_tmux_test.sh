@@ -3,7 +3,7 @@
 # 45, against the tiny run on the CPU: typed commands (tree, a completed
 # "tr<Tab>"), `top` refreshing and left with q, a fault injected with
 # `fault drafter 0 throw` and the restart seen in `tree`, `watch loss` left
-# with q, `stop` ending the run with a
+# with q, `events -f` left with Ctrl-C, `stop` ending the run with a
 # checkpoint (exit 0), the shell saying the run has ended and leaving, and
 # the history kept in the file it names.  The pane is read with
 # capture-pane.  ~30 s on 2 cores.
@@ -56,6 +56,12 @@ check wait_for "watch loss"
 check wait_for "last "
 tmux send-keys -t "$session" q
 check wait_for "tandem>"
+# events -f left with Ctrl-C: the command ends, the shell stays.
+tmux send-keys -t "$session" "events -f" Enter
+check wait_for "drafter_restarted"
+tmux send-keys -t "$session" C-c
+tmux send-keys -t "$session" "steps 1" Enter
+check wait_for "STEP-MS"
 tmux send-keys -t "$session" "stop" Enter
 check wait_for "stopping after step"
 rc=0; wait "$run_pid" || rc=$?

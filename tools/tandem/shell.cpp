@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +56,7 @@ struct endpoint {
   std::string port;
   std::string token;
   std::string where;  ///< for messages: the run folder or HOST:PORT
+  std::string token_from;  ///< for messages: --token-file FILE, TANDEM_TOKEN or RUN_DIR/control.json
   bool tls = false;   ///< HTTPS (control.json's "tls", or --ca with HOST:PORT)
   std::string ca;     ///< --ca: the CA file that verifies the endpoint ("": the system's)
 };
@@ -177,6 +179,8 @@ answer call(const endpoint& ep, http::verb method, const std::string& target, co
     a.body = json{{"error", "not JSON: " + res.body().substr(0, 200)}};
   if (a.status >= 300)
     a.error = a.body.value("error", "HTTP " + std::to_string(a.status));
+  if (a.status == 401 && !ep.token_from.empty())
+    a.error += " (the token came from " + ep.token_from + ")";
   return a;
 }
 
@@ -196,8 +200,10 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
     if (!f)
       throw usage_error("--token-file " + token_file + ": cannot read it");
     std::getline(f, token);
-  } else if (const char* t = std::getenv("TANDEM_TOKEN")) {
+    ep.token_from = "--token-file " + token_file;
+  } else if (const char* t = std::getenv("TANDEM_TOKEN"); t != nullptr && *t != '\0') {
     token = t;
+    ep.token_from = "TANDEM_TOKEN";
   }
   std::error_code is_dir_ec;
   if (auto a = std::filesystem::is_directory(target, is_dir_ec) ? std::nullopt : parse_connect(target)) {
@@ -223,6 +229,8 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
   ep.host = j["host"].get<std::string>();
   ep.port = std::to_string(j["port"].get<int>());
   ep.token = token.empty() ? j["token"].get<std::string>() : token;
+  if (token.empty())
+    ep.token_from = file.string();
   ep.where = target;
   ep.tls = j.value("tls", false);
   return ep;
@@ -376,7 +384,7 @@ const char* help_text =
   "  top                  a full-screen view refreshed every second (q leaves)\n"
   "  ledger               samples pending / issued / trained / committed; each prefetch's cursor\n"
   "  steps [N]            the last N step reports (default 20)\n"
-  "  events [-f]          the event log (-f: follow it; Ctrl-C leaves)\n"
+  "  events [-f]          the event log (-f: follow it; q or Ctrl-C leaves)\n"
   "  config               the effective config\n"
   "  pause | resume       stop / restart sending work to the drafters\n"
   "  checkpoint           write a checkpoint now\n"
@@ -422,7 +430,8 @@ int refreshed(bool once, const std::function<int(bool tty)>& frame) {
   if (tty) {
     ::tcgetattr(STDIN_FILENO, &saved);
     termios raw = saved;
-    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+    // No ISIG either: Ctrl-C arrives as a key and leaves the view, not the shell.
+    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO | ISIG));
     ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
   }
   int rc = 0;
@@ -432,7 +441,7 @@ int refreshed(bool once, const std::function<int(bool tty)>& frame) {
     if (rc != 0 || once)
       break;
     const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
-    if (k == 'q' || k == 'Q')
+    if (k == 'q' || k == 'Q' || k == 3)
       break;
   }
   if (tty)
@@ -448,7 +457,7 @@ int top(const endpoint& ep, bool once, bool as_json) {
     auto status = call(ep, http::verb::get, "/v1/status");
     auto steps = call(ep, http::verb::get, "/v1/steps?n=200");
     if (!tree.error.empty() || !status.error.empty()) {
-      std::fprintf(as_json ? stderr : stdout, "%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
+      std::fprintf(stderr, "%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
       return 1;
     }
     const auto& c = status.body["coordinator"];
@@ -527,7 +536,7 @@ int watch(const endpoint& ep, const std::string& field, bool once, bool as_json)
   return refreshed(once, [&](bool tty) {
     auto steps = call(ep, http::verb::get, "/v1/steps?n=1000");
     if (!steps.error.empty()) {
-      std::printf("%s\n", steps.error.c_str());
+      std::fprintf(stderr, "%s\n", steps.error.c_str());
       return 1;
     }
     std::map<int64_t, std::vector<std::pair<int64_t, double>>> by_drafter;
@@ -606,6 +615,71 @@ const std::vector<std::string> command_words{"status", "tree",  "show",  "top", 
                                              "stop",   "watch", "fault", "set",         "dashboard", "graphs", "help", "quit"};
 
 /// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse).
+/// What a follower learns from the run folder once the endpoint is gone:
+/// the events metrics.jsonl holds after `last` (the last one printed), and
+/// whether the run ended (its last line an `end`) or not (a worker that
+/// died: `tandem run` may be starting another).  HOST:PORT has no folder.
+struct run_gone {
+  json events = json::array();
+  bool ended = false;
+  std::string why;
+};
+
+run_gone run_end_from_folder(const endpoint& ep, const json& last) {
+  run_gone g;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(ep.where, ec)) {
+    g.ended = true;
+    g.why = "the run's endpoint is gone (the run ended, or its worker process is being restarted)";
+    return g;
+  }
+  const auto file = std::filesystem::path(ep.where) / "metrics.jsonl";
+  std::ifstream f(file, std::ios::binary);
+  const auto size = f ? static_cast<int64_t>(std::filesystem::file_size(file, ec)) : 0;
+  const int64_t from = std::max<int64_t>(0, size - (8 << 20));  // the last 8 MiB: the end's events
+  f.seekg(from);
+  std::vector<json> events;
+  json last_line;
+  std::string line;
+  if (from > 0)
+    std::getline(f, line);  // a partial first line
+  while (std::getline(f, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object())
+      continue;
+    last_line = j;
+    if (j.contains("event") && j["event"] != "step")
+      events.push_back(std::move(j));
+  }
+  // The last one printed: a line holding each of its fields (the endpoint's
+  // copy has no `time_s` or `run`, metrics.jsonl's no `seq` or `uptime_s`).
+  auto same = [&last](const json& e) {
+    for (const auto& [k, v] : last.items())
+      if (!e.contains(k) || e[k] != v)
+        return false;
+    return true;
+  };
+  size_t next = 0;
+  if (!last.is_null())
+    for (size_t i = events.size(); i > 0; --i)
+      if (same(events[i - 1])) {
+        next = i;
+        break;
+      }
+  if (!last.is_null() && next == 0)
+    next = events.size();  // the last one printed is not found: print nothing again
+  for (size_t i = next; i < events.size(); ++i)
+    g.events.push_back(events[i]);
+  if (last_line.is_object() && last_line.value("event", "") == "end") {
+    g.ended = true;
+    g.why = "the run has ended (" + last_line.value("reason", std::string("?")) + ")";
+  } else {
+    g.why = "the run's endpoint is gone and its metrics.jsonl has no end: its worker process died (tandem run "
+            "starts another within its supervision.worker_restarts; --follow waits for it)";
+  }
+  return g;
+}
+
 int run_command(const endpoint& ep, const std::string& line, bool as_json, bool interactive) {
   const auto w = words(line);
   if (w.empty())
@@ -687,27 +761,57 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   if (cmd == "events") {
     const bool follow = w.size() > 1 && (w[1] == "-f" || w[1] == "--follow");
     int64_t since = 0;
+    json last;  // the last event printed, as metrics.jsonl holds it
+    auto print = [&](const json& events) {
+      if (as_json)
+        for (const auto& e : events)
+          std::printf("%s\n", e.dump().c_str());
+      else
+        print_events(json{{"events", events}});
+      if (!events.empty()) {
+        last = events.back();
+        last.erase("seq");
+        last.erase("uptime_s");
+      }
+      std::fflush(stdout);
+    };
+    // Interactive on a terminal: q or Ctrl-C leaves the command, not the shell.
+    termios saved{};
+    const bool tty = follow && interactive && ::isatty(STDIN_FILENO) != 0;
+    if (tty) {
+      ::tcgetattr(STDIN_FILENO, &saved);
+      termios raw = saved;
+      raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO | ISIG));
+      ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    }
+    int rc = 0;
     for (;;) {
       auto a = call(ep, http::verb::get, "/v1/events?since=" + std::to_string(since));
       if (!a.error.empty()) {
         if (since > 0 && a.status == 0) {
-          std::printf("the run has ended (%s)\n", a.error.c_str());
-          return 0;
+          // The endpoint went: what the run wrote after the last poll (its
+          // last events, the end) is in the run folder's metrics.jsonl.
+          const auto gone = run_end_from_folder(ep, last);
+          print(gone.events);
+          std::fprintf(stderr, "%s\n", gone.why.c_str());
+          rc = gone.ended ? 0 : 1;
+          break;
         }
         std::fprintf(stderr, "%s\n", a.error.c_str());
-        return 1;
+        rc = 1;
+        break;
       }
-      if (as_json)
-        for (const auto& e : a.body["events"])
-          std::printf("%s\n", e.dump().c_str());
-      else
-        print_events(a.body);
-      std::fflush(stdout);
+      print(a.body["events"]);
       since = a.body.value("next", since);
       if (!follow)
-        return 0;
-      std::this_thread::sleep_for(std::chrono::seconds(1));
+        break;
+      const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
+      if (k == 'q' || k == 'Q' || k == 3)
+        break;
     }
+    if (tty)
+      ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    return rc;
   }
   if (cmd == "top")
     return top(ep, !interactive, as_json);
@@ -777,17 +881,30 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     return act(ep, "/v1/fault", body, as_json);
   }
   if (cmd == "set") {
-    // set lr-scale X [at STEP] | set log-every N
+    // set lr-scale X [at STEP] | set log-every N: decimal numbers only (no
+    // hex, inf or nan, which strtod would take).
     json body;
-    char* end = nullptr;
-    const double v = w.size() >= 3 ? std::strtod(w[2].c_str(), &end) : 0;
-    const bool number = w.size() >= 3 && end && *end == '\0' && !w[2].empty();
-    if (w.size() >= 3 && w[1] == "lr-scale" && number && at_step(w, 3, body)) {
-      body["value"] = v;
+    const std::string x = w.size() >= 3 ? w[2] : "";
+    static const std::regex decimal(R"([+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)");
+    const bool number = std::regex_match(x, decimal) && std::isfinite(std::strtod(x.c_str(), nullptr));
+    if (w.size() >= 3 && w[1] == "lr-scale") {
+      if (!number) {
+        std::fprintf(stderr, "set lr-scale X: X is a decimal number (1, 0.5, 2e-1), got '%s'\n", x.c_str());
+        return 2;
+      }
+      if (!at_step(w, 3, body)) {
+        std::fprintf(stderr, "set lr-scale X [at STEP]: STEP is a step number (at most 15 digits)\n");
+        return 2;
+      }
+      body["value"] = std::strtod(x.c_str(), nullptr);
       return act(ep, "/v1/lr_scale", body, as_json);
     }
-    if (w.size() == 3 && w[1] == "log-every" && number && v == std::floor(v)) {
-      body["value"] = static_cast<int64_t>(v);
+    if (w.size() == 3 && w[1] == "log-every") {
+      if (x.empty() || x.size() > 9 || x.find_first_not_of("0123456789") != std::string::npos) {
+        std::fprintf(stderr, "set log-every N: N is a whole number of steps, got '%s'\n", x.c_str());
+        return 2;
+      }
+      body["value"] = std::stoll(x);
       return act(ep, "/v1/log_every", body, as_json);
     }
     std::fprintf(stderr, "set lr-scale X [at STEP] | set log-every N\n");
@@ -966,9 +1083,12 @@ void add_shell(CLI::App& app, int& exit_code) {
     }
     if (!o->commands.empty()) {
       exit_code = 0;
-      for (const auto& c : o->commands)
-        if (int rc = run_command(ep, c, o->json, false); rc != 0)
-          exit_code = rc;
+      for (const auto& c : o->commands) {
+        const auto w = words(c);
+        if (!w.empty() && (w[0] == "quit" || w[0] == "exit"))
+          break;
+        exit_code = std::max(exit_code, run_command(ep, c, o->json, false));  // 2 (usage) over 1 (failed)
+      }
       return;
     }
     // Interactive.
@@ -990,10 +1110,8 @@ void add_shell(CLI::App& app, int& exit_code) {
       if (!w.empty() && (w[0] == "quit" || w[0] == "exit"))
         break;
       run_command(ep, line, o->json, true);
-      if (!w.empty() && w[0] == "stop")
-        continue;
-      // The run may have ended meanwhile: say so and leave.
-      if (!w.empty()) {
+      // The run may have ended meanwhile (an empty line asks too): say so and leave.
+      {
         auto alive = call(ep, http::verb::get, "/v1", "", std::chrono::milliseconds(3000));
         if (alive.status == 0) {
           std::printf("the run has ended or its endpoint is gone (%s)\n", alive.error.c_str());
