@@ -1,5 +1,6 @@
-# Issue 20: two memory-bound kernels' A/B in one call, written without a GPU
-# (session 27) and not yet run.  Before the call, here:
+# Issue 20: three memory-bound kernels' A/B in one call (ran once on an H100,
+# 2026-12-05: docs/bench.md, seventh pass — the SwiGLU kept, now the mainline's;
+# the others dropped).  The patch applies to 47dea48.  Before the call, here:
 #   git apply gpu/dev/bandwidth_kernels.patch && ninja -C build && bash tools/gpu-host/pack
 # then on the GPU host (carry .devbin): bash gpu/dev/bandwidth_ab.sh
 #   TANDEM_SWIGLU=grid|rows2d        the target's SwiGLU over its fused gate/up rows: the

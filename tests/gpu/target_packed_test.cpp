@@ -162,9 +162,11 @@ TEST(target_packed, kernels_match_the_composites) {
   const at::Device dev(at::kCUDA, 0);
   auto g = gen(3);
   auto bf = at::TensorOptions().dtype(at::kBFloat16).device(dev);
-  // SwiGLU rows: bit for bit fused_swiglu of the two halves.
-  {
-    const int64_t t = 37, inter = 136;
+  // SwiGLU rows: bit for bit fused_swiglu of the two halves; a chunk count
+  // past one CTA's 256 (I = 4104), and more tokens than a grid's y (the
+  // grid-stride form).
+  for (auto [t, inter] : {std::pair<int64_t, int64_t>{37, 136}, {5, 4104}, {70000, 8}}) {
+    SCOPED_TRACE("tokens " + std::to_string(t) + ", inter " + std::to_string(inter));
     auto gu = at::randn({t, 2 * inter}, g).mul(3).to(bf);
     auto out = at::empty({t, inter}, bf);
     kernels::swiglu_rows_args a;
