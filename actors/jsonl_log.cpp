@@ -57,18 +57,23 @@ uint64_t jsonl_complete_size(const std::filesystem::path& path) {
 }
 
 std::string jsonl_last_line(const std::filesystem::path& path) {
-  const uint64_t end = jsonl_complete_size(path);
-  if (end == 0)
-    return {};
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return {};
-  const uint64_t from = end > (1u << 20) ? end - (1u << 20) : 0;
-  std::string tail(static_cast<size_t>(end - from), '\0');
-  const auto got = ::pread(fd, tail.data(), tail.size(), static_cast<off_t>(from));
+  std::string tail;
+  uint64_t from = 0;
+  try {
+    struct stat st {};
+    const uint64_t end =
+      ::fstat(fd, &st) == 0 ? jsonl_tail_of(fd, static_cast<uint64_t>(st.st_size), path).complete : 0;
+    from = end > (1u << 20) ? end - (1u << 20) : 0;
+    tail.resize(static_cast<size_t>(end - from));
+    if (::pread(fd, tail.data(), tail.size(), static_cast<off_t>(from)) != static_cast<ssize_t>(tail.size()))
+      tail.clear();
+  } catch (const std::runtime_error&) {
+    tail.clear();
+  }
   ::close(fd);
-  if (got != static_cast<ssize_t>(tail.size()))
-    return {};
   auto blank = [](char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; };
   size_t stop = tail.size();
   while (stop > 0 && blank(tail[stop - 1]))

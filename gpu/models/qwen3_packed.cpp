@@ -62,7 +62,7 @@ std::string qwen3_target::packed_attention() const {
   if (!why.empty())
     return "flash2 varlen (" + why + ")";
   if (prefer_flash2_)
-    return "flash2 varlen (asked for: TANDEM_TARGET_ATTENTION=flash2)";
+    return "flash2 varlen (asked for: TANDEM_TARGET_ATTENTION=flash2 or prefer_flash2)";
   return "dflash chunked";
 }
 

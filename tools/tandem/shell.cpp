@@ -421,32 +421,48 @@ char key_within(int ms) {
   return 0;
 }
 
-/// A full-screen view: `frame(tty)` prints one screen (0, or the exit
-/// status that ends the view); once, or every second on a terminal (raw
-/// mode: a key leaves without Enter) until `q`.
-int refreshed(bool once, const std::function<int(bool tty)>& frame) {
-  termios saved{};
-  const bool tty = ::isatty(STDIN_FILENO) != 0 && !once;
-  if (tty) {
-    ::tcgetattr(STDIN_FILENO, &saved);
-    termios raw = saved;
-    // No ISIG either: Ctrl-C arrives as a key and leaves the view, not the shell.
+/// A command that repeats every second until a key leaves it: on a
+/// terminal (`tty`) stdin in raw mode while it lives (no ISIG either, so
+/// Ctrl-C arrives as a key and leaves the command, not the shell).
+class repeating {
+public:
+  explicit repeating(bool tty) : tty_(tty) {
+    if (!tty_)
+      return;
+    ::tcgetattr(STDIN_FILENO, &saved_);
+    termios raw = saved_;
     raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO | ISIG));
     ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
   }
-  int rc = 0;
-  for (;;) {
-    rc = frame(tty);
-    std::fflush(stdout);
-    if (rc != 0 || once)
-      break;
-    const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
-    if (k == 'q' || k == 'Q' || k == 3)
-      break;
+  ~repeating() {
+    if (tty_)
+      ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
   }
-  if (tty)
-    ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
-  return rc;
+  repeating(const repeating&) = delete;
+  repeating& operator=(const repeating&) = delete;
+  bool tty() const { return tty_; }
+  /// Waits a second; true when q or Ctrl-C was pressed meanwhile.
+  bool wait_for_leave() const {
+    const char k = tty_ ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
+    return k == 'q' || k == 'Q' || k == 3;
+  }
+
+private:
+  bool tty_;
+  termios saved_{};
+};
+
+/// A full-screen view: `frame(tty)` prints one screen (0, or the exit
+/// status that ends the view); once, or every second on a terminal (raw
+/// mode: a key leaves without Enter) until `q` or Ctrl-C.
+int refreshed(bool once, const std::function<int(bool tty)>& frame) {
+  const repeating view(::isatty(STDIN_FILENO) != 0 && !once);
+  for (;;) {
+    const int rc = frame(view.tty());
+    std::fflush(stdout);
+    if (rc != 0 || once || view.wait_for_leave())
+      return rc;
+  }
 }
 
 /// `top`: the tree and the last reports, refreshed every second until `q`
@@ -776,14 +792,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       std::fflush(stdout);
     };
     // Interactive on a terminal: q or Ctrl-C leaves the command, not the shell.
-    termios saved{};
-    const bool tty = follow && interactive && ::isatty(STDIN_FILENO) != 0;
-    if (tty) {
-      ::tcgetattr(STDIN_FILENO, &saved);
-      termios raw = saved;
-      raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO | ISIG));
-      ::tcsetattr(STDIN_FILENO, TCSANOW, &raw);
-    }
+    const repeating follower(follow && interactive && ::isatty(STDIN_FILENO) != 0);
     int rc = 0;
     for (;;) {
       auto a = call(ep, http::verb::get, "/v1/events?since=" + std::to_string(since));
@@ -803,14 +812,9 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       }
       print(a.body["events"]);
       since = a.body.value("next", since);
-      if (!follow)
-        break;
-      const char k = tty ? key_within(1000) : (std::this_thread::sleep_for(std::chrono::seconds(1)), 0);
-      if (k == 'q' || k == 'Q' || k == 3)
+      if (!follow || follower.wait_for_leave())
         break;
     }
-    if (tty)
-      ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
     return rc;
   }
   if (cmd == "top")
