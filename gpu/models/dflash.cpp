@@ -25,6 +25,32 @@ std::string layer_prefix(size_t i) {
   return "layers." + std::to_string(i) + ".";
 }
 
+/// The first layer's q, k and v for block rows that are each block's anchor
+/// and Bs − 1 copies of the mask token's embedding: the input norm and the
+/// projections run on the B·N + 1 distinct rows, and each result is spread
+/// back to [B, Q, ·] (the copies' gradients are summed by the expand's
+/// backward before the weight-gradient GEMMs, which then see B·N + 1 rows).
+std::vector<at::Tensor> distinct_rows_qkv(const dflash_inputs& in, const decoder_layer_weights& l,
+                                          const layer_dims& d) {
+  const auto b = in.block_embeds.size(0), q = in.block_embeds.size(1), dim = in.block_embeds.size(2);
+  const auto n = in.anchor_embeds.size(1);
+  TORCH_CHECK(in.anchor_embeds.dim() == 3 && in.anchor_embeds.size(0) == b && in.anchor_embeds.size(2) == dim
+                && n > 0 && q % n == 0 && q / n >= 2 && in.mask_embed.numel() == dim,
+              "dflash_forward: anchor_embeds ", in.anchor_embeds.sizes(), " and mask_embed ", in.mask_embed.sizes(),
+              " do not describe block_embeds ", in.block_embeds.sizes());
+  const auto bs = q / n;
+  auto rows = at::cat({in.anchor_embeds.reshape({b * n, dim}), in.mask_embed.reshape({1, dim})});
+  auto h = fused_rms_norm(rows, l.input_norm, d.eps);
+  std::vector<at::Tensor> out;
+  for (auto& p : fused_linears(h, {l.q_proj, l.k_proj, l.v_proj})) {
+    const auto o = p.size(1);
+    auto anchors = p.narrow(0, 0, b * n).view({b, n, 1, o});
+    auto masks = p.narrow(0, b * n, 1).view({1, 1, 1, o}).expand({b, n, bs - 1, o});
+    out.push_back(at::cat({anchors, masks}, 2).view({b, q, o}));
+  }
+  return out;
+}
+
 } // namespace
 
 dflash_weights dflash_weights_from(const std::map<std::string, at::Tensor>& t,
@@ -156,8 +182,14 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
     const auto& l = w.layers[li];
     at::Tensor h, x_res, q, k_ctx, k_blk, v_ctx, v_blk;
     if (fuse) {
-      std::tie(h, x_res) = fused_rms_norm_passing(x, l.input_norm, d.eps);
-      auto qkv = fused_linears(h, {l.q_proj, l.k_proj, l.v_proj});
+      std::vector<at::Tensor> qkv;
+      if (li == 0 && in.mask_embed.defined() && in.anchor_embeds.defined() && !x.requires_grad()) {
+        x_res = x;
+        qkv = distinct_rows_qkv(in, l, d);
+      } else {
+        std::tie(h, x_res) = fused_rms_norm_passing(x, l.input_norm, d.eps);
+        qkv = fused_linears(h, {l.q_proj, l.k_proj, l.v_proj});
+      }
       q = q_heads(qkv[0], l, d, cos_q, sin_q);
       k_blk = k_heads(qkv[1], l, d, cos_q, sin_q);
       v_blk = v_heads(qkv[2], d);

@@ -50,6 +50,11 @@ void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
 struct dflash_inputs {
   at::Tensor target_hidden;    ///< [B, S, n·D] raw taps (fc + hidden_norm applied inside)
   at::Tensor block_embeds;     ///< [B, Q, D] target embedding of the block tokens
+  /// Optional, both or neither: block_embeds is [anchor_embeds[:, j], mask_embed × (Bs − 1)]
+  /// for every block j (Bs = Q / N), which dflash_forward uses on CUDA to run the first
+  /// layer's input norm and q/k/v projections on the B·N + 1 distinct rows only.
+  at::Tensor anchor_embeds;    ///< [B, N, D] the embedding of each block's anchor token
+  at::Tensor mask_embed;       ///< [D] the embedding of the mask token
   at::Tensor ctx_positions;    ///< [B, S] RoPE positions of the context
   at::Tensor block_positions;  ///< [B, Q] RoPE positions of the block tokens
   at::Tensor visible;          ///< [B, 1, Q, S+Q] bool: query may see key (dense form)
@@ -71,7 +76,10 @@ at::Tensor scored_positions(const at::Tensor& t, int64_t block_size);
 /// anchor's own token, never scored, and no later layer reads it), so the
 /// result is [B, Q·(Bs − 1)/Bs, D], block by block.  On CUDA the layers'
 /// residual adds also go into the o and down projections' GEMMs
-/// (fused_linear_residual); the CPU keeps its composites bit for bit.
+/// (fused_linear_residual), and with anchor_embeds and mask_embed given (and
+/// block_embeds needing no gradient) the first layer's input norm and q/k/v
+/// projections run on the distinct rows (one a block plus the mask row) and
+/// are spread to every block position after; the CPU keeps its composites bit for bit.
 at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
                           const dflash_inputs& in, int64_t scored_only = 0);
 

@@ -77,6 +77,8 @@ block_batch make_block_batch(const at::Tensor& tokens, const at::Tensor& loss_ma
   auto first = tokens.to(at::kLong).gather(1, a.anchors).unsqueeze(2);     // [B, N, 1]
   auto ids = at::where(k == 0, first, mask_token_id).view({b, q});
   out.inputs.block_embeds = at::embedding(embedding, ids);
+  out.inputs.anchor_embeds = at::embedding(embedding, first.squeeze(2));    // [B, N, D]
+  out.inputs.mask_embed = embedding[mask_token_id];
   out.inputs.target_hidden = target_hidden;
   out.inputs.ctx_positions = docs.position;
   out.inputs.block_positions = ((anchor - anchor_start) + k).view({b, q});
