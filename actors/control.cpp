@@ -10,6 +10,8 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <type_traits>
 
 #include <caf/all.hpp>
@@ -330,6 +332,57 @@ const std::vector<std::pair<std::string, std::string>> endpoints = {
   {"POST /v1/log_every", "{\"value\": N}: a metrics.jsonl step line every N steps"},
 };
 
+/// The effective config now: `toml` (the run's at its start, to_toml's
+/// lines) with the values set through this endpoint since then in place of
+/// their first ones, marked: train.log_every, as the coordinator's status
+/// has it.  (The learning-rate multiplier is no config key: status shows it.)
+std::string config_now(const std::string& toml, const json& status) {
+  if (!status.contains("log_every") || !status["log_every"].is_number_integer())
+    return toml;
+  const auto now = std::to_string(status["log_every"].get<int64_t>());
+  std::istringstream in(toml);
+  std::string out, section, line;
+  while (std::getline(in, line)) {
+    if (line.rfind('[', 0) == 0)
+      section = line.substr(1, line.find(']') - 1);
+    const std::string key = "log_every = ";
+    if (section == "train" && line.rfind(key, 0) == 0 && line.substr(key.size()) != now)
+      line = key + now + "  # set while running (at the start: " + line.substr(key.size()) + ")";
+    out += line + "\n";
+  }
+  return out;
+}
+
+/// Why ROLE INDEX is not an actor of the run, naming what it has: "no
+/// drafter 7: drafter indices are 0..1", "no role 'drafer': the roles are
+/// coordinator, drafter, ...".
+std::string missing_actor(const std::vector<control_options::actor_entry>& actors, const std::string& role,
+                          int64_t index) {
+  std::set<std::string> roles;
+  std::set<int32_t> indices;
+  for (const auto& a : actors) {
+    roles.insert(a.role);
+    if (a.role == role)
+      indices.insert(a.index);
+  }
+  const std::string tail = " (GET /v1/tree lists the actors)";
+  if (indices.empty()) {
+    std::string all;
+    for (const auto& r : roles)
+      all += (all.empty() ? "" : ", ") + r;
+    return "no role '" + role + "': the roles are " + all + tail;
+  }
+  std::string have;
+  if (indices.size() == 1)
+    have = "the only " + role + " is " + std::to_string(*indices.begin());
+  else if (*indices.begin() == 0 && *indices.rbegin() == static_cast<int32_t>(indices.size()) - 1)
+    have = role + " indices are 0.." + std::to_string(*indices.rbegin());
+  else
+    for (const auto i : indices)
+      have += (have.empty() ? role + " indices are " : ", ") + std::to_string(i);
+  return "no " + role + " " + std::to_string(index) + ": " + have + tail;
+}
+
 /// Memory per GPU: the newest report of a drafter on it (every actor on one
 /// device shares its caching allocator, so one reading covers the device).
 json devices_json(const control_state& s) {
@@ -601,7 +654,7 @@ caf::result<control_reply> on_action(self_ptr self, const std::string& action, c
     const auto drafter = std::find_if(actors.begin(), actors.end(),
                                       [&](const auto& a) { return a.role == "drafter" && a.index == *d; });
     if (drafter == actors.end())
-      return error_reply(404, "no drafter " + std::to_string(*d) + " (GET /v1/tree lists them)");
+      return error_reply(404, missing_actor(actors, "drafter", *d));
     cmd.drafter = static_cast<int32_t>(*d);
     cmd.kind = body["kind"].get<std::string>();
     // As [[faults.inject]] (launch/plan.cpp): a CUDA fault needs a CUDA device.
@@ -759,7 +812,22 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
   if (t.path == "/v1/config") {
     if (!get)
       return wrong_method("GET");
-    return reply(200, {{"toml", s.opts.config_toml}});
+    // The values set while running come from the coordinator's status; one
+    // that does not answer still leaves the start config to read.
+    auto rp = self->make_response_promise<control_reply>();
+    self->request(s.coordinator, std::chrono::milliseconds(s.opts.answer_timeout_ms), status_atom::value)
+      .then(
+        [self, rp](const std::string& text) mutable {
+          auto status = json::parse(text, nullptr, false);
+          rp.deliver(reply(200, {{"toml", config_now(self->state.opts.config_toml,
+                                                     status.is_discarded() ? json::object() : status)}}));
+        },
+        [self, rp](const caf::error& err) mutable {
+          rp.deliver(reply(200, {{"toml", self->state.opts.config_toml},
+                                 {"note", "the coordinator did not answer (" + self->system().render(err)
+                                            + "): values set while running are not shown"}}));
+        });
+    return rp;
   }
   if (t.path.rfind("/v1/actors/", 0) == 0) {
     if (!get)
@@ -768,13 +836,15 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
     const auto slash = rest.find('/');
     const auto role = rest.substr(0, slash);
     const auto index_text = slash == std::string::npos ? std::string("0") : rest.substr(slash + 1);
-    if (index_text.empty() || index_text.size() > 6 || index_text.find_first_not_of("0123456789") != std::string::npos)
-      return error_reply(400, "an actor is /v1/actors/ROLE/INDEX (e.g. /v1/actors/drafter/0)");
+    const auto digits = index_text.substr(index_text.rfind('-', 0) == 0 ? 1 : 0);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return error_reply(400, "'" + index_text + "' is not an actor index: an actor is /v1/actors/ROLE/INDEX, INDEX a "
+                                "whole number (e.g. /v1/actors/drafter/0)");
     const auto index = static_cast<int32_t>(std::stoi(index_text));
     const auto it = std::find_if(s.opts.actors.begin(), s.opts.actors.end(),
                                  [&](const auto& a) { return a.role == role && a.index == index; });
     if (it == s.opts.actors.end())
-      return error_reply(404, "no actor '" + role + " " + std::to_string(index) + "' (GET /v1/tree lists them)");
+      return error_reply(404, missing_actor(s.opts.actors, role, index));
     return with_status(self, [role, index](control_state& s, const json& status,
                                            const std::vector<actor_vitals>& vitals) {
       auto tree = tree_json(s, status, vitals);

@@ -177,6 +177,7 @@ std::string status_json(coordinator_state& s) {
   j["lr_changes"] = nlohmann::json::array();
   for (const auto& [from, scale] : s.lr_changes)
     j["lr_changes"].push_back({{"from_step", from}, {"scale", scale}});
+  j["log_every"] = s.opts.log_every;
   j["credits"] = s.opts.credits;
   // Targets and prefetches being replaced (their index), and whether the
   // batches in flight then still wait to be issued again.
@@ -266,7 +267,8 @@ caf::result<std::string> on_control(self_ptr self, const control_command& c) {
   } else if (c.action == "log_every") {
     if (c.value < 1 || c.value != std::floor(c.value) || c.value > 1e9)
       return make_error(errc::bad_input, "log_every must be a positive integer");
-    self->send(s.peers.metrics, log_every_atom::value, static_cast<int64_t>(c.value));
+    s.opts.log_every = static_cast<int64_t>(c.value);
+    self->send(s.peers.metrics, log_every_atom::value, s.opts.log_every);
     result = "a metrics line every " + std::to_string(static_cast<int64_t>(c.value)) + " steps";
   } else {
     return make_error(errc::bad_input, "unknown action '" + c.action

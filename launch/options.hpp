@@ -24,6 +24,10 @@ struct coordinator_settings {
   int32_t credits = 4;               ///< batches in flight per prefetch
   int64_t max_steps = 0;             ///< 0: run `epochs`
   int64_t epochs = 1;
+  /// train.log_every: the metrics actor's steps between step lines.  The
+  /// control endpoint's log_every action changes it (the coordinator tells
+  /// the metrics actor and keeps the value here, for its status).
+  int64_t log_every = 10;
   int64_t checkpoint_every = 100;    ///< steps; 0 = only at epoch ends and the end
   /// Steps between restore points in shared memory (checkpoint.host_every;
   /// 0 = none): snapshots written by the host checkpointer into a folder

@@ -65,6 +65,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
   co.credits = static_cast<int32_t>(c.runtime.credits);
   co.max_steps = c.train.max_steps;
   co.epochs = c.data.epochs;
+  co.log_every = c.train.log_every;
   co.checkpoint_every = c.checkpoint.every_steps;
   co.host_every = c.checkpoint.host_every;
   co.checkpoint_on_stop = c.checkpoint.on_signal;
@@ -264,7 +265,7 @@ std::string to_json(const launch_plan& p) {
   j["schedule_steps"] = p.schedule_steps;
   const auto& co = p.coordinator;
   j["coordinator"] = {{"num_samples", co.num_samples}, {"credits", co.credits},
-                      {"max_steps", co.max_steps}, {"epochs", co.epochs},
+                      {"max_steps", co.max_steps}, {"epochs", co.epochs}, {"log_every", co.log_every},
                       {"checkpoint_every", co.checkpoint_every}, {"host_every", co.host_every},
                       {"checkpoint_on_stop", co.checkpoint_on_stop},
                       {"resume_ledger", co.resume_ledger}, {"resume_step", co.resume_step},

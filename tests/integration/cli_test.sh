@@ -68,6 +68,15 @@ rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
 # A shell that can never connect (HOST:PORT without a token) leaves at once, --follow or not.
 rc=0; out=$(TANDEM_TOKEN= timeout 20 "$tandem" shell 127.0.0.1:1 --follow 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "needs the run's token" <<< "$out" || fail "shell HOST:PORT --follow without a token: exit $rc, $out"
+# A port out of range is named, not read as a run folder (no control.json to wait for with --follow).
+rc=0; out=$(TANDEM_TOKEN=x timeout 20 "$tandem" shell 127.0.0.1:99999 --follow -c status 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "port 99999 is out of range (1..65535)" <<< "$out" \
+  || fail "shell 127.0.0.1:99999: exit $rc, $out"
+rc=0; out=$(TANDEM_TOKEN=x timeout 20 "$tandem" shell localhost:0 -c status 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q "port 0 is out of range" <<< "$out" || fail "shell localhost:0: exit $rc, $out"
+# `tandem shell --help` states its exit statuses (docs/control.md says the same).
+out=$("$tandem" shell --help)
+grep -q "2  misuse: a command unknown or malformed" <<< "$out" || fail "shell --help: no exit statuses"
 # An A/B knob with a value it does not know is refused, naming the variable.
 knob=$(mktemp -d)
 printf '%s\n' '{"format": "tandem.prompts.v1", "stop_ids": [1]}' '{"ids": [5, 6, 7]}' > "$knob/p.jsonl"

@@ -15,7 +15,9 @@ Four runs of the tiny run_test.toml on the CPU (two epochs, log_every 1):
   committed once per epoch); after the log_every change only every third step is logged;
   every action is a "control" event naming the shell; /v1/status shows the schedule.
   Bad requests: an unknown fault kind, a drafter that does not exist, a negative or
-  missing multiplier, a step already taken, log_every 0 -> 4xx, the run unharmed.
+  missing multiplier, a step already taken, log_every 0 -> 4xx, the run unharmed; through
+  the shell each is misuse (exit 2) but the step already taken (409, exit 1). After
+  `set log-every 3`, `status` and `config` show it.
 - S: only `lr_scale 0.5 at 25` (HTTP), run through.
 - B: as S, paused after step 30 (held while a shell attaches), stopped (POST /v1/stop) there
   and resumed with `tandem run --resume`:
@@ -129,10 +131,15 @@ for path, req, want, what in (
         ("/v1/log_every", {"value": 2.5}, 400, "log_every 2.5")):
     status, body = http(ctl, "POST", path, req)
     check(status == want and "error" in body, f"A: {what}: {status} (want {want}) {body}")
+# Misuse exits 2 whether the shell or the endpoint (400, 404) refuses it.
 rc, text = shell(a_dir, "fault", "drafter", "0", "explode")
-check(rc != 0 and "kind" in text, f"A: shell fault with a bad kind fails: {rc} {text}")
+check(rc == 2 and "kind" in text, f"A: shell fault with a bad kind is misuse: {rc} {text}")
+rc, text = shell(a_dir, "fault", "drafter", "7", "throw")
+check(rc == 2 and "no drafter 7: the only drafter is 0" in text, f"A: shell fault on a drafter the run lacks is misuse: {rc} {text}")
 rc, text = shell(a_dir, "set", "lr-scale", "oops")
 check(rc == 2, f"A: shell set with a bad value is misuse: {rc} {text}")
+rc, text = shell(a_dir, "set", "lr-scale", "0")
+check(rc == 2 and "positive multiplier" in text, f"A: shell set lr-scale 0 (the endpoint's 400) is misuse: {rc} {text}")
 status, body = http(ctl, "GET", "/v1/status")
 check(body.get("coordinator", {}).get("lr_changes") == [{"from_step": 25, "scale": 0.5}],
       f"A: status lr_changes {body.get('coordinator', {}).get('lr_changes')}")
@@ -145,8 +152,16 @@ while time.time() < deadline and max(by_step(a_metrics) or [0]) < 40 and a.poll(
 http(ctl, "POST", "/v1/pause")  # the tiny run is quick: held while the shell looks
 status, body = http(ctl, "POST", "/v1/lr_scale", {"value": 2, "at_step": 1})
 check(status == 409 and "error" in body, f"A: a step already taken: {status} (want 409) {body}")
+rc, text = shell(a_dir, "set", "lr-scale", "2", "at", "1")
+check(rc == 1 and "done or under way" in text, f"A: shell set at a step taken (409) fails, exit 1: {rc} {text}")
 rc, text = shell(a_dir, "set", "log-every", "3")
 check(rc == 0 and "every 3 steps" in text, f"A: set log-every: {rc} {text}")
+rc, text = shell(a_dir, "status")
+check(rc == 0 and "lr-scale 0.5 for the next step (0.5 from step 25); log-every 3" in text,
+      f"A: status shows the multiplier and log-every 3: {rc} {text}")
+rc, text = shell(a_dir, "config")
+check(rc == 0 and "log_every = 3  # set while running (at the start: 1)" in text,
+      f"A: config shows log-every 3: {rc} {text[-300:]}")
 rc, text = shell(a_dir, "watch", "loss")
 check(rc == 0 and "drafter 0" in text and "last" in text, f"A: watch loss: {rc} {text}")
 http(ctl, "POST", "/v1/resume")

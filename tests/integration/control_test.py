@@ -9,7 +9,8 @@ The tiny run of run_test.toml on the CPU (long enough to be watched), then:
 - no token, a wrong one -> 401, counted in /v1/status;
 - bad input, the run unharmed: malformed HTTP -> 400, a 16 KiB header -> 431,
   a 128 KiB body -> 413, a body that is not JSON -> 400, an unknown path or
-  actor -> 404, a wrong method -> 405;
+  actor -> 404 (an actor named with what the run has, `show` exiting 2), a
+  wrong method -> 405;
 - reads: /v1/tree (every actor of the plan, the drafter's state and steps;
   every actor's vitals: thread, messages, last message, the target's forward
   times, the prefetch's cursor and padding),
@@ -134,6 +135,9 @@ check(http("POST", "/v1/pause", body=b"{not json")[0] == 400, "a body that is no
 check(http("GET", "/v1/nothing")[0] == 404, "an unknown path: 404")
 check(http("GET", "/v1/actors/drafter/7")[0] == 404, "an unknown actor: 404")
 check(http("GET", "/v1/actors/drafter/x")[0] == 400, "a bad actor index: 400")
+code, body = http("GET", "/v1/actors/drafter/-1")
+check(code == 404 and body.get("error", "").startswith("no drafter -1: the only drafter is 0"),
+      f"a negative index is named with the run's drafters: {code} {body}")
 check(http("GET", "/v1/pause")[0] == 405, "GET of an action: 405")
 check(http("POST", "/v1/tree")[0] == 405, "POST of a read: 405")
 check(http("DELETE", "/v1/tree")[0] == 405, "DELETE: 405")
@@ -214,6 +218,17 @@ for line, says in (("pause now", "'now' is more than it takes"), ("steps x", "N 
                    ("events foo", "'foo' is not -f")):
     shell = subprocess.run([tandem, "shell", run_dir, "-c", line], capture_output=True, text=True, timeout=30)
     check(shell.returncode == 2 and says in shell.stderr, f"shell -c '{line}': exit {shell.returncode}, {shell.stderr!r}")
+# Actors the run lacks: named with what it has, exit 2 (misuse) whether the shell or the endpoint refuses.
+for line, says in (("show drafter -1", "no drafter -1: the only drafter is 0"),
+                   ("show drafter 3", "no drafter 3: the only drafter is 0"),
+                   ("show drafer 0", "no role 'drafer': the roles are"),
+                   ("show drafter x", "INDEX is a whole number, got 'x'")):
+    shell = subprocess.run([tandem, "shell", run_dir, "-c", line], capture_output=True, text=True, timeout=30)
+    check(shell.returncode == 2 and says in shell.stderr, f"shell -c '{line}': exit {shell.returncode}, {shell.stderr!r}")
+# The status shows what `set` changes.
+shell = subprocess.run([tandem, "shell", run_dir, "-c", "status"], capture_output=True, text=True, timeout=30)
+check(shell.returncode == 0 and "lr-scale 1.0 for the next step; log-every 1" in shell.stdout,
+      f"status shows lr-scale and log-every: {shell.stdout!r}")
 shell = subprocess.run([tandem, "shell", f"{ctl['host']}:{ctl['port']}", "-c", "status"], capture_output=True,
                        text=True, timeout=30, env={**os.environ, "TANDEM_TOKEN": "f" * 64})
 check(shell.returncode == 1 and "wrong token" in shell.stderr, f"HOST:PORT with a wrong TANDEM_TOKEN: {shell.stderr}")

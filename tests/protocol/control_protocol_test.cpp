@@ -1,7 +1,8 @@
 // Control protocol (messages/control.hpp): the real control actor of
 // actors/control.cpp on CAF's deterministic test coordinator, fed by the
 // real metrics actor, with a recording coordinator (support.hpp) whose
-// status is "{}" and which answers every control_command "recorded".  The
+// status is "{}" (or what a test sets in its log) and which answers every
+// control_command "recorded".  The
 // coordinator's own side of the actions is in coordinator_protocol_test.cpp.
 #define CAF_SUITE control_protocol
 
@@ -24,7 +25,7 @@ struct fixture : test_coordinator_fixture<config> {
   fixture() {
     control_options o;
     o.run_name = "proto";
-    o.config_toml = "[train]\nmax_steps = 7\n";
+    o.config_toml = "[train]\nmax_steps = 7\nlog_every = 10\n[other]\nlog_every = 10\n";
     o.actors = {{"coordinator", 0, "cpu"}, {"drafter", 0, "cuda:0"}, {"drafter", 1, "cuda:1"}};
     o.steps_kept = 4;
     o.events_kept = 3;
@@ -176,9 +177,41 @@ CAF_TEST(the refused requests are counted and the config is served) {
   CAF_CHECK_EQUAL(status["unauthorized"], 2);
   CAF_CHECK_EQUAL(status["run"], "proto");
   const auto config = call("GET", "/v1/config").second;
-  CAF_CHECK_EQUAL(config["toml"], "[train]\nmax_steps = 7\n");
+  CAF_CHECK_EQUAL(config["toml"], "[train]\nmax_steps = 7\nlog_every = 10\n[other]\nlog_every = 10\n");
   const auto index = call("GET", "/v1").second;
   CAF_CHECK(index["endpoints"].size() > 8);
+}
+
+CAF_TEST(an actor the run lacks is named with what it has) {
+  // (The plan: coordinator 0, drafters 0 and 1.)
+  auto [code, body] = call("GET", "/v1/actors/drafter/-1");
+  CAF_CHECK_EQUAL(code, 404);
+  CAF_CHECK_EQUAL(body["error"], "no drafter -1: drafter indices are 0..1 (GET /v1/tree lists the actors)");
+  std::tie(code, body) = call("GET", "/v1/actors/drafter/2");
+  CAF_CHECK_EQUAL(body["error"], "no drafter 2: drafter indices are 0..1 (GET /v1/tree lists the actors)");
+  std::tie(code, body) = call("GET", "/v1/actors/coordinator/1");
+  CAF_CHECK_EQUAL(body["error"], "no coordinator 1: the only coordinator is 0 (GET /v1/tree lists the actors)");
+  std::tie(code, body) = call("GET", "/v1/actors/drafer/0");
+  CAF_CHECK_EQUAL(code, 404);
+  CAF_CHECK_EQUAL(body["error"], "no role 'drafer': the roles are coordinator, drafter (GET /v1/tree lists the actors)");
+  std::tie(code, body) = call("GET", "/v1/actors/drafter/x1");
+  CAF_CHECK_EQUAL(code, 400);
+  CAF_CHECK(body["error"].get<std::string>().rfind("'x1' is not an actor index", 0) == 0);
+  std::tie(code, body) = call("POST", "/v1/fault", R"({"drafter": 5, "kind": "throw"})");
+  CAF_CHECK_EQUAL(code, 404);
+  CAF_CHECK_EQUAL(body["error"], "no drafter 5: drafter indices are 0..1 (GET /v1/tree lists the actors)");
+  CAF_CHECK_EQUAL(call("GET", "/v1/actors/drafter/1").first, 200);
+  CAF_CHECK(log->order.empty());
+}
+
+CAF_TEST(the config shows train.log_every as the coordinator has it now) {
+  log->status = R"({"log_every": 3})";
+  const auto changed = call("GET", "/v1/config").second;
+  CAF_CHECK_EQUAL(changed["toml"], "[train]\nmax_steps = 7\nlog_every = 3  # set while running (at the start: 10)\n"
+                                   "[other]\nlog_every = 10\n");
+  log->status = R"({"log_every": 10})";  // set back to its first value: the line as it was
+  const auto back = call("GET", "/v1/config").second;
+  CAF_CHECK_EQUAL(back["toml"], "[train]\nmax_steps = 7\nlog_every = 10\n[other]\nlog_every = 10\n");
 }
 
 CAF_TEST_FIXTURE_SCOPE_END()

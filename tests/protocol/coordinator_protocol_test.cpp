@@ -1803,4 +1803,34 @@ CAF_TEST(the learning-rate multiplier goes out with the work from its step and i
   check_handles_released();
 }
 
+CAF_TEST(log_every goes to the metrics actor and the status shows it) {
+  // Its first value is the plan's (train.log_every); a change is kept for
+  // the status (GET /v1/status, GET /v1/config); a bad one changes nothing.
+  setup s;
+  s.opts.log_every = 10;
+  start(s);
+  ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  sched.run();
+  const auto before = status();
+  CAF_CHECK_EQUAL(before["log_every"], 10);
+  control_command three{"log_every", "tester"};
+  three.value = 3;
+  auto a = ask<std::string>(sys, coordinator, three);
+  control_command zero{"log_every", "tester"};
+  zero.value = 0;
+  auto z = ask<std::string>(sys, coordinator, zero);
+  sched.run();
+  CAF_REQUIRE(a->value.has_value());
+  CAF_CHECK_EQUAL(*a->value, "a metrics line every 3 steps");
+  CAF_REQUIRE(z->error.has_value());
+  CAF_CHECK(is(*z->error, errc::bad_input));
+  CAF_CHECK_EQUAL(w->log_every, 3);
+  const auto after = status();
+  CAF_CHECK_EQUAL(after["log_every"], 3);
+  ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  check_handles_released();
+}
+
 CAF_TEST_FIXTURE_SCOPE_END()

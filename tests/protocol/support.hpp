@@ -246,6 +246,7 @@ struct coordinator_log {
   std::vector<std::string> workers_down, workers_up;   ///< supervisor: "role i: why", "role i"
   std::vector<std::string> device_lost;                ///< supervisor: why
   int vitals_asked = 0;                                ///< vitals_all requests answered
+  std::string status = "{}";                           ///< what status_atom answers
   std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate",
                                    ///< "device_lost"
 };
@@ -260,7 +261,7 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       return make_error(errc::unexpected_message, "recording coordinator: no runs");
     },
     [](stop_atom) {},
-    [](status_atom) { return std::string("{}"); },
+    [log](status_atom) { return log->status; },
     [](vitals_atom) {
       actor_vitals v;
       v.role = "coordinator";

@@ -206,7 +206,7 @@ TEST(plan, carries_the_values_into_every_options_struct) {
   auto c = parse_run_config(base_text, "/cfg/run.toml",
                             {"placement.targets=cuda:0,cuda:1", "placement.drafters=cuda:2,cuda:3",
                              "drafter.seed=10", "runtime.credits=2", "checkpoint.on_signal=false",
-                             "run.name=exp1", "drafter.init_from=/z", "train.max_steps=3"});
+                             "run.name=exp1", "drafter.init_from=/z", "train.max_steps=3", "train.log_every=7"});
   auto p = make_plan(c, inventory::this_host(4), facts);
   ASSERT_EQ(p.prefetch.size(), 2u);
   ASSERT_EQ(p.targets.size(), 2u);
@@ -226,6 +226,8 @@ TEST(plan, carries_the_values_into_every_options_struct) {
   EXPECT_FALSE(p.checkpoint_on_signal);
   EXPECT_EQ(p.run_name, "exp1");
   EXPECT_EQ(p.metrics.run_name, "exp1");
+  EXPECT_EQ(p.metrics.log_every, 7);
+  EXPECT_EQ(p.coordinator.log_every, 7);  // its status shows the value a log_every action changes
   // The schedule: 2M tokens / (1 × 3072 × 0.9) + 1 steps; max_steps only shortens the ETA.
   EXPECT_EQ(p.schedule_steps, 2'000'000 * 10 / 27648 + 1);
   EXPECT_EQ(p.drafters[0].total_steps, p.schedule_steps);

@@ -184,8 +184,32 @@ answer call(const endpoint& ep, http::verb method, const std::string& target, co
   return a;
 }
 
+/// The exit status of an answer that is an error: 2 (misuse) when the
+/// endpoint refused the command as malformed — 400, 404, 422: a value, an
+/// actor or a path the user typed wrong, as the shell's own checks would —
+/// else 1 (no answer, a refused token, an action the run cannot take now,
+/// the run's own failure: 5xx).
+int failed(const answer& a) {
+  return a.status == 400 || a.status == 404 || a.status == 422 ? 2 : 1;
+}
+
+/// Why `target` (not a folder) is not HOST:PORT, when it looks like one (a
+/// colon and digits after it); "" otherwise.  parse_connect says only no.
+std::string bad_host_port(const std::string& target) {
+  const auto colon = target.rfind(':');
+  if (colon == std::string::npos)
+    return "";
+  const auto port = target.substr(colon + 1);
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos)
+    return "";
+  if (port.size() > 5 || std::stoul(port) > 65535 || std::stoul(port) == 0)
+    return target + ": port " + port + " is out of range (1..65535)";
+  return target + " is neither a run folder nor HOST:PORT: '" + target.substr(0, colon)
+         + "' is not a host name or IPv4 address (e.g. 127.0.0.1:40123, [::1]:40123, gpu-3.example:40123)";
+}
+
 /// What waiting cannot mend (--follow leaves on it): a token file that
-/// cannot be read, HOST:PORT without a token.
+/// cannot be read, HOST:PORT without a token or with a bad port.
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -206,7 +230,10 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
     ep.token_from = "TANDEM_TOKEN";
   }
   std::error_code is_dir_ec;
-  if (auto a = std::filesystem::is_directory(target, is_dir_ec) ? std::nullopt : parse_connect(target)) {
+  const bool folder = std::filesystem::is_directory(target, is_dir_ec);
+  if (auto a = folder ? std::nullopt : parse_connect(target)) {
+    if (a->port == 0)  // control.listen's "any free port", never one to connect to
+      throw usage_error(target + ": port 0 is out of range (1..65535)");
     ep.host = a->host;
     ep.port = std::to_string(a->port);
     ep.where = target;
@@ -217,6 +244,8 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
     ep.token = token;
     return ep;
   }
+  if (const auto why = folder ? std::string() : bad_host_port(target); !why.empty())
+    throw usage_error(why);
   const auto file = std::filesystem::path(target) / "control.json";
   std::ifstream f(file);
   if (!f)
@@ -337,6 +366,13 @@ void print_status(const json& s) {
     std::printf("ledger: %s\n", c["ledger"].dump().c_str());
   std::printf("in flight %s, queued %s, busy %s; durable step %s\n", num(c, "in_flight").c_str(),
               num(c, "queued").c_str(), num(c, "busy").c_str(), durable(c).c_str());
+  // What `set` changes: the next step's multiplier and its schedule, the
+  // metrics line interval.
+  std::string changes;
+  for (const auto& x : c.value("lr_changes", json::array()))
+    changes += (changes.empty() ? " (" : ", ") + num(x, "scale") + " from step " + num(x, "from_step");
+  std::printf("lr-scale %s for the next step%s; log-every %s\n", num(c, "lr_scale").c_str(),
+              (changes + (changes.empty() ? "" : ")")).c_str(), num(c, "log_every").c_str());
 }
 
 void print_ledger(const json& l) {
@@ -377,7 +413,7 @@ void print_events(const json& e) {
 
 const char* help_text =
   "commands:\n"
-  "  status               the run: step, epoch, paused, ledger, queues\n"
+  "  status               the run: step, epoch, paused, ledger, queues, lr-scale, log-every\n"
   "  tree                 every actor: device, state, thread, uptime, messages handled, the last\n"
   "                       one, and its role's figures (a target's forward times, a prefetch's cursor)\n"
   "  show ROLE [INDEX]    one actor in detail (show drafter 0)\n"
@@ -385,7 +421,7 @@ const char* help_text =
   "  ledger               samples pending / issued / trained / committed; each prefetch's cursor\n"
   "  steps [N]            the last N step reports (default 20)\n"
   "  events [-f]          the event log (-f: follow it; q or Ctrl-C leaves)\n"
-  "  config               the effective config\n"
+  "  config               the effective config (with what set changed since the start)\n"
   "  pause | resume       stop / restart sending work to the drafters\n"
   "  checkpoint           write a checkpoint now\n"
   "  stop                 as SIGTERM: finish the step, checkpoint, end the run\n"
@@ -474,7 +510,7 @@ int top(const endpoint& ep, bool once, bool as_json) {
     auto steps = call(ep, http::verb::get, "/v1/steps?n=200");
     if (!tree.error.empty() || !status.error.empty()) {
       std::fprintf(stderr, "%s\n", (tree.error.empty() ? status.error : tree.error).c_str());
-      return 1;
+      return failed(tree.error.empty() ? status : tree);
     }
     const auto& c = status.body["coordinator"];
     json view{{"run", status.body.value("run", "")}, {"step", c.value("step", json())}, {"epoch", c.value("epoch", json())},
@@ -553,7 +589,7 @@ int watch(const endpoint& ep, const std::string& field, bool once, bool as_json)
     auto steps = call(ep, http::verb::get, "/v1/steps?n=1000");
     if (!steps.error.empty()) {
       std::fprintf(stderr, "%s\n", steps.error.c_str());
-      return 1;
+      return failed(steps);
     }
     std::map<int64_t, std::vector<std::pair<int64_t, double>>> by_drafter;
     for (const auto& r : steps.body["steps"])
@@ -604,7 +640,7 @@ int act(const endpoint& ep, const std::string& path, const json& body, bool as_j
   auto a = call(ep, http::verb::post, path, body.dump());
   if (!a.error.empty()) {
     std::fprintf(stderr, "%s: %s\n", path.substr(4).c_str(), a.error.c_str());
-    return 1;
+    return failed(a);
   }
   if (as_json)
     std::printf("%s\n", a.body.dump().c_str());
@@ -630,7 +666,6 @@ const std::vector<std::string> command_words{"status", "tree",  "show",  "top", 
                                              "events", "config", "pause", "resume",     "checkpoint",
                                              "stop",   "watch", "fault", "set",         "dashboard", "graphs", "help", "quit"};
 
-/// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse).
 /// What a follower learns from the run folder once the endpoint is gone:
 /// the events metrics.jsonl holds after `last` (the last one printed), and
 /// whether the run ended (its last line an `end`) or not (a worker that
@@ -696,6 +731,8 @@ run_gone run_end_from_folder(const endpoint& ep, const json& last) {
   return g;
 }
 
+/// Runs one command line; returns its exit status (0 ok, 1 failed, 2 misuse:
+/// the shell's checks or the endpoint's 400/404/422, failed()).
 int run_command(const endpoint& ep, const std::string& line, bool as_json, bool interactive) {
   const auto w = words(line);
   if (w.empty())
@@ -725,7 +762,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   auto show = [&](const answer& a, void (*pretty)(const json&)) {
     if (!a.error.empty()) {
       std::fprintf(stderr, "%s\n", a.error.c_str());
-      return 1;
+      return failed(a);
     }
     if (as_json || !pretty)
       std::printf("%s\n", a.body.dump(as_json ? -1 : 2).c_str());
@@ -752,6 +789,8 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     auto a = call(ep, http::verb::get, "/v1/config");
     if (a.error.empty() && !as_json) {
       std::fputs(a.body.value("toml", "").c_str(), stdout);
+      if (a.body.contains("note"))
+        std::fprintf(stderr, "%s\n", a.body.value("note", "").c_str());
       return 0;
     }
     return show(a, nullptr);
@@ -771,6 +810,19 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       const auto at = role.find_first_of("0123456789");
       index = role.substr(at);
       role = role.substr(0, at);
+    }
+    // A role and an index the run lacks (drafter 7, drafter -1) are the
+    // endpoint's to name, with what it has (404); words that cannot be
+    // either are refused here.
+    static const std::regex role_word("[a-z_]+"), whole_number("-?[0-9]+");
+    std::string why;
+    if (!std::regex_match(role, role_word))
+      why = "ROLE is a word such as drafter or target, got '" + role + "'";
+    else if (!index.empty() && !std::regex_match(index, whole_number))
+      why = "INDEX is a whole number, got '" + index + "'";
+    if (!why.empty()) {
+      std::fprintf(stderr, "show ROLE [INDEX]: %s (e.g. show drafter 0; tree lists the actors)\n", why.c_str());
+      return 2;
     }
     return show(call(ep, http::verb::get, "/v1/actors/" + role + "/" + (index.empty() ? "0" : index)), nullptr);
   }
@@ -807,7 +859,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
           break;
         }
         std::fprintf(stderr, "%s\n", a.error.c_str());
-        rc = 1;
+        rc = failed(a);
         break;
       }
       print(a.body["events"]);
@@ -824,7 +876,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     auto tree = call(ep, http::verb::get, "/v1/tree");
     if (!tree.error.empty()) {
       std::fprintf(stderr, "%s\n", tree.error.c_str());
-      return 1;
+      return failed(tree);
     }
     json all = json::array();
     for (const auto& a : tree.body["actors"]) {
@@ -833,7 +885,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       auto d = call(ep, http::verb::get, "/v1/actors/drafter/" + num(a, "index"));
       if (!d.error.empty()) {
         std::fprintf(stderr, "%s\n", d.error.c_str());
-        return 1;
+        return failed(d);
       }
       all.push_back({{"drafter", a["index"]}, {"device", a["device"]},
                      {"captured_graphs", d.body.value("captured_graphs", json::array())},
@@ -919,7 +971,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
       auto a = call(ep, http::verb::post, std::string("/v1/") + action, "{}");
       if (!a.error.empty()) {
         std::fprintf(stderr, "%s: %s\n", action, a.error.c_str());
-        return 1;
+        return failed(a);
       }
       if (as_json)
         std::printf("%s\n", a.body.dump().c_str());
@@ -1039,12 +1091,20 @@ void add_shell(CLI::App& app, int& exit_code) {
                   "A file holding the token (else TANDEM_TOKEN, else the run folder's control.json)");
   cmd->add_option("--ca", o->ca, "Verify the endpoint's TLS certificate with this CA file (PEM); with "
                                  "HOST:PORT it also means the endpoint speaks TLS");
-  cmd->add_option("-c,--command", o->commands, "Run this command and exit (repeatable; exit status 1 if one "
-                                               "fails); without it the shell reads commands from the terminal");
+  cmd->add_option("-c,--command", o->commands, "Run this command and exit (repeatable; the exit status is the "
+                                               "worst of them, below); without it the shell reads commands from "
+                                               "the terminal");
   cmd->add_flag("--json", o->json, "Print the endpoint's JSON answers, one per line");
   cmd->add_flag("--follow", o->follow,
                 "Interactive: when the run ends or its endpoint goes, wait for it to come back (a resumed run, a new "
                 "worker process: its new control.json) and reconnect, instead of leaving; Ctrl-C leaves");
+  cmd->footer("Exit status (with -c, the worst of the commands'):\n"
+              "  0  every command did what it says\n"
+              "  1  a command failed: the endpoint did not answer, refused the token (401), the run could not\n"
+              "     do it now (409: a step already taken, a run that is stopping), or the run failed it (5xx)\n"
+              "  2  misuse: a command unknown or malformed (the shell's checks, or the endpoint's 400, 404, 422:\n"
+              "     a bad value, an actor or role the run lacks), a bad HOST:PORT, no token for it, no\n"
+              "     control.json in the run folder\n");
   // --follow: until the endpoint answers again (a run folder's control.json
   // is read afresh: a resumed run or a new worker listens elsewhere).
   auto wait_for_endpoint = [o](endpoint& ep) {
