@@ -197,8 +197,11 @@ public:
   }
 
   int64_t integer(int64_t min, std::string_view expected) const {
+    return integer(min, std::numeric_limits<int64_t>::max(), expected);
+  }
+  int64_t integer(int64_t min, int64_t max, std::string_view expected) const {
     auto v = node_.as_integer();
-    if (!v || v->get() < min) fail(expected);
+    if (!v || v->get() < min || v->get() > max) fail(expected);
     return v->get();
   }
   int64_t positive() const { return integer(1, "a positive integer"); }
@@ -450,7 +453,7 @@ const field_def fields[] = {
   {"data", "max_docs", kind::integer, false,
    [](rc& c, const vr& v) { c.data.max_docs = v.positive(); },
    [](const rc& c) { return w_int(c.data.max_docs); },
-   "documents packed into one row at most"},
+   "documents packed into one row at most (at most data.seq_len)"},
   {"data", "lookahead", kind::integer, false,
    [](rc& c, const vr& v) { c.data.lookahead = v.positive(); },
    [](const rc& c) { return w_int(c.data.lookahead); },
@@ -527,7 +530,9 @@ const field_def fields[] = {
    "\"per_target\": one prefetch actor per target, on the target's device (the only layout so far)"},
   // [runtime]
   {"runtime", "credits", kind::integer, false,
-   [](rc& c, const vr& v) { c.runtime.credits = v.positive(); },
+   [](rc& c, const vr& v) {  // the coordinator counts them in an int32_t
+     c.runtime.credits = v.integer(1, std::numeric_limits<int32_t>::max(), "an integer in [1, 2147483647]");
+   },
    [](const rc& c) { return w_int(c.runtime.credits); },
    "batches in flight per target (prefetched, computed or waiting for a drafter)"},
   {"runtime", "heartbeat_s", kind::number, false,
@@ -562,7 +567,9 @@ const field_def fields[] = {
    [](const rc& c) { return w_int(c.checkpoint.every_steps); },
    "optimizer steps between snapshots; 0 = only at the end and on a signal"},
   {"checkpoint", "keep", kind::integer, false,
-   [](rc& c, const vr& v) { c.checkpoint.keep = v.positive(); },
+   [](rc& c, const vr& v) {  // the checkpointer counts them (and keep + 1) in an int
+     c.checkpoint.keep = v.integer(1, std::numeric_limits<int>::max() - 1, "an integer in [1, 2147483646]");
+   },
    [](const rc& c) { return w_int(c.checkpoint.keep); },
    "newest snapshots kept; older ones are deleted"},
   {"checkpoint", "memory_every", kind::integer, false,
@@ -1115,6 +1122,17 @@ run_config read_config(toml::table& root, const fs::path& source,
                        + ") must be at least 'drafter.block_size' (" + std::to_string(c.drafter.block_size) + ", "
                        + at("drafter.block_size") + ")");
   }
+  if (c.data.max_docs > c.data.seq_len) {
+    // A document is one token at least; the prefetch allocates rows x max_docs
+    // per batch.  The default follows a shorter row; a value given is refused.
+    if (!where.count("data.max_docs")) {
+      c.data.max_docs = c.data.seq_len;
+    } else {
+      throw config_error(where["data.max_docs"] + ": 'data.max_docs' (" + std::to_string(c.data.max_docs)
+                         + ") must be at most data.seq_len = " + std::to_string(c.data.seq_len)
+                         + ": a document is one token at least");
+    }
+  }
   if (c.data.anchors > c.data.seq_len - c.drafter.block_size + 1) {
     // Anchors are distinct positions a <= seq_len - block_size (dflash_objective.hpp):
     // more slots than that are padding that costs a block each.  The default
@@ -1160,9 +1178,9 @@ run_config parse_run_config(std::string_view toml_text, const fs::path& source,
 }
 
 run_config load_run_config(const fs::path& toml_file, const std::vector<std::string>& overrides) {
+  std::error_code ec;
   std::ifstream in(toml_file, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
+  if (!in || fs::is_directory(toml_file, ec)) {  // a folder opens, and reads as an empty file
     std::string why = !fs::exists(toml_file, ec) ? "no such file"
                       : fs::is_directory(toml_file, ec) ? "a folder, not a file"
                                                         : "cannot be read";

@@ -192,6 +192,11 @@ run mask --set drafter.mask_token_id=2048
 check test "$rc" -eq 2
 check says mask "$work/run.toml: 'drafter.mask_token_id' = 2048 is not a row of the target's embedding: $target/config.json has vocab_size = 2048"
 check test ! -e "$work/mask/metrics.jsonl"
+# Sizes too large to plan a batch with: named, exit 2 (it was "std::bad_alloc", exit 1).
+run lookahead --set data.lookahead=1000000000000000
+check test "$rc" -eq 2
+check says lookahead "$work/run.toml: data.rows = 1 and data.lookahead = 1000000000000000: one batch's packing does not fit in memory"
+check test ! -e "$work/lookahead/metrics.jsonl"
 # A target Tandem cannot run as written, or whose context is shorter than
 # data.seq_len: exit 2, naming config.json and the field, nothing written.
 odd_target() {  # NAME PYTHON-EDIT: a copy of the target with its config.json edited

@@ -103,6 +103,9 @@ rc=0; out=$("$tandem" bench --seconds 0 prefetch_pack 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q -- "--seconds: must be more than 0, got 0" <<< "$out" || fail "bench --seconds 0: exit $rc, $out"
 rc=0; "$tandem" run --no-such-option > /dev/null 2>&1 || rc=$?
 [[ $rc == 2 ]] || fail "an unknown option: exit $rc"
+# --resume and --overwrite contradict each other (together, --overwrite was ignored).
+rc=0; out=$("$tandem" run "$src/config/default.toml" --resume --overwrite 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -q -- "--resume excludes --overwrite" <<< "$out" || fail "run --resume --overwrite: exit $rc, $out"
 echo "ok: eval, export and generate name what is wrong"
 
 # 3. Each subcommand works.

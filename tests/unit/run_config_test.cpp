@@ -472,11 +472,32 @@ TEST_F(run_config_test, type_and_range_errors_name_file_line_column_and_field) {
                          "a draft block starts at a distinct position of a row");
   p = write("t.toml", minimal + "seq_len = 64\nanchors = 49\n");
   EXPECT_EQ(load_run_config(p).data.anchors, 49);
+  // ... and a row's documents its tokens (the prefetch allocates rows x max_docs).
+  p = write("t.toml", minimal + "seq_len = 64\nmax_docs = 10000000000\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":8:12: 'data.max_docs' (10000000000) must be at most data.seq_len = 64: "
+                         "a document is one token at least");
+  p = write("t.toml", minimal + "seq_len = 8\n");
+  EXPECT_EQ(load_run_config(p, {"drafter.block_size=4"}).data.max_docs, 8);  // the default follows the row
+  // Counts kept in narrower integers are bounded, not wrapped: 2^32 + 1
+  // credits were 1 credit, 10^12 a negative count (the run hung).
+  p = write("t.toml", minimal + "[runtime]\ncredits = 4294967297\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":8:11: 'runtime.credits' must be an integer in [1, 2147483647], got 4294967297");
+  p = write("t.toml", minimal + "[checkpoint]\nkeep = 4294967296\n");
+  EXPECT_EQ(error_of([&] { load_run_config(p); }),
+            p.string() + ":8:8: 'checkpoint.keep' must be an integer in [1, 2147483646], got 4294967296");
+  p = write("t.toml", minimal + "[runtime]\ncredits = 2147483647\n[checkpoint]\nkeep = 2147483646\n");
+  EXPECT_EQ(load_run_config(p).runtime.credits, 2147483647);
+  EXPECT_EQ(load_run_config(p).checkpoint.keep, 2147483646);
 }
 
 TEST_F(run_config_test, missing_file_required_keys_and_syntax_errors) {
   auto missing = dir_ / "nope.toml";
   EXPECT_EQ(error_of([&] { load_run_config(missing); }), missing.string() + ": no such file");
+  // A folder opens as a stream and reads as an empty file: it was "missing
+  // required key 'model.target'".
+  EXPECT_EQ(error_of([&] { load_run_config(dir_); }), dir_.string() + ": a folder, not a file");
 
   auto p = write("m.toml", "[model]\ntarget = \"m\"\n[data]\npath = \"d\"\n");
   EXPECT_EQ(error_of([&] { load_run_config(p); }),

@@ -28,8 +28,10 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -662,8 +664,24 @@ int run_training(const run_options& ro, const worker_context& wc) {
     po.max_docs = cfg.data.max_docs;
     po.lookahead = cfg.data.lookahead;
     const auto t0 = std::chrono::steady_clock::now();
-    const auto counted = gpu::data::count_steps(ds, cfg.data.seed, static_cast<int64_t>(placement.targets.size()),
-                                                static_cast<int64_t>(placement.drafters.size()), po, cfg.data.epochs);
+    // A batch's packing plan holds rows x lookahead entries: sizes past memory
+    // (or past a vector's max_size) are a config error, not "std::bad_alloc".
+    auto too_large = [&] {
+      std::fprintf(stderr, "tandem run: %s: data.rows = %lld and data.lookahead = %lld: one batch's packing does "
+                           "not fit in memory (the data set has %lld samples); lower them\n",
+                   ro.config.c_str(), static_cast<long long>(cfg.data.rows),
+                   static_cast<long long>(cfg.data.lookahead), static_cast<long long>(ds.num_samples()));
+      return 2;
+    };
+    gpu::data::step_count counted;
+    try {
+      counted = gpu::data::count_steps(ds, cfg.data.seed, static_cast<int64_t>(placement.targets.size()),
+                                       static_cast<int64_t>(placement.drafters.size()), po, cfg.data.epochs);
+    } catch (const std::bad_alloc&) {
+      return too_large();
+    } catch (const std::length_error&) {
+      return too_large();
+    }
     facts.steps = counted.steps;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "tandem run: %lld optimizer steps in %lld epochs (%s, %.1f s)\n",
@@ -1234,14 +1252,15 @@ void add_run(CLI::App& app, int& exit_code) {
                                          "(exit 75) before the run has ended, up to supervision.worker_restarts times");
   auto opts = std::make_shared<run_options>();
   cmd->add_option("config", opts->config, "Run configuration (config/README.md)")->required();
-  cmd->add_flag("--resume", opts->resume,
+  auto* resume = cmd->add_flag("--resume", opts->resume,
                 "Continue from the newest complete checkpoint of this run, or from its newest restore point in "
                 "shared memory (checkpoint.host_dir) when that is newer (each one is verified; a corrupt one is "
                 "moved aside as <name>.corrupt and the previous one is used, with a warning)");
   cmd->add_flag("--overwrite", opts->overwrite,
                 "Start from step 0 in a run folder that holds an earlier run (without it, that is refused: "
                 "--resume continues it); removes its checkpoints, metrics.jsonl and event files first, keeps "
-                "prepared data");
+                "prepared data")
+    ->excludes(resume);  // together, --resume won and --overwrite was ignored without a word
   cmd->add_flag("--force", opts->force,
                 "Start even when checkpoint.dir's disk cannot hold checkpoint.keep + 1 checkpoints; with --resume, "
                 "also when the newest checkpoint is on a cluster member's disk this machine cannot read");
