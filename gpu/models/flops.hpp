@@ -40,7 +40,11 @@ inline double attention_flops(const matmul_dims& c, double pairs) {
 /// pairs) + fc + lm-head over the scored positions 1 … Bs − 1 of each block
 /// (position 0, the anchor's own token, skips it, and the last layer's o
 /// projection and MLP, which feed only the lm-head); backward = 2 × layers +
-/// fc's weight gradient + the lm-head's input gradient (it is frozen).  `anchor_sum` = Σ_j anchor_j
+/// fc's weight gradient + the lm-head's input gradient (it is frozen).  The
+/// first layer's q, k and v projections of the block rows count once per
+/// distinct row (each block's anchor and the one mask row: the other rows
+/// repeat the mask row) for the forward and the weight gradient, and not for
+/// an input gradient (the embeddings are frozen).  `anchor_sum` = Σ_j anchor_j
 /// over the batch (each block sees its anchor's prefix and its own block).
 /// Nothing is counted for clip and AdamW (memory-bound).
 inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers, int64_t n_taps,
@@ -54,7 +58,10 @@ inline double drafter_step_flops(const matmul_dims& layer, int64_t draft_layers,
   const double head_f = 2.0 * batch * anchors * (block - 1) * d * layer.vocab;
   const double hq = layer.heads * layer.head_dim;
   const double unscored = draft_layers > 0 ? 2.0 * batch * anchors * (hq * d + 3 * d * layer.intermediate) : 0.0;
-  return 3 * (static_cast<double>(draft_layers) * one - unscored) + 2 * fc + 2 * head_f;
+  const double kv = layer.kv_heads * layer.head_dim;
+  const auto qkv = [&](double rows) { return 2.0 * rows * d * (hq + 2 * kv); };
+  const double first = draft_layers > 0 ? 3 * qkv(batch * q) - 2 * qkv(batch * anchors + 1) : 0.0;
+  return 3 * (static_cast<double>(draft_layers) * one - unscored) - first + 2 * fc + 2 * head_f;
 }
 
 /// Σ anchor_j at its expected value when the N anchors of each row are

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/models/dflash_objective.hpp"
+#include "gpu/models/flops.hpp"
 #include "gpu/models/linear.hpp"
 #include "gpu/pch.hpp"
 
@@ -324,4 +325,29 @@ TEST(objective, default_gamma_follows_dflash) {
   EXPECT_EQ(default_gamma(16), 7.0);
   EXPECT_EQ(default_gamma(10), 5.0);
   EXPECT_EQ(default_gamma(8), 4.0);
+}
+
+TEST(objective, drafter_step_flops_count_the_work_the_step_needs) {
+  // Qwen3-8B drafter shapes (D 4096, 32/8 heads of 128, I 12288, V 151936;
+  // 5 layers, 5 taps, S 3072, N 512, Bs 16), counted here term by term
+  // (docs/bench.md, "FLOP formulas"): 3 × (5 layers' matmuls and attention −
+  // the last layer's unscored o/MLP rows) − the first layer's q/k/v on the
+  // repeated mask rows (forward and weight gradient over N + 1 distinct rows,
+  // no input gradient) + 2 × fc + 2 × lm-head.
+  const double d = 4096, hq = 32 * 128, kv = 8 * 128, i = 12288, v = 151936, s = 3072, n = 512, bs = 16, q = n * bs;
+  const double layer = 2 * q * (d * hq + hq * d + 3 * d * i) + 2 * (q + s) * 2 * d * kv;
+  const double attention = 4 * (n * (s - bs) / 2 * bs + q * bs) * hq;
+  const double unscored = 2 * n * (hq * d + 3 * d * i);
+  const double qkv_all = 2 * q * d * (hq + 2 * kv), qkv_distinct = 2 * (n + 1) * d * (hq + 2 * kv);
+  const double fc = 2 * s * 5 * d * d, head = 2 * n * (bs - 1) * d * v;
+  const double want = 3 * (5 * (layer + attention) - unscored) - (3 * qkv_all - 2 * qkv_distinct) + 2 * fc + 2 * head;
+  matmul_dims m{d, 32, 8, 128, i, v};
+  const double got = expected_drafter_step_flops(m, 5, 5, 1, s, n, bs);
+  EXPECT_NEAR(got / want, 1.0, 1e-12);
+  EXPECT_NEAR(got / 1e12, 69.746, 0.001) << "docs/bench.md states ≈ 69.7 TFLOP";
+  // The first layer's distinct rows: one mask row for the whole batch.
+  const double two_rows = expected_drafter_step_flops(m, 5, 5, 2, s, n, bs);
+  const double per_row = 2 * d * (hq + 2 * kv);  // one row's q/k/v
+  EXPECT_NEAR(2 * got - two_rows, 2 * per_row, 1e3)
+    << "two rows share the mask row: twice one row's count has one distinct row more (forward and weight gradient)";
 }
