@@ -708,6 +708,7 @@ class BadInput(unittest.TestCase):
         self.assertIn("is given twice", err.getvalue())
         for extra, msg in ((["--top-p", "0"], "--top-p must be in (0, 1]"),
                            (["--top-k", "-1"], "--top-k must not be negative"),
+                           (["--seed", "-1"], "--seed must not be negative"),
                            (["--max-new-tokens", "0"], "must be at least 1"),
                            (["--device", "gpu"], "expected cpu, cuda, cuda:N or auto")):
             err = io.StringIO()
@@ -726,6 +727,27 @@ class BadInput(unittest.TestCase):
         rc, err, _ = prepare([os.path.join(TMP, "missing.jsonl")])
         self.assertEqual(rc, 2)
         self.assertIn("missing.jsonl does not exist", err)
+        # A path that names nothing is named with its option.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = tandem_prepare.main(["--tokenizer", os.path.join(TMP, "no-tokenizer"), "--output", fresh("out"), path])
+        self.assertEqual(rc, 2)
+        self.assertIn(f"--tokenizer {os.path.join(TMP, 'no-tokenizer')} does not exist", err.getvalue())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as ctx:
+            tandem_prepare.main(["--tokenizer", TOK["chatml"], "--prompts-out",
+                                 os.path.join(TMP, "no-folder", "p.jsonl"), path])
+        self.assertEqual(ctx.exception.code, 2)
+        self.assertIn(f"--prompts-out {os.path.join(TMP, 'no-folder', 'p.jsonl')}: no folder", err.getvalue())
+        # Prompts of a file with no conversation in it (not JSONL): bad input (2), each line named.
+        bad = write_jsonl(["not json", "{\"foo\": 1}"])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = tandem_prepare.main(["--tokenizer", TOK["chatml"], "--prompts-out", os.path.join(TMP, "p-bad.jsonl"),
+                                      "--quiet", bad])
+        self.assertEqual(rc, 2, err.getvalue())
+        self.assertIn(f"{bad}:1: invalid JSON", err.getvalue())
+        self.assertIn(f"no prompt in {bad}", err.getvalue())
 
 
 def main():

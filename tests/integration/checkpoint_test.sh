@@ -123,7 +123,8 @@ go --force --resume --set train.max_steps=10 > "$work/after.log" 2>&1; echo "res
 EOF
   cat "$work/disk.log"
   check grep -q "^refused: 2" "$work/disk.log"
-  check grep -q "not enough disk space.*checkpoint.keep + 1 = 2 checkpoints.*--force" "$work/refused.log"
+  check grep -q "not enough disk space: checkpoint.dir .*checkpoint.keep + 1 = 2 checkpoints.*--force" "$work/refused.log"
+  check grep -q "warning: (--force) checkpoint.dir " "$work/forced.log"
   check grep -q "^forced: 1" "$work/disk.log"
   check grep -q "checkpoint needs [0-9]* bytes" "$work/forced.log"
   check grep -q "the previous checkpoints are intact" "$work/forced.log"

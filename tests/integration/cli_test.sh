@@ -55,7 +55,52 @@ rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --o
   || fail "generate took an --out without its header: exit $rc, $out"
 rc=0; out=$("$tandem" generate --target "$empty" --prompts "$empty/p1.jsonl" --out "$empty/g2.jsonl" \
   --temperature 1 --top-p 0 2>&1) || rc=$?
-[[ $rc != 0 ]] && grep -q "top_p must be in (0, 1]" <<< "$out" && [[ ! -e "$empty/g2.jsonl" ]] || fail "generate took --top-p 0 (or stamped its --out): exit $rc, $out"
+[[ $rc == 2 ]] && grep -q -- "--top-p: must be in (0, 1\] (1: off), got 0$" <<< "$out" && [[ ! -e "$empty/g2.jsonl" ]] || fail "generate took --top-p 0 (or stamped its --out): exit $rc, $out"
+# Each option is named as the user typed it, with the value as typed (not "top_p ... got 0.000000").
+# A drafter that passes the first checks (its config only: nothing gets as far as its weights).
+mkdir -p "$empty/drafter"
+cat > "$empty/drafter/config.json" <<'JSON'
+{"architectures": ["DFlashDraftModel"], "block_size": 16, "num_target_layers": 36,
+ "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+ "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5, "num_attention_heads": 32,
+ "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+ "vocab_size": 151936, "tie_word_embeddings": false, "max_position_embeddings": 40960, "model_type": "qwen3"}
+JSON
+target="$src/config/default/target" tok="$src/config/default/tokenizer"
+expect2() {  # expect2 WHAT TEXT CMD...: exit 2 and TEXT (a fixed string) in the output
+  local what="$1" text="$2" rc=0 out; shift 2
+  out=$("$@" 2>&1) || rc=$?
+  [[ $rc == 2 ]] && grep -qF -- "$text" <<< "$out" || fail "$what: exit $rc, $out"
+}
+e=(eval --drafter "$empty/drafter" --prompts "$empty/p.jsonl")
+g=(generate --target "$target" --prompts "$empty/p1.jsonl" --out "$empty/g3.jsonl")
+expect2 "eval --top-p 1.5" "--top-p: must be in (0, 1] (1: off), got 1.5" "$tandem" "${e[@]}" --temperature 1 --top-p 1.5
+expect2 "generate --top-p 1e-400" "--top-p: must be in (0, 1] (1: off), got 1e-400" "$tandem" "${g[@]}" --top-p 1e-400
+# A path that names nothing is named with its option (was "/x: no such file").
+expect2 "eval --target missing" "--target: Directory does not exist: $empty/missing" \
+  "$tandem" "${e[@]}" --target "$empty/missing" --tokenizer "$tok"
+expect2 "eval --tokenizer missing" "--tokenizer: Directory does not exist: $empty/missing" \
+  "$tandem" "${e[@]}" --target "$target" --tokenizer "$empty/missing"
+expect2 "eval --tokenizer without tokenizer.json" "no tokenizer.json in $empty (--tokenizer)" \
+  "$tandem" "${e[@]}" --target "$target" --tokenizer "$empty"
+expect2 "export --target missing" "--target: Directory does not exist: $empty/missing" \
+  "$tandem" export "$empty/drafter" --out "$empty/x" --target "$empty/missing"
+expect2 "generate --target missing" "--target: Directory does not exist: $empty/missing" \
+  "$tandem" generate --target "$empty/missing" --prompts "$empty/p1.jsonl" --out "$empty/g3.jsonl"
+expect2 "generate --out in a missing folder" "--out: no folder $empty/missing for $empty/missing/g.jsonl" \
+  "$tandem" generate --target "$target" --prompts "$empty/p1.jsonl" --out "$empty/missing/g.jsonl"
+expect2 "prepare --tokenizer missing" "--tokenizer $empty/missing does not exist" \
+  "$tandem" prepare --tokenizer "$empty/missing" --output "$empty/data" "$empty/p.jsonl"
+expect2 "prepare --prompts-out in a missing folder" "--prompts-out $empty/missing/p.jsonl: no folder" \
+  "$tandem" prepare --tokenizer "$tok" --prompts-out "$empty/missing/p.jsonl" "$empty/p.jsonl"
+[[ ! -e "$empty/missing" ]] || fail "a refused command made $empty/missing"
+# A seed is a UINT: -1 is refused, not taken as 2^64 - 1.
+expect2 "eval --seed -1" "--seed: must be at least 0, got -1" "$tandem" "${e[@]}" --seed -1
+expect2 "generate --seed -1" "--seed: must be at least 0, got -1" "$tandem" "${g[@]}" --seed -1
+[[ ! -e "$empty/g3.jsonl" ]] || fail "a refused generate wrote its --out"
+# Prompts that are not JSONL: a usage error (2), naming the file and line (was exit 1).
+expect2 "eval with prompts that are not JSONL" "bad.jsonl:1: invalid JSON" \
+  "$tandem" eval --drafter "$empty/drafter" --prompts "$empty/bad.jsonl" --target "$target" --tokenizer "$tok" --device cpu
 # export never writes into a folder that holds something (a target, a checkpoint) unless told.
 mkdir -p "$empty/full" && echo '{}' > "$empty/full/config.json"
 rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?
@@ -63,6 +108,10 @@ rc=0; out=$("$tandem" export "$empty" --out "$empty/full" 2>&1) || rc=$?
   || fail "export into a non-empty folder: exit $rc, $out"
 rc=0; out=$("$tandem" bench --device gpu 2>&1) || rc=$?
 [[ $rc == 2 ]] && grep -q "not one of cpu, cuda, cuda:N, auto" <<< "$out" || fail "bench --device gpu: exit $rc, $out"
+# doctor --device follows bench's convention: -1 is the CPU (said in --help), below it refused.
+"$tandem" doctor --help | grep -qF -- "(-1: the CPU)" || fail "doctor --help does not say that --device -1 is the CPU"
+rc=0; out=$("$tandem" doctor --device -2 2>&1) || rc=$?
+[[ $rc == 2 ]] && grep -qF -- "--device: must be at least -1, got -2" <<< "$out" || fail "doctor --device -2: exit $rc, $out"
 rc=0; out=$("$tandem" doctor --cpu --timeout 0 2>&1) || rc=$?
 [[ $rc != 0 ]] && grep -q -- "--timeout: must be from 0.001 to 86400 seconds, got 0" <<< "$out" || fail "doctor --timeout 0: exit $rc, $out"
 # A shell that can never connect (HOST:PORT without a token) leaves at once, --follow or not.

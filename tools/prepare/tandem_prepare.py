@@ -97,9 +97,10 @@ text and tokenizing again would give other ids where the target chose a non-cano
 split), supervised on those ids and on the earlier assistant turns; the conversations as
 text are in OUTPUT.regen/conversations.jsonl.
 
-Exit status: 0 success (even with invalid lines); 1 no sample (or prompt) survived, or a
-failure while running (an unreadable input: a torn .gz); 130 interrupted; 2 bad usage: bad options, an unusable tokenizer folder, a missing input, an output
-folder that already holds a data set (pass --overwrite).
+Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
+running (an unreadable input: a torn .gz); 130 interrupted; 2 bad usage: bad options, an
+unusable tokenizer folder, a missing input, inputs without a single prompt (--prompts-out), an
+output folder that already holds a data set (pass --overwrite).
 """
 
 import argparse
@@ -157,9 +158,9 @@ def sha256_file(path, chunk=1 << 20):
 def load_tokenizer(tokenizer_dir, need_template):
     """Returns (tokenizer, chat template text or None); UsageError naming what is missing."""
     if not os.path.isdir(tokenizer_dir):
-        raise UsageError(f"tokenizer folder {tokenizer_dir} does not exist or is not a directory")
+        raise UsageError(f"--tokenizer {tokenizer_dir} does not exist or is not a directory")
     if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
-        raise UsageError(f"tokenizer folder {tokenizer_dir} has no tokenizer.json "
+        raise UsageError(f"--tokenizer {tokenizer_dir} has no tokenizer.json "
                          "(a Hugging Face fast-tokenizer folder is needed)")
     import transformers  # slow import (seconds): only once arguments are known to be sane
     transformers.utils.logging.set_verbosity_error()
@@ -788,6 +789,8 @@ def parse_args(argv):
         p.error("--limit must not be negative")
     if args.limit and args.prompts_out is None:
         p.error("--limit applies only to --prompts-out")
+    if args.prompts_out is not None and not os.path.isdir(os.path.dirname(args.prompts_out) or "."):
+        p.error(f"--prompts-out {args.prompts_out}: no folder {os.path.dirname(args.prompts_out)}")
     if args.regenerate and (args.target is None or args.output is None):
         p.error("--regenerate needs --target DIR and --output DIR")
     decoding = {"target": None, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 1024,
@@ -804,6 +807,8 @@ def parse_args(argv):
             p.error("--top-p must be in (0, 1]")
         if args.top_k < 0:
             p.error("--top-k must not be negative (0: off)")
+        if args.seed < 0:
+            p.error("--seed must not be negative")
         if args.max_new_tokens < 1 or args.batch < 1:
             p.error("--max-new-tokens and --batch must be at least 1")
         import re
@@ -909,8 +914,8 @@ def render_prompts(args):
                 if invalid <= MAX_REPORTED_LINES:
                     sys.stderr.write(f"{where}: {e}\n")
     if not prompts:
-        raise RuntimeError(f"no prompt in {', '.join(args.inputs)} ({invalid} invalid lines); "
-                           f"{args.prompts_out} not written")
+        raise UsageError(f"no prompt in {', '.join(args.inputs)} ({invalid} invalid lines); "
+                         f"{args.prompts_out} not written")
     header = {"format": "tandem.prompts.v1", "stop_ids": _stop_ids(tokenizer, masker), "count": len(prompts),
               "invalid": invalid, "tokenizer": args.tokenizer}
     lines = [json.dumps(header)] + [json.dumps(p) for p in prompts]

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,28 @@ inline const CLI::Validator positive = CLI::Validator(
   },
   "POSITIVE");
 inline const CLI::Validator at_least_one = number_at_least(1);
+
+/// --top-p of eval and generate ("--top-p: must be in (0, 1] (1: off), got 0"; the
+/// engine's own check printed "top_p ... got 0.000000").
+inline const CLI::Validator top_p_range = CLI::Validator(
+  [](std::string& text) -> std::string {
+    double v = 0;
+    if (auto why = read_finite_number(text, v); !why.empty())
+      return why;
+    return v > 0 && v <= 1 ? std::string() : "must be in (0, 1] (1: off), got " + text;
+  },
+  "IN (0, 1]");
+
+/// A file to be written whose folder must exist ("--out: no folder /x for /x/f.jsonl"
+/// before any work, not "cannot write /x/f.jsonl" without the option's name).
+inline const CLI::Validator in_existing_folder = CLI::Validator(
+  [](std::string& text) -> std::string {
+    std::error_code ec;
+    const auto dir = std::filesystem::path(text).parent_path();
+    return dir.empty() || std::filesystem::is_directory(dir, ec) ? std::string()
+                                                                  : "no folder " + dir.string() + " for " + text;
+  },
+  "FILE");
 
 /// `message` without a leading `prefix` (an engine's error that already
 /// names the command, printed after the command's own name).

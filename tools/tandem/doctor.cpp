@@ -87,7 +87,8 @@ void add_doctor(CLI::App& app, int& exit_code) {
     "doctor", "Check this host end to end: per device, a detached actor runs LibTorch and a "
               "Tandem CUDA kernel and replies");
   auto opts = std::make_shared<doctor_options>();
-  cmd->add_option("--device", opts->devices, "CUDA ordinals to probe (default: all)");
+  cmd->add_option("--device", opts->devices, "CUDA ordinals to probe (-1: the CPU); default: all")
+    ->check(number_at_least(-1));
   cmd->add_flag("--cpu", opts->cpu, "Probe the CPU as well");
   cmd->add_option("--timeout", opts->timeout_s, "Seconds to wait for each probe (0.001 to 86400)")
     ->capture_default_str()

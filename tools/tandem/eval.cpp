@@ -152,7 +152,7 @@ int run_eval_command(const eval_args& a) {
   fs::path tokenizer = a.tokenizer.empty() ? o.target_dir : fs::path(a.tokenizer);
   if (!fs::exists(tokenizer / "tokenizer.json"))
     throw gpu::error(errc::bad_input, "no tokenizer.json in " + tokenizer.string()
-                                             + (a.tokenizer.empty() ? " (the target folder): pass --tokenizer DIR" : ""));
+                                             + (a.tokenizer.empty() ? " (the target folder): pass --tokenizer DIR" : " (--tokenizer)"));
   // Render the prompts with the target's chat template (tandem prepare --prompts-out).
   char tmpl[] = "/tmp/tandem-eval-XXXXXX";
   const int fd = mkstemp(tmpl);
@@ -222,14 +222,17 @@ void add_eval(CLI::App& app, int& exit_code) {
                                            "reads); each is cut before its first assistant turn")
     ->required()->check(CLI::ExistingFile);
   cmd->add_option("--target", a->target, "The target (Hugging Face Qwen3 folder); default: the one "
-                                         "the checkpoint was trained against");
-  cmd->add_option("--tokenizer", a->tokenizer, "Tokenizer folder (default: the target folder)");
+                                         "the checkpoint was trained against")
+    ->check(CLI::ExistingDirectory);
+  cmd->add_option("--tokenizer", a->tokenizer, "Tokenizer folder (default: the target folder)")
+    ->check(CLI::ExistingDirectory);
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "New tokens per prompt at most")
     ->capture_default_str()->check(at_least_one);
   cmd->add_option("--temperature", a->temperature, "0: greedy (lossless, token for token); > 0: "
                                                    "speculative sampling (lossless in distribution)")
     ->capture_default_str()->check(non_negative);
-  cmd->add_option("--top-p", a->top_p, "Nucleus sampling, in (0, 1]")->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling, in (0, 1]")->capture_default_str()
+    ->check(top_p_range);
   cmd->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->capture_default_str()
     ->check(non_negative);
   cmd->add_option("--limit", a->limit, "At most this many prompts (0: all)")->capture_default_str()
@@ -242,7 +245,8 @@ void add_eval(CLI::App& app, int& exit_code) {
     ->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "auto (bfloat16 on CUDA, float32 on the CPU), float32, "
                                        "bfloat16")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed of the sampling generator")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the sampling generator")->capture_default_str()
+    ->check(non_negative);
   cmd->add_flag("--no-baseline", a->no_baseline, "Skip target-only decoding (no speedup figure)");
   cmd->add_flag("--references", a->references, "Also measure tau of an untrained drafter of the "
                                                 "same shape and of prompt lookup (n-gram) drafting");

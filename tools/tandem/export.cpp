@@ -105,7 +105,8 @@ void add_export(CLI::App& app, int& exit_code) {
                                        "that verifies)")->required();
   cmd->add_option("--out", o->out, "Output folder (config.json, model.safetensors, README.md)")->required();
   cmd->add_option("--target", o->target, "The target (default: the one the checkpoint was trained "
-                                         "against); refused when its shape differs");
+                                         "against); refused when its shape differs")
+    ->check(CLI::ExistingDirectory);
   cmd->add_option("--dtype", o->dtype, "bfloat16, float16 or float32")->capture_default_str();
   auto overwrite = std::make_shared<bool>(false);
   cmd->add_flag("--overwrite", *overwrite, "Write into an --out folder that is not empty (its config.json, "

@@ -264,22 +264,26 @@ void add_generate(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
     "generate", "Decode prompts with the target alone, in batches (the decoding half of "
                 "tandem prepare --regenerate); resumes an interrupted --out");
-  cmd->add_option("--target", a->o.target_dir, "The target (Hugging Face Qwen3 folder)")->required();
+  cmd->add_option("--target", a->o.target_dir, "The target (Hugging Face Qwen3 folder)")->required()
+    ->check(CLI::ExistingDirectory);
   cmd->add_option("--prompts", a->prompts, "Prompts from tandem prepare --prompts-out")
     ->required()->check(CLI::ExistingFile);
   cmd->add_option("--out", a->out, "JSON lines: a header (the prompts' fingerprint and the options), then {index, tokens, hit_limit} per prompt as its batch ends")
-    ->required();
+    ->required()->check(in_existing_folder);
   cmd->add_option("--max-new-tokens", a->o.max_new_tokens, "New tokens per prompt at most")
     ->capture_default_str()->check(at_least_one);
   cmd->add_option("--temperature", a->o.temperature, "0: greedy")->capture_default_str()
     ->check(non_negative);
-  cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling, in (0, 1]")->capture_default_str();
-  cmd->add_option("--top-k", a->o.top_k, "Top-k sampling (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling, in (0, 1]")->capture_default_str()
+    ->check(top_p_range);
+  cmd->add_option("--top-k", a->o.top_k, "Top-k sampling (0: off)")->capture_default_str()
+    ->check(non_negative);
   cmd->add_option("--batch", a->o.batch, "Prompts decoded together")->capture_default_str()
     ->check(at_least_one);
   cmd->add_option("--device", a->device, "cpu, cuda, cuda:N, or auto")->capture_default_str();
   cmd->add_option("--dtype", a->o.dtype, "auto, float32, bfloat16")->capture_default_str();
-  cmd->add_option("--seed", a->o.seed, "Seed of the sampling generator")->capture_default_str();
+  cmd->add_option("--seed", a->o.seed, "Seed of the sampling generator")->capture_default_str()
+    ->check(non_negative);
   cmd->add_flag("--quiet", a->quiet, "No progress lines");
   cmd->callback([a, &exit_code] {
     try {

@@ -432,9 +432,9 @@ int check_checkpoint_space(const launch_plan& plan, bool force) {
   if (have >= need)
     return 0;
   std::fprintf(stderr,
-               "tandem run: %s: %s checkpoint.dir %s holds %s (free plus this run's existing checkpoints), "
+               "tandem run: %s: %scheckpoint.dir %s holds %s (free plus this run's existing checkpoints), "
                "but checkpoint.keep + 1 = %d checkpoints of this drafter (%lld parameters: %s each) need %s%s\n",
-               force ? "warning" : "not enough disk space", force ? "(--force)" : "", dir.c_str(),
+               force ? "warning" : "not enough disk space", force ? "(--force) " : "", dir.c_str(),
                gpu::human_bytes(have).c_str(), plan.checkpointer.keep + 1, static_cast<long long>(params),
                gpu::human_bytes(one).c_str(), gpu::human_bytes(need).c_str(),
                force ? "; a checkpoint that does not fit stops the run" 
