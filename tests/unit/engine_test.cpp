@@ -350,7 +350,11 @@ TEST(engine, thirty_steps_on_a_fixed_batch_reduce_the_loss) {
       const double scored = rows * N * (Bs - 1);  // the lm-head skips each block's position 0,
       // and so do the last layer's o projection and MLP (unscored: one row a block)
       const double unscored = 2 * rows * N * (H * h * D + 3 * D * I);
-      const double want = 3 * (L * (linear + attention) - unscored) + 2 * (2 * C * taps * D * D)
+      // The first layer's q/k/v: forward and weight gradient on the distinct
+      // rows (each block's anchor and the one mask row), no input gradient.
+      const auto qkv = [&](double r) { return 2 * r * D * (H * h + 2 * K * h); };
+      const double first = 3 * qkv(T) - 2 * qkv(rows * N + 1);
+      const double want = 3 * (L * (linear + attention) - unscored) - first + 2 * (2 * C * taps * D * D)
                           + 2 * (2 * scored * D * V);
       EXPECT_NEAR(r.tflop * 1e12, want, want * 1e-12) << "step_result.tflop";
     }
