@@ -19,21 +19,11 @@ import json
 import statistics
 import torch
 
+from gemm_probe import timed  # same folder: python gpu/dev/gemm_fusion_probe.py
+
 D, KV, I, ROWS, CTX, LAYERS = 4096, 1024, 12288, 8192, 3072, 5
 GROUPS = {"block_qkv": (ROWS, [D, KV, KV], LAYERS), "ctx_kv": (CTX, [KV] * 10, 1),
           "gate_up": (ROWS, [I, I], LAYERS)}
-
-
-def timed(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize()
-        ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
 
 
 def cases(rows, outs):

@@ -1,0 +1,21 @@
+# Sourced by the gpu/dev A/B scripts on the GPU host (after tools/gpu-host/env.sh):
+#   step_ab_rounds FILE
+# runs `tandem bench drafter_step --size 8b` of the build before (.devbin-old/tandem.xz)
+# and this one (build/bin/tandem) in interleaved rounds (ROUNDS, default "1 2"),
+# appends the JSON lines, each with its build and round, to $OUT/FILE, and prints
+# one summary line each (ms, MFU, peak GiB, kernel classes over 0.1 ms).
+step_ab_rounds() {
+  mkdir -p /tmp/old && xz -dc .devbin-old/tandem.xz > /tmp/old/tandem && chmod +x /tmp/old/tandem
+  for r in ${ROUNDS:-1 2}; do
+    for v in old new; do
+      bin=build/bin/tandem; [ $v = old ] && bin=/tmp/old/tandem
+      timeout 100 $bin bench drafter_step --size 8b --warmup 2 --iters 8 2>>$OUT/ab.err \
+        | sed "s/^{/{\"build\": \"$v\", \"round\": $r, /" | tee -a "$OUT/$1" | python3 -c "
+import json,sys
+for l in sys.stdin:
+    j = json.loads(l); k = j.get('kernel_ms') or {}
+    print(j['build'], j['round'], j.get('mode'), round(j['median_ms'], 2), round(j['mfu'], 4), round(j['peak_mem_gib'], 2),
+          {c: round(v['ms'], 2) for c, v in k.items() if isinstance(v, dict) and v['ms'] > 0.1})"
+    done
+  done
+}
