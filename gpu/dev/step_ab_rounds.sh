@@ -1,15 +1,23 @@
 # Sourced by the gpu/dev A/B scripts on the GPU host (after tools/gpu-host/env.sh):
 #   step_ab_rounds FILE
-# runs `tandem bench drafter_step --size 8b` of the build before (.devbin-old/tandem.xz)
-# and this one (build/bin/tandem) in interleaved rounds (ROUNDS, default "1 2"),
-# appends the JSON lines, each with its build and round, to $OUT/FILE, and prints
-# one summary line each (ms, MFU, peak GiB, kernel classes over 0.1 ms).
+# runs `tandem bench drafter_step --size 8b` of "old" and "new" in interleaved
+# rounds (ROUNDS, default "1 2"), appends the JSON lines, each with its build and
+# round, to $OUT/FILE, and prints one summary line each (ms, MFU, peak GiB, kernel
+# classes over 0.1 ms). "new" is build/bin/tandem. "old" is, with OLD_ENV set
+# (e.g. OLD_ENV="TANDEM_FIRST_LAYER_ROWS=all"), the same binary under those
+# environment variables; else the build before, .devbin-old/tandem.xz.
 step_ab_rounds() {
-  mkdir -p /tmp/old && xz -dc .devbin-old/tandem.xz > /tmp/old/tandem && chmod +x /tmp/old/tandem
+  local old_bin=/tmp/old/tandem
+  if [ -n "$OLD_ENV" ]; then
+    old_bin=build/bin/tandem
+  else
+    mkdir -p /tmp/old && xz -dc .devbin-old/tandem.xz > /tmp/old/tandem && chmod +x /tmp/old/tandem
+  fi
   for r in ${ROUNDS:-1 2}; do
     for v in old new; do
-      bin=build/bin/tandem; [ $v = old ] && bin=/tmp/old/tandem
-      timeout 100 $bin bench drafter_step --size 8b --warmup 2 --iters 8 2>>$OUT/ab.err \
+      local bin=build/bin/tandem envs=""
+      [ $v = old ] && bin=$old_bin && envs=$OLD_ENV
+      env $envs timeout 100 $bin bench drafter_step --size 8b --warmup 2 --iters 8 2>>$OUT/ab.err \
         | sed "s/^{/{\"build\": \"$v\", \"round\": $r, /" | tee -a "$OUT/$1" | python3 -c "
 import json,sys
 for l in sys.stdin:

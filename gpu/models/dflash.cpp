@@ -51,6 +51,22 @@ std::vector<at::Tensor> distinct_rows_qkv(const dflash_inputs& in, const decoder
   return out;
 }
 
+/// TANDEM_FIRST_LAYER_ROWS (docs/environment.md), read once: `distinct`
+/// (unset or empty) runs the first layer's q/k/v on the distinct rows,
+/// `all` on every block row, the path it was measured against.
+bool first_layer_on_distinct_rows() {
+  static const bool distinct = [] {
+    const char* env = std::getenv("TANDEM_FIRST_LAYER_ROWS");
+    const std::string v = env == nullptr ? "" : env;
+    if (v.empty() || v == "distinct")
+      return true;
+    if (v == "all")
+      return false;
+    throw error(errc::bad_input, "TANDEM_FIRST_LAYER_ROWS='" + v + "' is not one of distinct, all");
+  }();
+  return distinct;
+}
+
 } // namespace
 
 dflash_weights dflash_weights_from(const std::map<std::string, at::Tensor>& t,
@@ -183,7 +199,8 @@ at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,
     at::Tensor h, x_res, q, k_ctx, k_blk, v_ctx, v_blk;
     if (fuse) {
       std::vector<at::Tensor> qkv;
-      if (li == 0 && in.mask_embed.defined() && in.anchor_embeds.defined() && !x.requires_grad()) {
+      if (li == 0 && in.mask_embed.defined() && in.anchor_embeds.defined() && !x.requires_grad()
+          && first_layer_on_distinct_rows()) {
         x_res = x;
         qkv = distinct_rows_qkv(in, l, d);
       } else {
