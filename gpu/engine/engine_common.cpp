@@ -168,4 +168,8 @@ std::string out_of_memory_text(const c10::OutOfMemoryError& e) {
   return text;
 }
 
+bool host_out_of_memory(const c10::Error& e) {
+  return std::string(e.what_without_backtrace()).find("can't allocate memory") != std::string::npos;
+}
+
 } // namespace tandem::gpu::detail

@@ -54,6 +54,11 @@ void check_batch_payload(const std::vector<at::Tensor>& t, transport::handle h,
 /// allocate, what the device holds and has free), without the backtrace.
 std::string out_of_memory_text(const c10::OutOfMemoryError& e);
 
+/// The CPU allocator's failure (c10's DefaultCPUAllocator throws a plain
+/// c10::Error, not an OutOfMemoryError): "can't allocate memory: you tried to
+/// allocate N bytes" — deterministic for the shapes, as a device's is.
+bool host_out_of_memory(const c10::Error& e);
+
 /// What lowers the memory a run needs, for the error that names an
 /// out-of-memory (config keys, docs/config.md).
 inline constexpr const char* out_of_memory_hint =

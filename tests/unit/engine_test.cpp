@@ -837,6 +837,32 @@ TEST(engine, target_engine_taps_match_transformers_on_packed_documents) {
   transport::release(bh);
 }
 
+TEST(engine, target_forward_out_of_host_memory_is_bad_input_naming_the_shapes) {
+  // One row of 2²¹ tokens: small as tokens (8 MiB), but the CPU forward's
+  // [rows, S, S] document mask is 4 TiB, which no host allocates. The CPU
+  // allocator throws a plain c10::Error; the engine must call it the shapes'
+  // fault (bad_input: not retried), name what lowers them, and carry no
+  // backtrace.
+  target_engine target({target_dir(), -1, "auto", {}});
+  const int64_t seq = int64_t{1} << 21;
+  data::packed_batch b;
+  b.tokens = at::zeros({1, seq}, at::kInt);
+  b.loss_mask = at::ones({1, seq}, at::kByte);
+  b.doc_lengths = at::full({1, 1}, seq, at::kLong);
+  auto bh = publish_batch(b);
+  try {
+    (void)target.forward(bh);
+    ADD_FAILURE() << "no error thrown";
+  } catch (const error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), errc::bad_input) << what;
+    EXPECT_NE(what.find("ran out of host memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("data.rows"), std::string::npos) << what;
+    EXPECT_EQ(what.find("frame #"), std::string::npos) << what;
+  }
+  transport::release(bh);
+}
+
 TEST(engine, bad_options_and_payloads_are_named) {
   auto o = drafter_options();
   o.mask_token_id = -1;
