@@ -432,8 +432,8 @@ const field_def fields[] = {
    [](const rc& c) { return w_paths(c.data.sources); },
    "chat JSONL files (ShareGPT, OpenAI messages or tokenized) that `tandem run` prepares\n"
    "into data.path before training, with the target's tokenizer and chat template; a data.path\n"
-   "already prepared from the same files, tokenizer and options is reused; [] = data.path is\n"
-   "prepared already"},
+   "already prepared from the same files, tokenizer and options is reused; the same file twice\n"
+   "is an error; [] = data.path is prepared already"},
   {"data", "tokenizer", kind::path, false,
    [](rc& c, const vr& v) { c.data.tokenizer = v.path(true); },
    [](const rc& c) { return w_path(c.data.tokenizer); },
@@ -441,7 +441,8 @@ const field_def fields[] = {
   {"data", "seq_len", kind::integer, false,
    [](rc& c, const vr& v) { c.data.seq_len = v.positive(); },
    [](const rc& c) { return w_int(c.data.seq_len); },
-   "S: tokens per packed row (at least drafter.block_size); longer samples are truncated"},
+   "S: tokens per packed row (at least drafter.block_size); longer samples are truncated\n"
+   "(the run says at start how many, and the tokens lost)"},
   {"data", "rows", kind::integer, false,
    [](rc& c, const vr& v) { c.data.rows = v.positive(); },
    [](const rc& c) { return w_int(c.data.rows); },
@@ -1331,6 +1332,12 @@ void check_paths(const run_config& c, bool need_data) {
     std::string field = "data.sources[" + std::to_string(i) + "]";
     if (!fs::exists(p, ec)) fail(field, p, "no such file");
     if (!fs::is_regular_file(p, ec)) fail(field, p, "not a file");
+    // The same file twice (by another spelling, a link): its samples would be
+    // trained on twice (`tandem prepare` refuses it too, but with its own usage text).
+    for (size_t j = 0; j < i; ++j)
+      if (fs::equivalent(c.data.sources[j], p, ec))
+        fail(field, p, "the same file as 'data.sources[" + std::to_string(j) + "]' = " +
+                         quote(c.data.sources[j].string()) + " (its samples would be trained on twice)");
   }
   if (!c.data.sources.empty())
     folder_with("data.tokenizer", c.data.tokenizer, "tokenizer.json (a Hugging Face tokenizer folder)",

@@ -560,6 +560,38 @@ class BadInput(unittest.TestCase):
         self.assertIn("and 15 more invalid lines", err)
         self.assertEqual(load_dataset(self, out)[0]["report"]["invalid_lines"], limit + 15)
 
+    def test_lone_surrogate_is_one_bad_line(self):
+        # Legal JSON ("\ud800" alone decodes to a lone surrogate) that no UTF-8 holds: the
+        # tokenizer refused the whole batch with a TypeError and prepare died with a Python
+        # traceback (exit 1), through `tandem run` too.  Now the line alone is invalid, named.
+        good = openai("What is two plus two?", LONG_A)
+        lines = [good,
+                 '{"messages": [{"role": "user", "content": "bad \\ud800 half"}, '
+                 '{"role": "assistant", "content": "fine"}]}',
+                 '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a \\udfff"}]}',
+                 '{"messages": [{"role": "user", "content": "a whole pair \\ud83d\\ude00 is fine"}, '
+                 '{"role": "assistant", "content": ' + json.dumps(LONG_A) + '}]}',
+                 {"input_ids": [5, 6], "loss_mask": None},
+                 good]
+        path = write_jsonl(lines)
+        rc, err, out = prepare([path])
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"{path}:2: messages[0].content is not valid Unicode: a lone surrogate '\\ud800' "
+                      "at character 4", err)
+        self.assertIn(f"{path}:3: conversations[1].value is not valid Unicode: a lone surrogate '\\udfff'", err)
+        self.assertIn(f"{path}:5: 'loss_mask' is null, not a list", err)
+        manifest, samples = load_dataset(self, out)
+        self.assertEqual((len(samples), manifest["report"]["invalid_lines"]), (3, 3))
+        # The prompts for eval (--prompts-out) take the same check.
+        prompts = os.path.join(TMP, "p-surrogate.jsonl")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = tandem_prepare.main(["--tokenizer", TOK["chatml"], "--prompts-out", prompts, "--quiet", path])
+        self.assertEqual(rc, 0, err.getvalue())
+        self.assertIn(f"{path}:2: messages[0].content is not valid Unicode", err.getvalue())
+        with open(prompts) as f:
+            self.assertEqual(json.loads(f.readline())["count"], 3)  # lines 1, 4, 6
+
     def test_dropped_short_and_truncated(self):
         long_answer = " ".join(["The sea is wide, the sea is deep."] * 40)
         lines = [

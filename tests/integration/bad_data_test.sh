@@ -16,11 +16,14 @@
 #      context shorter than data.seq_len: config errors before any actor
 #      starts (exit 2; as is a manifest of another tokenizer, 4); a
 #      mask id the data holds: the shard check stops the run;
+#   5b. legal data that cannot train as asked: every token masked out of
+#      the loss (exit 2, before anything starts); samples longer than
+#      data.seq_len (trained, cut to a row, the cut said at start);
 #   6. a truncated target weights file: stops at once with the error, no
 #      restart with backoff (the drafter would be retried four times before).
 # What trained is read from metrics.jsonl (no "step" event: nothing was
 # trained); only the error text is read from stderr.  About 30 s on the
-# 2-core development machine alone, 40 s under ctest -j2 (each of the 11
+# 2-core development machine alone, 40 s under ctest -j2 (each of the 13
 # runs loads the tiny target once); the ctest TIMEOUT is 120 s.
 set -euo pipefail
 tandem="$1"; python="$2"; source_dir="$3"
@@ -227,6 +230,39 @@ run taps --set model.tap_layers=1,4,8
 check test "$rc" -eq 2
 check says taps "$work/run.toml: 'model.tap_layers[2]' = 8 is not a layer of the target: $target/config.json has num_hidden_layers = 8"
 check test ! -e "$work/taps/metrics.jsonl"
+
+# 5b. Legal data that cannot train as asked.  Every token masked out of the
+# loss (a data set prepared with --min-supervised 0): exit 2 before anything
+# starts, naming the manifest (it trained every step on nothing, "no loss",
+# exit 0).  Samples longer than data.seq_len: trained on, cut to a row, and
+# how much is cut is said (it was counted by the packer and never shown).
+fresh_data
+"$python" - "$work/data" <<'EOF'
+import hashlib, json, os, sys
+from safetensors.numpy import load_file, save_file
+d = sys.argv[1]; path = os.path.join(d, "shard-00000.safetensors")
+t = load_file(path); t["loss_mask"][:] = 0
+save_file(t, path, metadata={"format": "tandem.shard.v1", "num_samples": str(len(t["offsets"]) - 1),
+                             "num_tokens": str(len(t["tokens"]))})
+m = json.load(open(os.path.join(d, "manifest.json")))
+m["shards"][0]["sha256"] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+m["shards"][0]["num_supervised"] = m["totals"]["supervised"] = 0
+m["content_hash"] = hashlib.sha256(m["shards"][0]["sha256"].encode()).hexdigest()
+json.dump(m, open(os.path.join(d, "manifest.json"), "w"))
+EOF
+run all_masked
+check test "$rc" -eq 2
+check test ! -e "$work/all_masked/metrics.jsonl"
+check says all_masked "$work/run.toml: data.path: $work/data/manifest.json: totals.supervised = 0: every token of its 64 samples is masked out of the loss"
+fresh_data
+cut=$("$python" -c 'import sys; from safetensors.numpy import load_file; import numpy as np
+n = np.diff(load_file(sys.argv[1])["offsets"]); print(int((n > 128).sum()), int(np.maximum(n - 128, 0).sum()), int(n.max()))' "$shard")
+read -r cut_samples cut_tokens longest <<< "$cut"
+run long_samples --set data.seq_len=128
+check test "$rc" -eq 0
+check test "$(steps_trained long_samples)" -eq 3
+check test "$cut_samples" -gt 0
+check says long_samples "warning: $cut_samples of 64 samples are longer than data.seq_len = 128 (the longest has $longest tokens): each keeps its first 128 tokens, and $cut_tokens tokens"
 
 # 6. A truncated target weights file: the run stops at once with the error
 # naming the file; no drafter restart (backoff_s is 3 s: the three restarts

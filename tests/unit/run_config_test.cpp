@@ -576,6 +576,21 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
               "\": no tokenizer.json (a Hugging Face tokenizer folder) there");
   write("model/tokenizer.json", "{}");
   EXPECT_NO_THROW(check_paths(s, false));
+
+  // The same file twice, by another spelling or through a link: named before
+  // anything runs (it was `tandem prepare`'s usage text and "given twice").
+  const auto in = dir_ / "in.jsonl";
+  fs::create_symlink(in, dir_ / "link.jsonl");
+  write("copy.jsonl", "{}");  // another file with the same bytes is not the same file
+  for (const auto& second : {in.string(), (dir_ / "." / "in.jsonl").string(), (dir_ / "link.jsonl").string()}) {
+    s = load_run_config(p, {"data.sources=" + (dir_ / "copy.jsonl").string() + "," + in.string() + "," + second});
+    EXPECT_EQ(error_of([&] { check_paths(s, false); }),
+              prefix + "'data.sources[2]' = \"" + fs::path(second).lexically_normal().string() +
+                "\": the same file as 'data.sources[1]' = \"" + in.string() +
+                "\" (its samples would be trained on twice)");
+  }
+  s = load_run_config(p, {"data.sources=" + (dir_ / "copy.jsonl").string() + "," + in.string()});
+  EXPECT_NO_THROW(check_paths(s, false));
 }
 
 TEST_F(run_config_test, check_paths_checks_mask_token_and_taps_against_the_target) {

@@ -16,8 +16,8 @@ the size of the data. Each line is one of
 
 `--format auto` (the default) decides per line from the key present. Blank lines are
 ignored; every other line ends up in exactly one of: a sample, `invalid_lines` (not JSON,
-no known format, a missing or mistyped field, unequal lengths, a token id outside the
-vocabulary, a conversation the template cannot render or the mask algorithm cannot
+no known format, a missing or mistyped field, text that is not valid Unicode (a lone
+surrogate), unequal lengths, a token id outside the vocabulary, a conversation the template cannot render or the mask algorithm cannot
 place), or `dropped_short` (fewer than `--min-supervised` supervised tokens after
 truncation). So `report.lines == totals.samples + report.invalid_lines +
 report.dropped_short`. `truncated` counts kept samples that were cut to `--max-length`.
@@ -287,6 +287,19 @@ class ChatMasker:
 # One input line -> one sample
 # ----------------------------------------------------------------------------------------
 
+def _unicode(text, where):
+    """`text` if every character of it can be encoded (UTF-8, as the tokenizer takes it);
+    else BadLine naming `where`.  JSON's escapes can spell half a UTF-16 pair ("\\ud800"
+    alone), which decodes to a lone surrogate: no encoding holds it, and the tokenizer
+    refuses the whole batch it is in."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadLine(f"{where} is not valid Unicode: a lone surrogate {text[e.start]!r} at character "
+                      f"{e.start} (a \\u escape of half a UTF-16 pair)")
+    return text
+
+
 def _messages_sharegpt(obj):
     conv = obj["conversations"]
     if not isinstance(conv, list) or not conv:
@@ -303,7 +316,7 @@ def _messages_sharegpt(obj):
             raise BadLine(f"conversations[{j}]: unknown 'from' {turn['from']!r}")
         if not isinstance(turn["value"], str):
             raise BadLine(f"conversations[{j}]: 'value' is not a string")
-        messages.append({"role": role, "content": turn["value"]})
+        messages.append({"role": role, "content": _unicode(turn["value"], f"conversations[{j}].value")})
     return messages
 
 
@@ -345,7 +358,7 @@ def _messages_openai(obj, allow_tools=False):
             content = "".join(texts)
         if not isinstance(content, str):
             raise BadLine(f"messages[{j}]: 'content' is not a string or a list of text parts")
-        m = {"role": msg["role"], "content": content}
+        m = {"role": msg["role"], "content": _unicode(content, f"messages[{j}].content")}
         if tool_calls:
             m["tool_calls"] = tool_calls
         messages.append(m)
@@ -353,11 +366,12 @@ def _messages_openai(obj, allow_tools=False):
 
 
 def _tokenized(obj, vocab_size):
-    ids, mask = obj["input_ids"], obj.get("loss_mask")
-    if mask is None:
+    if "loss_mask" not in obj:
         raise BadLine("tokenized line has no 'loss_mask'")
-    if not isinstance(ids, list) or not isinstance(mask, list):
-        raise BadLine("'input_ids' and 'loss_mask' must be lists")
+    ids, mask = obj["input_ids"], obj["loss_mask"]
+    for key, value in (("input_ids", ids), ("loss_mask", mask)):
+        if not isinstance(value, list):
+            raise BadLine(f"'{key}' is {'null' if value is None else type(value).__name__}, not a list")
     if len(ids) != len(mask):
         raise BadLine(f"'input_ids' and 'loss_mask' differ in length ({len(ids)} vs {len(mask)})")
     for j, v in enumerate(ids):
@@ -427,7 +441,9 @@ class BatchProcessor:
                 raise
             except Exception as e:  # the template itself refused (raise_exception, ...)
                 raise BadLine(f"chat template error: {type(e).__name__}: {e}")
-            return ("text", fmt, text, spans)
+            # Contents are checked above; this catches what else the template renders
+            # (tools, tool calls' arguments).
+            return ("text", fmt, _unicode(text, "the rendered conversation"), spans)
         except BadLine as e:
             return ("bad", str(e))
 

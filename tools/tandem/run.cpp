@@ -653,6 +653,32 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::fprintf(stderr, "tandem run: %s: data.path: %s\n", ro.config.c_str(), e.what());
     return 2;
   }
+  // A data set with no supervised token trains nothing: every step would
+  // score nothing and the run would end "done" with no loss.  (The count is
+  // the manifest's, checked against each shard's mask before its first batch.)
+  if (ds.manifest().total_supervised == 0) {
+    std::fprintf(stderr, "tandem run: %s: data.path: %s: totals.supervised = 0: every token of its %lld samples is "
+                         "masked out of the loss (loss_mask 0): nothing to train on\n",
+                 ro.config.c_str(), (ds.dir() / "manifest.json").c_str(), static_cast<long long>(ds.num_samples()));
+    return 2;
+  }
+  // Samples longer than a row are cut to it by the packer (docs/data.md):
+  // say how much is never trained on, rather than losing it unseen.
+  if (ds.max_sample_length() > cfg.data.seq_len) {
+    int64_t cut = 0, lost = 0;
+    for (int64_t i = 0; i < ds.num_samples(); ++i)
+      if (const auto n = ds.sample_length(i); n > cfg.data.seq_len) {
+        ++cut;
+        lost += n - cfg.data.seq_len;
+      }
+    std::fprintf(stderr, "tandem run: warning: %lld of %lld samples are longer than data.seq_len = %lld (the longest "
+                         "has %lld tokens): each keeps its first %lld tokens, and %lld tokens (%.1f%% of the data "
+                         "set's) are never trained on; raise data.seq_len to keep them\n",
+                 static_cast<long long>(cut), static_cast<long long>(ds.num_samples()),
+                 static_cast<long long>(cfg.data.seq_len), static_cast<long long>(ds.max_sample_length()),
+                 static_cast<long long>(cfg.data.seq_len), static_cast<long long>(lost),
+                 100.0 * static_cast<double>(lost) / static_cast<double>(std::max<int64_t>(1, ds.num_tokens())));
+  }
   // The schedule's length: the packer's own batch count over every epoch
   // (gpu/data/packer.hpp count_steps), not a fill factor.
   data_facts facts{ds.num_samples(), ds.num_tokens()};
