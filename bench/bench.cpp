@@ -248,6 +248,8 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
 void bench_target_forward(const bench_options& o, const at::Device& dev, const std::string& size,
                           at::ScalarType dtype, const std::function<void(const std::string&)>& emit) {
   auto s = shapes_for(size);
+  if (o.rows > 0)
+    s.batch = o.rows;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
 #ifdef TANDEM_HAVE_CUDA
   if (dev.is_cuda())

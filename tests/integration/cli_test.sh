@@ -170,7 +170,7 @@ assert lines and all(l["ok"] for l in lines), lines
 assert any(l["device"] == "cpu" for l in lines), lines' || fail "doctor --cpu"
 echo "ok: doctor"
 "$tandem" bench target_forward drafter_step_eager drafter_step --size tiny --warmup 0 --iters 1 --profile-steps 0 \
-  --device cpu | python3 -c '
+  --rows 3 --device cpu | python3 -c '
 import json, sys
 lines = [json.loads(l) for l in sys.stdin if l.strip()]
 names = sorted(l["case"] for l in lines)
@@ -179,6 +179,7 @@ assert names == ["drafter_step", "drafter_step_eager"] + ["target_forward"] * 5,
 assert [l["mode"] for l in lines if l["case"] == "drafter_step"] == ["eager"], lines
 assert all(l["graph_pool_gib"] is None for l in lines if l["case"] == "target_forward" and "graph_pool_gib" in l), lines
 variants = sorted(l["variant"] for l in lines if l["case"] == "target_forward")
+assert all(l["shapes"]["batch"] == 3 for l in lines if l["case"] == "target_forward"), lines  # --rows
 assert variants == ["causal_sdpa", "eager", "graphs", "graphs_1doc", "mask"], variants
 for l in lines:
     assert l["schema"] == 1 and l["median_ms"] > 0 and l["tflop"] > 0 and 0 < l["mfu"] < 1, l

@@ -42,6 +42,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--docs", opts->docs,
                   "target_forward: documents a row, of equal lengths (its graphs, eager and mask lines)")
     ->capture_default_str()->check(at_least_one);
+  cmd->add_option("--rows", opts->rows,
+                  "target_forward: rows a forward (default: the size's, 4 at 8b, 2 at tiny; the one-GPU "
+                  "pipeline forwards one)")
+    ->check(at_least_one);
   auto device = std::make_shared<std::string>();
   cmd->add_option("--device", *device, "cpu, cuda, cuda:N, auto, or a CUDA ordinal (-1: the CPU); default: "
                                        "cuda:0 if present");
