@@ -334,6 +334,16 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
     # Optimizer steps in the spans (one report per drafter each): each
     # worker's first kept step starts its span.
     n = len(kept) - len(segments)
+    # (step, wall ms since the step before it, its compute + wait ms): per
+    # segment, each step's last report (a group's drafters each report it).
+    gaps = []
+    for seg in segments:
+        at, work = {}, {}
+        for x in seg:
+            at[x["step"]] = max(at.get(x["step"], x["time_s"]), x["time_s"])
+            work[x["step"]] = max(work.get(x["step"], 0.0), x["compute_ms"] + x["wait_ms"])
+        order = sorted(at)
+        gaps += [(b, 1e3 * (at[b] - at[a]), work[b]) for a, b in zip(order, order[1:])]
     firsts = set()
     for seg in segments:
         start = min(x["step"] for x in seg)
@@ -364,6 +374,15 @@ def summarize(rows, a, targets, drafters, prep_s, run_s):
            "data_wait_share_incl_recovery": wait_all / (wait_all + compute),
            "recovery_wait_s": round((wait_all - wait) / 1000, 3),
            "steps_per_s": n / span_s if span_s > 0 else None,
+           # The wall clock between optimizer steps: its mean (what a run's
+           # throughput is) beside its median (what step_ms_median is), and
+           # the steps whose wall time most exceeds their compute + wait: a
+           # stall outside the drafter's step (a snapshot's buffers, a restore
+           # point) shows there and not in the medians.
+           "wall_ms_per_step": 1e3 * span_s / n if n > 0 else None,
+           "wall_ms_median": statistics.median(g[1] for g in gaps) if gaps else None,
+           "slowest_steps": [{"step": st, "wall_ms": round(w, 1), "step_ms": round(c, 1)}
+                             for st, w, c in sorted(gaps, key=lambda g: g[2] - g[1])[:3]],
            "tokens_per_s": tokens / span_s if span_s > 0 else None,
            "samples_per_s": None, "setup_s": round(prep_s, 1), "run_s": round(run_s, 1),
            "last_loss": steps[-1]["loss"], "unique_batches": len(set(batches))}

@@ -3,7 +3,8 @@
 # topology, issue 7) at --size tiny on the CPU: a complete run gives a full
 # JSON line; --timeout gives a partial one ("complete": false) with the steps
 # so far; an injected throw appears in "recoveries"; on made-up metrics, the wait
-# for a recovery is kept out of the data-wait share.  Prints "N passed, M failed".
+# for a recovery is kept out of the data-wait share, and the wall clock a step is
+# reported beside the step's own time.  Prints "N passed, M failed".
 set -uo pipefail
 tandem="$1"
 python="${2:-python3}"
@@ -63,6 +64,11 @@ print(json.dumps(pipeline.summarize(rows, a, ["cpu"], ["cpu", "cpu"], 0.0, 1.0))
 EOF
 check "summarize: the first step after a failure is recovery wait, not data wait" \
   'j["recovery_wait_s"] == 10.0 and abs(j["data_wait_share"] - 14 / 1614) < 1e-12 and abs(j["data_wait_share_incl_recovery"] - 10014 / 11614) < 1e-12 and all(abs(v["data_wait_share"] - 7 / 807) < 1e-12 for v in j["per_drafter"].values()) and abs(j["drafter_mfu"] - 0.5) < 1e-12' "$work/synthetic.json"
+
+# Each step's last report lands 0.2 s after the one before: 200 ms of wall a step against
+# 101 ms of compute + wait (step 7 waited 5 s: it is last in slowest_steps' order).
+check "summarize: the wall clock a step, its median and the steps most beyond their own time" \
+  'abs(j["wall_ms_median"] - 200) < 1e-9 and abs(j["wall_ms_per_step"] - 1500 / 7) < 1e-9 and len(j["slowest_steps"]) == 3 and all(abs(x["wall_ms"] - 200) < 1e-9 and x["step_ms"] == 101 and x["step"] != 7 for x in j["slowest_steps"])' "$work/synthetic.json"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
