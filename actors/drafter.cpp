@@ -493,7 +493,14 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
         return make_error(errc::bad_input, "drafter " + std::to_string(s.index)
                                              + ": a snapshot is already being taken");
       try {
+        const auto t0 = clock_type::now();
         s.engine->begin_snapshot();
+        // Starting it should not hold this thread (the copy is asynchronous);
+        // the first snapshots allocate their page-locked host buffers here.
+        if (const double held = ms_since(t0); held > 250.0)
+          spdlog::info("drafter {}: snapshot at step {}: starting it held the drafter for {:.2f} s (the first "
+                       "snapshots allocate their page-locked host buffers)",
+                       s.index, d.step, held / 1e3);
       } catch (const std::exception& e) {
         auto err = make_error(errc::device_failure, "drafter " + std::to_string(s.index) + ": snapshot at step "
                                                       + std::to_string(d.step) + ": " + e.what());
