@@ -545,6 +545,8 @@ output_dir = "out"
             # A process of the run that died of a fatal signal prints its stack
             # (report_crashes), even where nothing was restarted (teardown).
             crashes = [l for l in stderr_all.splitlines() if ": fatal signal " in l]
+            # Snapshots whose start held a drafter (actors/drafter.cpp says so past 250 ms).
+            held = [l.strip() for l in stderr_all.splitlines() if "starting it held the drafter" in l]
         run_s = time.time() - t1
         if proc.returncode != 0 and not stopped:
             print(json.dumps({"case": "pipeline", "error": f"tandem run exited {proc.returncode}",
@@ -553,6 +555,7 @@ output_dir = "out"
         rows = metrics.read()
         out = summarize(rows, a, targets, drafters, prep_s, run_s)
         out["fatal_signals"] = crashes
+        out["snapshot_holds"] = held
         if crashes:
             # The stacks go to this script's stderr too: --work is often deleted
             # right after (tools/gpu-host/ratios.sh removes its 16 GB target).
