@@ -616,7 +616,7 @@ class BadInput(unittest.TestCase):
         out = fresh("out")
         proc = subprocess.run([sys.executable, PREPARE, "--tokenizer", TOK["chatml"], "--output", out, path],
                               capture_output=True, text=True)
-        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertEqual(proc.returncode, 2, proc.stderr)  # bad input, as a missing one is
         self.assertIn("no sample survived", proc.stderr)
         self.assertIn(f"{path}:1: invalid JSON", proc.stderr)
         self.assertFalse(os.path.exists(out))  # nothing made: not even an empty folder
@@ -628,7 +628,7 @@ class BadInput(unittest.TestCase):
         before = load_dataset(self, out)[0]["content_hash"]
         bad = write_jsonl(["nope"])
         rc, err, _ = prepare([bad], "--overwrite", output=out)
-        self.assertEqual(rc, 1, err)
+        self.assertEqual(rc, 2, err)  # no sample survived: bad input
         self.assertIn("left as it was", err)
         self.assertEqual(load_dataset(self, out)[0]["content_hash"], before)
         torn = os.path.join(os.path.dirname(bad), "torn.jsonl.gz")
@@ -662,7 +662,7 @@ class BadInput(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         before = load_dataset(self, real)[0]["content_hash"]
         rc, err, _ = prepare([write_jsonl(["nope"])], "--overwrite", output=link)
-        self.assertEqual(rc, 1, err)
+        self.assertEqual(rc, 2, err)  # no sample survived
         self.assertEqual(load_dataset(self, real)[0]["content_hash"], before)
         rc, err, _ = prepare([write_jsonl([openai("Hi", LONG_A)] * 3)], "--overwrite", output=link)
         self.assertEqual(rc, 0, err)

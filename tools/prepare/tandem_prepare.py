@@ -97,10 +97,11 @@ text and tokenizing again would give other ids where the target chose a non-cano
 split), supervised on those ids and on the earlier assistant turns; the conversations as
 text are in OUTPUT.regen/conversations.jsonl.
 
-Exit status: 0 success (even with invalid lines); 1 no sample survived, or a failure while
-running (an unreadable input: a torn .gz); 130 interrupted; 2 bad usage: bad options, an
-unusable tokenizer folder, a missing input, inputs without a single prompt (--prompts-out), an
-output folder that already holds a data set (pass --overwrite).
+Exit status: 0 success (even with invalid lines); 1 a failure while running (an unreadable
+input: a torn .gz); 130 interrupted; 2 bad usage or input: bad options, an unusable tokenizer
+folder, a missing input, inputs where no sample survived (every line invalid or too short) or
+without a single prompt (--prompts-out), an output folder that already holds a data set (pass
+--overwrite).
 """
 
 import argparse
@@ -1312,7 +1313,7 @@ def _write_dataset(args, sources, staging, reporter, tokenizer, template, proces
             f"prepare: error: no sample survived ({counts['lines']:,} lines: {counts['invalid']:,} invalid, "
             f"{counts['short']:,} with fewer than {args.min_supervised} supervised tokens); "
             f"{args.output} left as it was")
-        return EXIT_FAILED
+        return EXIT_USAGE  # the inputs hold nothing to train on: bad input, as a missing one is
 
     shards = writer.shards
     content = hashlib.sha256("".join(s["sha256"] for s in shards).encode("ascii")).hexdigest()
