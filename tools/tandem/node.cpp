@@ -154,6 +154,17 @@ int32_t parse_devices(const std::string& text) {
   return k;
 }
 
+/// A node that never joined leaves at once: nothing of a run is here to
+/// save, and tearing down CAF (its OpenSSL layer mid-handshake after a
+/// refused TLS handshake) and the gate connector's thread could abort the
+/// process after its message (integration.cluster part 7 saw SIGABRT, exit
+/// 134, instead of 2).  Its own shared-memory segments (none yet) go first.
+[[noreturn]] void leave_before_joining(int code) {
+  gpu::transport::unlink_own_segments();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 int run_node(const node_options& o) {
   report_crashes("tandem node");
   if (!valid_node_name(o.name)) {
@@ -224,13 +235,13 @@ int run_node(const node_options& o) {
   int past_gate = 0;
   for (int attempt = 1;; ++attempt) {
     if (node_signal.load())
-      return 128 + node_signal.load();
+      leave_before_joining(128 + node_signal.load());
     const auto passed_before = connector.passed();
     auto d = connect_to(sys, "127.0.0.1", connector.port(), !o.certs.empty());
     std::string why;
     if (const auto no = connector.refusal(); !no.empty()) {
       std::fprintf(stderr, "tandem node: the leader at %s refused this node: %s\n", o.join.c_str(), no.c_str());
-      return 2;
+      leave_before_joining(2);
     }
     if (d) {
       bool refused = false;
@@ -242,7 +253,7 @@ int run_node(const node_options& o) {
                  });
       if (refused) {
         std::fprintf(stderr, "tandem node: the leader at %s refused this node: %s\n", o.join.c_str(), why.c_str());
-        return 2;
+        leave_before_joining(2);
       }
       if (why.empty()) {
         door = *d;
@@ -263,7 +274,7 @@ int run_node(const node_options& o) {
                                  "in %s/ca.pem (another `tandem certs` run's?), this node's is not signed by the "
                                  "leader's CA, or the leader has no cluster.certs\n",
                          o.join.c_str(), past_gate, why.c_str(), o.certs.c_str());
-          return 2;
+          leave_before_joining(2);
         }
       } else {
         past_gate = 0;
@@ -275,7 +286,7 @@ int run_node(const node_options& o) {
     if (waited > o.wait_s) {
       std::fprintf(stderr, "tandem node: no leader at %s after %.0f s (--wait-s): %s\n", o.join.c_str(), waited,
                    why.c_str());
-      return 1;
+      leave_before_joining(1);
     }
     if (attempt == 1 || attempt % 10 == 0)
       std::fprintf(stderr, "tandem node '%s': waiting for the leader at %s (%s%s); retrying\n", o.name.c_str(),
