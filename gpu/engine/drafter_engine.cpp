@@ -757,12 +757,9 @@ struct drafter_engine::impl {
       throw error(steps_here < 2 ? errc::bad_input : errc::device_failure,
                   who + ": step " + std::to_string(applied + 1) + " ran out of device memory: "
                     + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
-    } catch (const c10::Error& e) {
-      if (detail::host_out_of_memory(e))  // the CPU's allocator, as the device's above
-        throw error(steps_here < 2 ? errc::bad_input : errc::device_failure,
-                    who + ": step " + std::to_string(applied + 1) + " ran out of host memory: "
-                      + e.what_without_backtrace() + "; " + detail::out_of_memory_hint);
-      throw error(errc::device_failure, who + ": step failed: " + e.what_without_backtrace());
+    } catch (const c10::Error& e) {  // the CPU's allocator: as the device's above
+      detail::throw_engine_error(e, who + ": step " + std::to_string(applied + 1),
+                                 steps_here < 2 ? errc::bad_input : errc::device_failure);
     }
     ++steps_here;
     const auto m = unpack(readback);
@@ -1335,10 +1332,7 @@ drafter_engine::drafter_engine(const drafter_engine_options& opts) {
     throw error(errc::bad_input, "drafter engine: out of device memory while building the drafter: "
                                    + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
   } catch (const c10::Error& e) {
-    if (!detail::host_out_of_memory(e))
-      throw error(errc::device_failure, std::string("drafter engine: ") + e.what_without_backtrace());
-    throw error(errc::bad_input, "drafter engine: out of host memory while building the drafter: "
-                                   + std::string(e.what_without_backtrace()) + "; " + detail::out_of_memory_hint);
+    detail::throw_engine_error(e, "drafter engine: building the drafter");
   }
 }
 drafter_engine::~drafter_engine() = default;

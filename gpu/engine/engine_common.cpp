@@ -168,8 +168,11 @@ std::string out_of_memory_text(const c10::OutOfMemoryError& e) {
   return text;
 }
 
-bool host_out_of_memory(const c10::Error& e) {
-  return std::string(e.what_without_backtrace()).find("can't allocate memory") != std::string::npos;
+void throw_engine_error(const c10::Error& e, const std::string& doing, errc out_of_memory) {
+  const std::string text = e.what_without_backtrace();
+  if (text.find("can't allocate memory") != std::string::npos)
+    throw error(out_of_memory, doing + " ran out of host memory: " + text + "; " + out_of_memory_hint);
+  throw error(errc::device_failure, doing + " failed: " + text);
 }
 
 } // namespace tandem::gpu::detail

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "gpu/device/error.hpp"
 #include "gpu/pch.hpp"
 #include "gpu/transport/transport.hpp"
 
@@ -54,10 +55,15 @@ void check_batch_payload(const std::vector<at::Tensor>& t, transport::handle h,
 /// allocate, what the device holds and has free), without the backtrace.
 std::string out_of_memory_text(const c10::OutOfMemoryError& e);
 
-/// The CPU allocator's failure (c10's DefaultCPUAllocator throws a plain
-/// c10::Error, not an OutOfMemoryError): "can't allocate memory: you tried to
-/// allocate N bytes" — deterministic for the shapes, as a device's is.
-bool host_out_of_memory(const c10::Error& e);
+/// A LibTorch error out of an engine's work (`doing`: "target engine: the
+/// forward") as Tandem's, without LibTorch's backtrace.  The CPU allocator's
+/// failure (c10's DefaultCPUAllocator throws a plain c10::Error, not an
+/// OutOfMemoryError: "can't allocate memory: you tried to allocate N bytes")
+/// is the shapes', as a device's out-of-memory is: `out_of_memory` (bad_input
+/// unless said), "<doing> ran out of host memory: …; <out_of_memory_hint>".
+/// Anything else is device_failure, "<doing> failed: …".
+[[noreturn]] void throw_engine_error(const c10::Error& e, const std::string& doing,
+                                     errc out_of_memory = errc::bad_input);
 
 /// What lowers the memory a run needs, for the error that names an
 /// out-of-memory (config keys, docs/config.md).

@@ -46,10 +46,7 @@ target_engine::target_engine(const target_engine_options& opts) {
     throw error(errc::bad_input, "target engine (" + opts.dir.string() + "): out of device memory while loading "
                                    "the target: " + detail::out_of_memory_text(e) + "; " + detail::out_of_memory_hint);
   } catch (const c10::Error& e) {
-    if (!detail::host_out_of_memory(e))
-      throw error(errc::device_failure, "target engine (" + opts.dir.string() + "): " + e.what_without_backtrace());
-    throw error(errc::bad_input, "target engine (" + opts.dir.string() + "): out of host memory while loading "
-                                   "the target: " + e.what_without_backtrace());
+    detail::throw_engine_error(e, "target engine (" + opts.dir.string() + "): loading the target");
   }
 }
 target_engine::~target_engine() = default;
@@ -73,15 +70,9 @@ transport::handle target_engine::forward(transport::handle batch) {
     // Every forward has the same shapes: running out is the shapes', on the
     // first batch as on any other.
     throw error(errc::bad_input, "target engine: the forward ran out of device memory: " + detail::out_of_memory_text(e)
-                                   + "; "
-                                   + detail::out_of_memory_hint);
+                                   + "; " + detail::out_of_memory_hint);
   } catch (const c10::Error& e) {
-    // The CPU's allocator: the same shapes fail the same way on every batch.
-    if (!detail::host_out_of_memory(e))
-      throw error(errc::device_failure, std::string("target engine: the forward failed: ") + e.what_without_backtrace());
-    throw error(errc::bad_input, std::string("target engine: the forward ran out of host memory: ")
-                                   + e.what_without_backtrace() + "; "
-                                   + detail::out_of_memory_hint);
+    detail::throw_engine_error(e, "target engine: the forward");  // the CPU's allocator: as the device's above
   }
   transport::payload p;
   p.tensors = {taps};
