@@ -154,12 +154,13 @@ int32_t parse_devices(const std::string& text) {
   return k;
 }
 
-/// A node that never joined leaves at once: nothing of a run is here to
-/// save, and tearing down CAF (its OpenSSL layer mid-handshake after a
-/// refused TLS handshake) and the gate connector's thread could abort the
-/// process after its message (integration.cluster part 7 saw SIGABRT, exit
-/// 134, instead of 2).  Its own shared-memory segments (none yet) go first.
-[[noreturn]] void leave_before_joining(int code) {
+/// Leaves at once, without CAF's teardown: its own shared-memory segments
+/// go first.  For a node that never joined (nothing of a run is here to
+/// save, and tearing down CAF with its OpenSSL layer mid-handshake after a
+/// refused TLS handshake could abort the process after its message:
+/// integration.cluster part 7 saw SIGABRT, exit 134, instead of 2), and for
+/// one whose actors did not end within their grace.
+[[noreturn]] void leave_now(int code) {
   gpu::transport::unlink_own_segments();
   std::fflush(nullptr);
   std::_Exit(code);
@@ -235,13 +236,13 @@ int run_node(const node_options& o) {
   int past_gate = 0;
   for (int attempt = 1;; ++attempt) {
     if (node_signal.load())
-      leave_before_joining(128 + node_signal.load());
+      leave_now(128 + node_signal.load());
     const auto passed_before = connector.passed();
     auto d = connect_to(sys, "127.0.0.1", connector.port(), !o.certs.empty());
     std::string why;
     if (const auto no = connector.refusal(); !no.empty()) {
       std::fprintf(stderr, "tandem node: the leader at %s refused this node: %s\n", o.join.c_str(), no.c_str());
-      leave_before_joining(2);
+      leave_now(2);
     }
     if (d) {
       bool refused = false;
@@ -253,7 +254,7 @@ int run_node(const node_options& o) {
                  });
       if (refused) {
         std::fprintf(stderr, "tandem node: the leader at %s refused this node: %s\n", o.join.c_str(), why.c_str());
-        leave_before_joining(2);
+        leave_now(2);
       }
       if (why.empty()) {
         door = *d;
@@ -274,7 +275,7 @@ int run_node(const node_options& o) {
                                  "in %s/ca.pem (another `tandem certs` run's?), this node's is not signed by the "
                                  "leader's CA, or the leader has no cluster.certs\n",
                          o.join.c_str(), past_gate, why.c_str(), o.certs.c_str());
-          leave_before_joining(2);
+          leave_now(2);
         }
       } else {
         past_gate = 0;
@@ -286,7 +287,7 @@ int run_node(const node_options& o) {
     if (waited > o.wait_s) {
       std::fprintf(stderr, "tandem node: no leader at %s after %.0f s (--wait-s): %s\n", o.join.c_str(), waited,
                    why.c_str());
-      leave_before_joining(1);
+      leave_now(1);
     }
     if (attempt == 1 || attempt % 10 == 0)
       std::fprintf(stderr, "tandem node '%s': waiting for the leader at %s (%s%s); retrying\n", o.name.c_str(),
@@ -383,9 +384,7 @@ int run_node(const node_options& o) {
   std::thread([exit_code, grace_s] {
     std::this_thread::sleep_for(std::chrono::seconds(grace_s));
     std::fprintf(stderr, "tandem node: its actors did not end within %d s: exiting\n", grace_s);
-    gpu::transport::unlink_own_segments();
-    std::fflush(nullptr);
-    std::_Exit(exit_code);
+    leave_now(exit_code);
   }).detach();
   return exit_code;
 }
