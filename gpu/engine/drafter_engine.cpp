@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -185,6 +186,104 @@ std::mutex memory_mutex;
 auto& memory_table = *new std::map<int32_t, std::shared_ptr<memory_restore_point>>();
 std::atomic<uint64_t> incarnations{0};
 
+/// A snapshot's host buffers: the masters and both moments (fp32, shapes of
+/// the masters) and the step, as views of one block — page-locked on CUDA,
+/// allocated at its exact size in one call (PyTorch's caching host
+/// allocator rounds every tensor up to a power of two: ≈ 16 GB pinned for
+/// the 8B drafter's 12.6 GB, in ≈ 170 calls).  Reused once every tensor of
+/// the set is ours alone again (the writer released the handle).
+struct host_set {
+  std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;
+  at::Tensor step;  ///< [] fp32
+  bool free() const {
+    auto alone = [](const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
+    if (!alone(step))
+      return false;
+    for (const auto* list : {&weights, &exp_avg, &exp_avg_sq})
+      for (const auto& t : *list)
+        if (!alone(t))
+          return false;
+    return true;
+  }
+  /// Whether its tensors have these shapes (and the step's).
+  bool fits(const std::vector<at::Tensor>& masters) const {
+    if (weights.size() != masters.size())
+      return false;
+    for (size_t i = 0; i < masters.size(); ++i)
+      if (weights[i].sizes() != masters[i].sizes())
+        return false;
+    return true;
+  }
+};
+
+/// Host sets that drafters left when they ended, by memory slot, for the
+/// next incarnation of that drafter (pinning 12.6 GB costs seconds on its
+/// thread), and the newest incarnation of each slot: an older one that
+/// ends later (hung, then woke) leaves nothing.  Never destroyed
+/// (page-locked memory is not freed by the static destructors after the
+/// CUDA runtime has shut down).
+struct host_pool_slot {
+  uint64_t newest = 0;
+  std::vector<host_set> sets;  ///< at most two
+};
+std::mutex host_pool_mutex;
+auto& host_pool = *new std::map<int32_t, host_pool_slot>();
+
+/// `bytes` of host memory, page-locked when `pin` (portable: a pinned
+/// buffer for any device's copies), freed when the last holder lets go.
+std::shared_ptr<void> host_block(size_t bytes, bool pin) {
+  auto fail = [&](const std::string& why) {
+    return error(errc::bad_input, who + ": cannot allocate " + std::to_string(bytes >> 20)
+                                    + " MiB of " + (pin ? "page-locked " : "") + "host memory for a snapshot ("
+                                    + why + "): the host lacks memory for this drafter's restore points "
+                                    "(checkpoint.every / checkpoint.host_every)");
+  };
+#ifdef TANDEM_HAVE_CUDA
+  if (pin) {
+    void* p = nullptr;
+    const auto rc = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw fail(cudaGetErrorString(rc));
+    }
+    return {p, [](void* q) { (void)cudaFreeHost(q); }};
+  }
+#endif
+  void* p = std::malloc(bytes);
+  if (!p)
+    throw fail("malloc failed");
+  return {p, [](void* q) { std::free(q); }};
+}
+
+/// A host set for `masters`, its tensors views of one host_block.
+host_set make_host_set(const std::vector<at::Tensor>& masters, bool pin) {
+  constexpr size_t align = 256;  // each tensor on its own 256-byte boundary
+  auto padded = [&](int64_t numel) { return (static_cast<size_t>(numel) * sizeof(float) + align - 1) / align * align; };
+  size_t bytes = padded(1);
+  for (const auto& m : masters)
+    bytes += 3 * padded(m.numel());
+  auto block = host_block(bytes, pin);
+  auto* base = static_cast<char*>(block.get());
+  size_t at = 0;
+  auto view = [&](at::IntArrayRef sizes) {
+    int64_t numel = 1;
+    for (auto n : sizes)
+      numel *= n;
+    auto t = at::from_blob(base + at, sizes, [block](void*) {}, at::TensorOptions().dtype(at::kFloat));
+    at += padded(numel);
+    return t;
+  };
+  host_set h;
+  for (const auto& m : masters)
+    h.weights.push_back(view(m.sizes()));
+  for (const auto& m : masters)
+    h.exp_avg.push_back(view(m.sizes()));
+  for (const auto& m : masters)
+    h.exp_avg_sq.push_back(view(m.sizes()));
+  h.step = view({});
+  return h;
+}
+
 } // namespace
 
 struct drafter_engine::impl {
@@ -234,23 +333,9 @@ struct drafter_engine::impl {
   nccl::flat_bucket bucket;
   std::unique_ptr<nccl::communicator> comm;  ///< null: no group
   std::chrono::milliseconds group_timeout{0};
-  /// Asynchronous snapshots (begin_snapshot): page-locked host buffers,
-  /// reused once every tensor of a set is ours alone again (the writer
-  /// released the handle), and the snapshot in flight.
-  struct host_set {
-    std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;  ///< fp32, shapes of the masters
-    at::Tensor step;                                        ///< [] fp32
-    bool free() const {
-      if (step.use_count() > 1)
-        return false;
-      for (const auto* list : {&weights, &exp_avg, &exp_avg_sq})
-        for (const auto& t : *list)
-          if (t.use_count() > 1)
-            return false;
-      return true;
-    }
-  };
-  std::vector<host_set> host_sets;     ///< at most two
+  /// Asynchronous snapshots (begin_snapshot): sets of page-locked host
+  /// buffers (host_set), at most two, and the snapshot in flight.
+  std::vector<host_set> host_sets;
   std::optional<snapshot_parts> pending_snapshot;
   std::optional<transport::handle> pending_handle;  ///< a snapshot taken synchronously (slow_snapshot)
 #ifdef TANDEM_HAVE_CUDA
@@ -284,6 +369,7 @@ struct drafter_engine::impl {
     fill_info();
     if (!o.init_from.empty())
       warm_start(o.init_from);
+    claim_host_sets();
   }
 
   ~impl() {
@@ -305,8 +391,11 @@ struct drafter_engine::impl {
       }
       if (snapshot_copied)
         snapshot_copied->synchronize();
+      leave_host_sets();  // a set's copy has landed: reusable (one still held is not free)
     } catch (...) {
     }
+#else
+    leave_host_sets();
 #endif
   }
 
@@ -926,27 +1015,40 @@ struct drafter_engine::impl {
 #endif
   }
 
-  /// A set of host buffers nobody else holds (allocated when none is:
-  /// page-locked on CUDA, at most two kept).
+  /// A set of host buffers nobody else holds, allocated when none is
+  /// (page-locked on CUDA).  At most two are kept.
   host_set& free_host_set() {
     for (auto& h : host_sets)
       if (h.free())
         return h;
-    host_set h;
-    const bool pin = device.is_cuda();
-    auto make = [&](const at::Tensor& like) {
-      return at::empty(like.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(pin));
-    };
-    for (const auto& m : masters) {
-      h.weights.push_back(make(m));
-      h.exp_avg.push_back(make(m));
-      h.exp_avg_sq.push_back(make(m));
-    }
-    h.step = make(optimizer->step_count());
     // A third set (both kept ones still being written) is a one-off:
     // begin_snapshot drops sets beyond two once they are free.
-    host_sets.push_back(std::move(h));
+    host_sets.push_back(make_host_set(masters, device.is_cuda()));
     return host_sets.back();
+  }
+
+  /// Takes the host sets an earlier incarnation of this drafter left (of
+  /// this drafter's shapes) and makes this the slot's newest incarnation.
+  void claim_host_sets() {
+    std::lock_guard<std::mutex> lock(host_pool_mutex);
+    auto& slot = host_pool[opts.memory_slot];
+    slot.newest = std::max(slot.newest, incarnation);
+    for (auto& h : slot.sets)
+      if (h.fits(masters) && h.free())
+        host_sets.push_back(std::move(h));
+    slot.sets.clear();
+  }
+
+  /// Leaves this engine's free host sets to the slot's next incarnation,
+  /// unless a newer one already runs.
+  void leave_host_sets() {
+    std::lock_guard<std::mutex> lock(host_pool_mutex);
+    auto& slot = host_pool[opts.memory_slot];
+    if (slot.newest != incarnation)
+      return;
+    for (auto& h : host_sets)
+      if (h.free() && slot.sets.size() < 2)
+        slot.sets.push_back(std::move(h));
   }
 
   /// Copies the masters and both moments into `w`, `m`, `v` (tensors of
@@ -1360,8 +1462,12 @@ void drafter_engine::restore_memory(int64_t step) {
 }
 
 void drafter_engine::drop_restore_points() {
-  std::lock_guard<std::mutex> lock(memory_mutex);
-  memory_table.clear();
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    memory_table.clear();
+  }
+  std::lock_guard<std::mutex> lock(host_pool_mutex);
+  host_pool.clear();
 }
 
 const drafter_info& drafter_engine::info() const {

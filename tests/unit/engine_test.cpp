@@ -582,6 +582,64 @@ TEST(engine, asynchronous_snapshots_match_the_synchronous_one_and_reuse_their_bu
     transport::release(h);
 }
 
+// The host buffers of an engine that ended go to the next incarnation of
+// the same drafter (its memory slot): not to another slot, and not while a
+// writer still holds them.
+TEST(engine, snapshot_buffers_outlive_their_engine_for_the_next_incarnation_only) {
+  inputs in;
+  drafter_engine::drop_restore_points();
+  auto take = [](drafter_engine& e) {
+    e.begin_snapshot();
+    std::optional<transport::handle> h;
+    for (int i = 0; i < 1000 && !h; ++i)
+      h = e.poll_snapshot();
+    EXPECT_TRUE(h.has_value());
+    return *h;
+  };
+  auto buffer_of = [](transport::handle h) {
+    auto t = transport::acquire(h, at::Device(at::kCPU));
+    transport::release(h);
+    return t[2].data_ptr();
+  };
+  auto o = drafter_options(20);
+  o.memory_slot = 3;
+  const void* first = nullptr;
+  {
+    drafter_engine e(o);
+    (void)e.train_step(in.batch, in.features);
+    first = buffer_of(take(e));
+  }
+  auto other_slot = o;
+  other_slot.memory_slot = 4;
+  {
+    drafter_engine e(other_slot);
+    EXPECT_NE(buffer_of(take(e)), first);
+  }
+  transport::handle held = 0;
+  at::Tensor held_weights;
+  {
+    drafter_engine e(o);  // the slot's next incarnation
+    (void)e.train_step(in.batch, in.features);
+    held = take(e);
+    auto t = transport::acquire(held, at::Device(at::kCPU));
+    EXPECT_EQ(t[2].data_ptr(), first);
+    held_weights = t[2].clone();
+  }  // ends while a writer still holds its snapshot
+  {
+    drafter_engine e(o);
+    (void)e.train_step(in.batch, in.features);
+    (void)e.train_step(in.batch, in.features);
+    auto t = transport::acquire(take(e), at::Device(at::kCPU));
+    EXPECT_NE(t[2].data_ptr(), first);  // held: not reused
+    EXPECT_FALSE(at::equal(t[2], held_weights));  // two more steps
+  }
+  auto t = transport::acquire(held, at::Device(at::kCPU));
+  EXPECT_TRUE(at::equal(t[2], held_weights));  // the held snapshot was not overwritten
+  t.clear();
+  transport::release(held);
+  drafter_engine::drop_restore_points();
+}
+
 TEST(engine, export_writes_the_zlab_layout_of_the_masters) {
   scratch tmp;
   inputs in;
