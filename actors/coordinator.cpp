@@ -28,7 +28,7 @@ namespace coord {
 /// Stop as for a signal (the steps in progress finish: their features stay
 /// valid until released), write a checkpoint, then answer the run request
 /// with the error: nothing trained is lost.
-void on_escalate(self_ptr self, const std::string& why) {
+void on_escalate(self_ptr self, const std::string& why, errc code) {
   auto& s = self->state;
   if (!s.running())
     return;
@@ -36,6 +36,7 @@ void on_escalate(self_ptr self, const std::string& why) {
   if (s.stopping())
     return;  // already ending (a signal, the last epoch): it ends as it would
   s.escalated = why;
+  s.escalated_code = code;
   finish(self, "escalated");
 }
 
@@ -414,12 +415,13 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](const step_report& r) { on_step_report(self, r); },
     [self](drafter_down_atom, int32_t d, const std::string& why) { on_drafter_down(self, d, why); },
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
-    [self](escalate_atom, const std::string& why) { on_escalate(self, why); },
+    [self](escalate_atom, const std::string& why) { on_escalate(self, why, errc::device_failure); },
+    [self](escalate_atom, bad_input_atom, const std::string& why) { on_escalate(self, why, errc::bad_input); },
     [self](escalate_atom, int32_t d, const std::string& why) {
       // Its restart is given up: the end stops waiting for it (try_complete).
       if (d >= 0 && static_cast<size_t>(d) < self->state.drafters.size())
         self->state.drafters[static_cast<size_t>(d)].given_up = true;
-      on_escalate(self, why);
+      on_escalate(self, why, errc::device_failure);
       try_complete(self);
     },
     [self](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {

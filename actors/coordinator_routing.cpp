@@ -353,7 +353,7 @@ void deliver(self_ptr self) {
   if (!s.escalated.empty()) {
     // The run stopped for a worker it cannot replace; its training is safe.
     s.promise.deliver(make_error(
-      errc::device_failure,
+      s.escalated_code,
       s.escalated + "; the run stopped after step " + std::to_string(s.step)
         + (s.summary.checkpoint.empty() ? std::string(" with no checkpoint")
                                         : ", checkpoint " + s.summary.checkpoint

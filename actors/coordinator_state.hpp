@@ -49,6 +49,7 @@
 #include "actors/ledger.hpp"
 #include "actors/spawn.hpp"
 #include "actors/time.hpp"
+#include "messages/errors.hpp"
 
 namespace tandem::coord {
 
@@ -123,6 +124,7 @@ struct coordinator_state {
   run_phase phase = run_phase::before_run;
   run_summary summary;
   std::string escalated;                ///< a worker that is not restarted ended: why ("" = none)
+  errc escalated_code = errc::device_failure;  ///< what the run ends as then (bad_input: its input)
   bool have_first_loss = false;
 
   // Routing.
@@ -277,8 +279,9 @@ void count_group_step(self_ptr self, int64_t step, const std::vector<step_report
 // -- coordinator.cpp -----------------------------------------------------------
 /// A worker that is not restarted ended (`why`): stop as for a signal (the
 /// steps in progress finish, a checkpoint is written), then answer the run
-/// request with the error.
-void on_escalate(self_ptr self, const std::string& why);
+/// request with the error, as `code` (device_failure, or bad_input when
+/// the worker's input cannot load: tandem run exits 2).
+void on_escalate(self_ptr self, const std::string& why, errc code);
 
 // -- coordinator_workers.cpp ---------------------------------------------------
 /// Target or prefetch `index` (`role`) died: held until its new incarnation

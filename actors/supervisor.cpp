@@ -352,7 +352,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
           w.given_up = true;
           why = bad_input_text(m.reason, why) + " (bad input is not retried: fix it and run again)";
           spdlog::error("tandem.supervisor: {}", why);
-          self->send(s.coordinator, escalate_atom::value, std::move(why));
+          self->send(s.coordinator, escalate_atom::value, bad_input_atom::value, std::move(why));
           return;
         }
         if (m.reason == caf::exit_reason::remote_link_unreachable)

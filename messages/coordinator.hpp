@@ -103,6 +103,9 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using drafter_down_atom = caf::atom_constant<caf::atom("down")>;
 using drafter_up_atom = caf::atom_constant<caf::atom("up")>;
 using escalate_atom = caf::atom_constant<caf::atom("escalate")>;
+/// Tags an escalation whose cause is the input (weights, data) rather than
+/// a device: the run ends as bad input (tandem run exits 2).
+using bad_input_atom = caf::atom_constant<caf::atom("badinput")>;
 using device_lost_atom = caf::atom_constant<caf::atom("devlost")>;
 using worker_down_atom = caf::atom_constant<caf::atom("wdown")>;
 using worker_up_atom = caf::atom_constant<caf::atom("wup")>;
@@ -192,6 +195,9 @@ using coordinator_actor = caf::typed_actor<
   caf::reacts_to<drafter_up_atom, int32_t, drafter_actor>,  ///< supervisor: j's new incarnation
   caf::reacts_to<escalate_atom, std::string>,               ///< supervisor: a worker it does not
                                                             ///< restart ended (why)
+  /// supervisor: a target or prefetch whose input cannot load (its weights,
+  /// a shard) ended: not restarted, the run ends as bad input (why)
+  caf::reacts_to<escalate_atom, bad_input_atom, std::string>,
   /// supervisor: drafter j cannot be restarted (its node did not join
   /// again): escalated, and the run's end does not wait for it (j, why)
   caf::reacts_to<escalate_atom, int32_t, std::string>,

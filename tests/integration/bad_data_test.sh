@@ -15,7 +15,8 @@
 #      target's layers, a target with attention biases, scaled RoPE or a
 #      context shorter than data.seq_len: config errors before any actor
 #      starts (exit 2; as is a manifest of another tokenizer, 4); a
-#      mask id the data holds: the shard check stops the run;
+#      mask id the data holds: the shard check stops the run (exit 1, a
+#      failure while running, as tandem.bad_input);
 #   5b. legal data that cannot train as asked: every token masked out of
 #      the loss (exit 2, before anything starts); samples longer than
 #      data.seq_len (trained, cut to a row, the cut said at start);
@@ -225,6 +226,8 @@ fresh_data
 used=$("$python" -c 'import sys; from safetensors.numpy import load_file; print(int(load_file(sys.argv[1])["tokens"][0]))' "$shard")
 run mask_in_data --set drafter.mask_token_id="$used"
 check stopped_untrained mask_in_data
+check test "$rc" -eq 1  # found after the actors started: a failure while running
+check says mask_in_data "tandem run failed: tandem.bad_input"  # (was labelled device_failure)
 check says mask_in_data "$shard: tokens[0] = $used is drafter.mask_token_id: the drafter's mask token must never occur in the data"
 run taps --set model.tap_layers=1,4,8
 check test "$rc" -eq 2
@@ -273,6 +276,8 @@ head -c 100000 "$target/model.safetensors" > "$work/target/model.safetensors"
 sed -i "s|^target = .*|target = \"$work/target\"|" "$work/run.toml"
 run truncated_target
 check stopped_untrained truncated_target
+check test "$rc" -eq 1
+check says truncated_target "tandem run failed: tandem.bad_input"
 check says truncated_target "$work/target/model.safetensors"
 check says truncated_target "truncated"
 check test "$(events truncated_target drafter_restarted)" -eq 0

@@ -322,6 +322,10 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       log->escalated.push_back(why);
       log->order.push_back("escalate");
     },
+    [log](escalate_atom, bad_input_atom, const std::string& why) {  // a worker's input cannot load
+      log->escalated.push_back(why);
+      log->order.push_back("escalate");
+    },
     [log](escalate_atom, int32_t, const std::string& why) {  // a drafter's restart given up
       log->escalated.push_back(why);
       log->order.push_back("escalate");
