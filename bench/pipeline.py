@@ -522,7 +522,9 @@ output_dir = "out"
         with open(os.path.join(work, "tandem.stderr"), "w+") as err:
             # Its own process group: `tandem run` and the worker process it
             # supervises are stopped together.
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            # stdout too: the actors' log lines (spdlog's default logger,
+            # e.g. the drafter's "starting it held the drafter") go there.
+            proc = subprocess.Popen(cmd, stdout=err, stderr=err, start_new_session=True)
             while proc.poll() is None:
                 time.sleep(1)
                 seen = progress(metrics.read(), seen, a.steps)

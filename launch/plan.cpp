@@ -187,6 +187,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     // Data-parallel drafters restore from a live peer instead.
     o.memory_every = p.placement.drafters.size() == 1 ? c.checkpoint.memory_every : 0;
     o.memory_slot = d.index;
+    o.prepare_snapshot_buffers = c.checkpoint.every_steps > 0 || c.checkpoint.host_every > 0;
     p.drafters.push_back(o);
   }
   p.faults = c.faults;
@@ -304,7 +305,8 @@ std::string to_json(const launch_plan& p) {
        {"weight_decay", o.weight_decay}, {"grad_clip", o.grad_clip}, {"beta1", o.beta1},
        {"beta2", o.beta2}, {"eps", o.eps}, {"total_steps", o.total_steps},
        {"capture_graphs", o.capture_graphs}, {"init_from", o.init_from.string()},
-       {"memory_every", o.memory_every}, {"memory_slot", o.memory_slot}});
+       {"memory_every", o.memory_every}, {"memory_slot", o.memory_slot},
+       {"prepare_snapshot_buffers", o.prepare_snapshot_buffers}});
   j["faults"] = json::array();
   for (const auto& f : p.faults)
     j["faults"].push_back(f.to_string());

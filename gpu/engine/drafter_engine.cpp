@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -11,6 +12,8 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+
+#include <sys/mman.h>
 
 #include <nlohmann/json.hpp>
 
@@ -229,40 +232,93 @@ struct host_pool_slot {
 std::mutex host_pool_mutex;
 auto& host_pool = *new std::map<int32_t, host_pool_slot>();
 
+/// The error for a snapshot's host memory that cannot be had.
+error no_host_memory(size_t bytes, bool pin, const std::string& why) {
+  return error(errc::bad_input, who + ": cannot allocate " + std::to_string(bytes >> 20) + " MiB of "
+                                  + (pin ? "page-locked " : "") + "host memory for a snapshot (" + why
+                                  + "): the host lacks memory for this drafter's checkpoints and restore points "
+                                    "(checkpoint.every_steps, checkpoint.host_every)");
+}
+
+/// Host memory mapped and every page touched: plain system calls and
+/// stores, no CUDA, so any thread may make it (the drafter's thread then
+/// only page-locks it, which costs a fraction of allocating page-locked
+/// memory: the pages are already there).  Empty when the mapping fails.
+struct mapped_block {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+
+mapped_block map_and_touch(size_t bytes, const std::atomic<bool>& cancel) {
+  constexpr size_t huge = size_t{2} << 20;
+  bytes = (bytes + huge - 1) / huge * huge;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return {};
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer, larger pages to fault in and to pin
+  auto* c = static_cast<volatile char*>(p);
+  for (size_t at = 0; at < bytes; at += 4096) {
+    if ((at & (huge - 1)) == 0 && cancel.load(std::memory_order_relaxed)) {
+      munmap(p, bytes);
+      return {};
+    }
+    c[at] = 0;
+  }
+  return {p, bytes};
+}
+
 /// `bytes` of host memory, page-locked when `pin` (portable: a pinned
-/// buffer for any device's copies), freed when the last holder lets go.
-std::shared_ptr<void> host_block(size_t bytes, bool pin) {
-  auto fail = [&](const std::string& why) {
-    return error(errc::bad_input, who + ": cannot allocate " + std::to_string(bytes >> 20)
-                                    + " MiB of " + (pin ? "page-locked " : "") + "host memory for a snapshot ("
-                                    + why + "): the host lacks memory for this drafter's restore points "
-                                    "(checkpoint.every / checkpoint.host_every)");
-  };
+/// buffer for any device's copies), freed when the last holder lets go:
+/// `ready` (mapped and touched, at least `bytes`) page-locked in place, or
+/// else allocated page-locked.
+std::shared_ptr<void> host_block(size_t bytes, bool pin, mapped_block ready = {}) {
+#ifdef TANDEM_HAVE_CUDA
+  if (pin && ready.p && ready.bytes >= bytes) {
+    if (cudaHostRegister(ready.p, ready.bytes, cudaHostRegisterPortable) == cudaSuccess)
+      return {ready.p, [n = ready.bytes](void* q) {
+                (void)cudaHostUnregister(q);
+                munmap(q, n);
+              }};
+    (void)cudaGetLastError();  // allocated page-locked below instead
+  }
+#endif
+  if (!pin && ready.p && ready.bytes >= bytes)
+    return {ready.p, [n = ready.bytes](void* q) { munmap(q, n); }};
+  if (ready.p)
+    munmap(ready.p, ready.bytes);
 #ifdef TANDEM_HAVE_CUDA
   if (pin) {
     void* p = nullptr;
     const auto rc = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (rc != cudaSuccess) {
       (void)cudaGetLastError();
-      throw fail(cudaGetErrorString(rc));
+      throw no_host_memory(bytes, pin, cudaGetErrorString(rc));
     }
     return {p, [](void* q) { (void)cudaFreeHost(q); }};
   }
 #endif
   void* p = std::malloc(bytes);
   if (!p)
-    throw fail("malloc failed");
+    throw no_host_memory(bytes, pin, "malloc failed");
   return {p, [](void* q) { std::free(q); }};
 }
 
-/// A host set for `masters`, its tensors views of one host_block.
-host_set make_host_set(const std::vector<at::Tensor>& masters, bool pin) {
-  constexpr size_t align = 256;  // each tensor on its own 256-byte boundary
-  auto padded = [&](int64_t numel) { return (static_cast<size_t>(numel) * sizeof(float) + align - 1) / align * align; };
-  size_t bytes = padded(1);
+constexpr size_t host_align = 256;  ///< each tensor of a host set on its own 256-byte boundary
+
+size_t host_padded(int64_t numel) {
+  return (static_cast<size_t>(numel) * sizeof(float) + host_align - 1) / host_align * host_align;
+}
+
+/// The bytes of a host set for `masters`.
+size_t host_set_bytes(const std::vector<at::Tensor>& masters) {
+  size_t bytes = host_padded(1);
   for (const auto& m : masters)
-    bytes += 3 * padded(m.numel());
-  auto block = host_block(bytes, pin);
+    bytes += 3 * host_padded(m.numel());
+  return bytes;
+}
+
+/// A host set for `masters`, its tensors views of `block` (host_set_bytes).
+host_set make_host_set(const std::vector<at::Tensor>& masters, std::shared_ptr<void> block) {
   auto* base = static_cast<char*>(block.get());
   size_t at = 0;
   auto view = [&](at::IntArrayRef sizes) {
@@ -270,7 +326,7 @@ host_set make_host_set(const std::vector<at::Tensor>& masters, bool pin) {
     for (auto n : sizes)
       numel *= n;
     auto t = at::from_blob(base + at, sizes, [block](void*) {}, at::TensorOptions().dtype(at::kFloat));
-    at += padded(numel);
+    at += host_padded(numel);
     return t;
   };
   host_set h;
@@ -336,6 +392,8 @@ struct drafter_engine::impl {
   /// Asynchronous snapshots (begin_snapshot): sets of page-locked host
   /// buffers (host_set), at most two, and the snapshot in flight.
   std::vector<host_set> host_sets;
+  std::future<mapped_block> preparing;  ///< the next set's memory, being mapped and touched
+  std::shared_ptr<std::atomic<bool>> cancel_prepare = std::make_shared<std::atomic<bool>>(false);
   std::optional<snapshot_parts> pending_snapshot;
   std::optional<transport::handle> pending_handle;  ///< a snapshot taken synchronously (slow_snapshot)
 #ifdef TANDEM_HAVE_CUDA
@@ -370,12 +428,18 @@ struct drafter_engine::impl {
     if (!o.init_from.empty())
       warm_start(o.init_from);
     claim_host_sets();
+    prepare_host_set();
   }
 
   ~impl() {
     try {
       leave_group(group_timeout);
     } catch (...) {
+    }
+    if (preparing.valid()) {  // stopped at its next 2 MiB, and unmapped
+      cancel_prepare->store(true);
+      if (auto m = preparing.get(); m.p)
+        munmap(m.p, m.bytes);
     }
 #ifdef TANDEM_HAVE_CUDA
     // The side stream's copies read the masters and moments (a restore
@@ -1023,8 +1087,32 @@ struct drafter_engine::impl {
         return h;
     // A third set (both kept ones still being written) is a one-off:
     // begin_snapshot drops sets beyond two once they are free.
-    host_sets.push_back(make_host_set(masters, device.is_cuda()));
+    const auto bytes = host_set_bytes(masters);
+    mapped_block ready;
+    if (preparing.valid())
+      ready = preparing.get();  // made meanwhile (waits for the rest if it is not done)
+    host_sets.push_back(make_host_set(masters, host_block(bytes, device.is_cuda(), ready)));
+    prepare_host_set();  // the second set's memory, while the first is in use
     return host_sets.back();
+  }
+
+  /// With opts.prepare_snapshot_buffers and fewer than two sets held: a
+  /// helper thread maps and touches the next set's memory (no CUDA there),
+  /// so that the snapshot that needs it only page-locks it on this thread
+  /// (on the CPU: takes it as it is).  TANDEM_SNAPSHOT_PREPARE=0 turns it
+  /// off (docs/environment.md).
+  void prepare_host_set() {
+    if (!opts.prepare_snapshot_buffers || preparing.valid() || host_sets.size() >= 2)
+      return;
+    static const bool off = [] {
+      const char* v = std::getenv("TANDEM_SNAPSHOT_PREPARE");
+      return v && std::string(v) == "0";
+    }();
+    if (off)
+      return;
+    preparing = std::async(std::launch::async, [bytes = host_set_bytes(masters), cancel = cancel_prepare] {
+      return map_and_touch(bytes, *cancel);
+    });
   }
 
   /// Takes the host sets an earlier incarnation of this drafter left (of

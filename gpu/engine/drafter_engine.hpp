@@ -63,6 +63,13 @@ struct drafter_engine_options {
   /// of as much per kept step, on a side stream.
   int64_t memory_every = 0;
   int32_t memory_slot = 0;
+  /// The run will snapshot this drafter (checkpoints, restore points in
+  /// shared memory): a helper thread maps and touches the host memory of
+  /// its first two snapshot buffer sets (12 bytes a parameter each) ahead
+  /// of need, with no CUDA call, so that the snapshots that first need them
+  /// only page-lock them on the drafter's thread (on CUDA) instead of
+  /// allocating page-locked memory there (seconds at 8B).
+  bool prepare_snapshot_buffers = false;
   // The gradient layout follows the device and dtype, with no switch: on CUDA
   // with a bf16/fp16 model, masters, moments, model and gradients live in flat
   // buffers, the update is two kernels (gpu/kernels/adamw_flat.hpp) and the

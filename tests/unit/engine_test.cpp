@@ -587,6 +587,10 @@ TEST(engine, asynchronous_snapshots_match_the_synchronous_one_and_reuse_their_bu
 // writer still holds them.
 TEST(engine, snapshot_buffers_outlive_their_engine_for_the_next_incarnation_only) {
   inputs in;
+  auto other_slot_of = [](drafter_engine_options x) {
+    x.memory_slot = 4;
+    return x;
+  };
   drafter_engine::drop_restore_points();
   auto take = [](drafter_engine& e) {
     e.begin_snapshot();
@@ -603,14 +607,22 @@ TEST(engine, snapshot_buffers_outlive_their_engine_for_the_next_incarnation_only
   };
   auto o = drafter_options(20);
   o.memory_slot = 3;
+  o.prepare_snapshot_buffers = true;  // made ahead on a helper thread: the same contents
   const void* first = nullptr;
   {
     drafter_engine e(o);
     (void)e.train_step(in.batch, in.features);
-    first = buffer_of(take(e));
+    const auto sync = view(e);
+    auto h = take(e);
+    auto t = transport::acquire(h, at::Device(at::kCPU));
+    first = t[2].data_ptr();
+    EXPECT_TRUE(all_equal({t.begin() + 2, t.begin() + 2 + static_cast<long>(sync.w.size())}, sync.w));
+    EXPECT_TRUE(at::equal(t[1], sync.step));
+    t.clear();
+    transport::release(h);
+    drafter_engine unused(other_slot_of(o));  // prepares, never snapshots: ends cleanly
   }
-  auto other_slot = o;
-  other_slot.memory_slot = 4;
+  auto other_slot = other_slot_of(o);
   {
     drafter_engine e(other_slot);
     EXPECT_NE(buffer_of(take(e)), first);
