@@ -280,7 +280,7 @@ void count_group_step(self_ptr self, int64_t step, const std::vector<step_report
 /// A worker that is not restarted ended (`why`): stop as for a signal (the
 /// steps in progress finish, a checkpoint is written), then answer the run
 /// request with the error, as `code` (device_failure, or bad_input when
-/// the worker's input cannot load: tandem run exits 2).
+/// the worker's input cannot load).
 void on_escalate(self_ptr self, const std::string& why, errc code);
 
 // -- coordinator_workers.cpp ---------------------------------------------------

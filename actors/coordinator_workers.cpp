@@ -124,10 +124,7 @@ void on_worker_down(self_ptr self, const std::string& role, int32_t index, const
         // answers with the error.
         ev.restart = -1;
         event(self, std::move(ev));
-        // A drafter that cannot start on its input (its init_from, the
-        // target's weights) ends the run as bad input.
-        const bool bad_input = err.category() == error_category && err.code() == static_cast<uint8_t>(errc::bad_input);
-        on_escalate(self, self->system().render(err), bad_input ? errc::bad_input : errc::device_failure);
+        on_escalate(self, self->system().render(err), errc::device_failure);
       });
 }
 

@@ -228,7 +228,10 @@ void respawn_on_node(self_ptr self, const std::string& role, int32_t i, const st
             auto why = role + " " + std::to_string(i) + " could not be restarted on node '" + node
                        + "': " + self->system().render(e);
             spdlog::error("tandem.supervisor: {}", why);
-            self->send(s.coordinator, escalate_atom::value, std::move(why));
+            if (is_bad_input(e))
+              self->send(s.coordinator, escalate_atom::value, bad_input_atom::value, std::move(why));
+            else
+              self->send(s.coordinator, escalate_atom::value, std::move(why));
           });
 }
 

@@ -187,7 +187,11 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     // Data-parallel drafters restore from a live peer instead.
     o.memory_every = p.placement.drafters.size() == 1 ? c.checkpoint.memory_every : 0;
     o.memory_slot = d.index;
-    o.prepare_snapshot_buffers = c.checkpoint.every_steps > 0 || c.checkpoint.host_every > 0;
+    // Snapshots (checkpoints, restore points, evaluations, the final
+    // checkpoint) come from drafter 0, or with data-parallel drafters from
+    // the first clean one (coordinator snapshot_source): the others make
+    // their sets only if they are ever asked.
+    o.prepare_snapshot_buffers = d.index == 0;
     p.drafters.push_back(o);
   }
   p.faults = c.faults;

@@ -104,7 +104,8 @@ using drafter_down_atom = caf::atom_constant<caf::atom("down")>;
 using drafter_up_atom = caf::atom_constant<caf::atom("up")>;
 using escalate_atom = caf::atom_constant<caf::atom("escalate")>;
 /// Tags an escalation whose cause is the input (weights, data) rather than
-/// a device: the run ends as bad input (tandem run exits 2).
+/// a device: the run ends as tandem.bad_input (tandem run exits 1, a
+/// failure while running).
 using bad_input_atom = caf::atom_constant<caf::atom("badinput")>;
 using device_lost_atom = caf::atom_constant<caf::atom("devlost")>;
 using worker_down_atom = caf::atom_constant<caf::atom("wdown")>;

@@ -208,9 +208,10 @@ struct host_set {
           return false;
     return true;
   }
-  /// Whether its tensors have these shapes (and the step's).
-  bool fits(const std::vector<at::Tensor>& masters) const {
-    if (weights.size() != masters.size())
+  bool pinned = false;  ///< page-locked (made for a CUDA engine)
+  /// Whether its tensors have these shapes and it is page-locked as `pin` asks.
+  bool fits(const std::vector<at::Tensor>& masters, bool pin) const {
+    if (weights.size() != masters.size() || pinned != pin)
       return false;
     for (size_t i = 0; i < masters.size(); ++i)
       if (weights[i].sizes() != masters[i].sizes())
@@ -297,9 +298,9 @@ std::shared_ptr<void> host_block(size_t bytes, bool pin, mapped_block ready = {}
     return {p, [](void* q) { (void)cudaFreeHost(q); }};
   }
 #endif
-  void* p = std::malloc(bytes);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // host_align
   if (!p)
-    throw no_host_memory(bytes, pin, "malloc failed");
+    throw no_host_memory(bytes, pin, "aligned_alloc failed");
   return {p, [](void* q) { std::free(q); }};
 }
 
@@ -428,7 +429,11 @@ struct drafter_engine::impl {
     if (!o.init_from.empty())
       warm_start(o.init_from);
     claim_host_sets();
-    prepare_host_set();
+    try {
+      prepare_host_set();
+    } catch (const std::exception&) {
+      // no thread to be had: the sets are allocated when needed instead
+    }
   }
 
   ~impl() {
@@ -457,6 +462,9 @@ struct drafter_engine::impl {
         snapshot_copied->synchronize();
       leave_host_sets();  // a set's copy has landed: reusable (one still held is not free)
     } catch (...) {
+      // A copy may still be writing into a set (the device failed): its
+      // memory is left mapped rather than unmapped under it.
+      static_cast<void>(new std::vector<host_set>(std::move(host_sets)));
     }
 #else
     leave_host_sets();
@@ -1092,7 +1100,12 @@ struct drafter_engine::impl {
     if (preparing.valid())
       ready = preparing.get();  // made meanwhile (waits for the rest if it is not done)
     host_sets.push_back(make_host_set(masters, host_block(bytes, device.is_cuda(), ready)));
-    prepare_host_set();  // the second set's memory, while the first is in use
+    host_sets.back().pinned = device.is_cuda();
+    try {
+      prepare_host_set();  // the second set's memory, while the first is in use
+    } catch (const std::exception&) {
+      // no thread to be had: that set is allocated when needed instead
+    }
     return host_sets.back();
   }
 
@@ -1122,7 +1135,7 @@ struct drafter_engine::impl {
     auto& slot = host_pool[opts.memory_slot];
     slot.newest = std::max(slot.newest, incarnation);
     for (auto& h : slot.sets)
-      if (h.fits(masters) && h.free())
+      if (h.fits(masters, device.is_cuda()) && h.free())
         host_sets.push_back(std::move(h));
     slot.sets.clear();
   }

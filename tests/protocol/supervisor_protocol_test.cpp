@@ -13,6 +13,7 @@
 // coordinator_protocol_test.cpp.)
 #define CAF_SUITE supervisor_protocol
 
+#include <algorithm>
 #include <utility>
 
 #include "actors/spawn.hpp"
@@ -337,6 +338,7 @@ CAF_TEST(a target with bad input or a checkpointer or the metrics actor that end
   CAF_REQUIRE_EQUAL(log->escalated.size(), 1u);
   CAF_CHECK(contains(log->escalated[0], "truncated"));
   CAF_CHECK(contains(log->escalated[0], "bad input is not retried"));
+  CAF_CHECK(std::count(log->order.begin(), log->order.end(), "escalate_bad_input") == 1);  // tagged
   CAF_CHECK(log->workers_down.empty());
   end_with(peers.checkpointer, make_error(errc::bad_input, "disk full"));
   sched.run();

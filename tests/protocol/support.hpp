@@ -248,6 +248,7 @@ struct coordinator_log {
   int vitals_asked = 0;                                ///< vitals_all requests answered
   std::string status = "{}";                           ///< what status_atom answers
   std::vector<std::string> order;  ///< "batch", "exhausted", "work", "report", "down", "up", "escalate",
+                                   ///< "escalate_bad_input",
                                    ///< "device_lost"
 };
 
@@ -324,7 +325,7 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
     },
     [log](escalate_atom, bad_input_atom, const std::string& why) {  // a worker's input cannot load
       log->escalated.push_back(why);
-      log->order.push_back("escalate");
+      log->order.push_back("escalate_bad_input");
     },
     [log](escalate_atom, int32_t, const std::string& why) {  // a drafter's restart given up
       log->escalated.push_back(why);
