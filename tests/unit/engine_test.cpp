@@ -3,11 +3,14 @@
 // torch::optim::AdamW and a float64 reference, a short training run, bit-exact
 // save → restore → continue, fault injection, corrupt checkpoints, transport
 // handle accounting.  Tolerances are stated where they are used, with why.
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <stdexcept>
+#include <thread>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -124,6 +127,19 @@ snap_view view(drafter_engine& e) {
     s.v.push_back(t[2 + 2 * p + i]);
   }
   return s;
+}
+
+/// An asynchronous snapshot (begin_snapshot, then poll_snapshot until it
+/// lands, up to 10 s); throws if it never does.
+transport::handle take_snapshot(drafter_engine& e) {
+  e.begin_snapshot();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    if (auto h = e.poll_snapshot())
+      return *h;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  throw std::runtime_error("the snapshot did not land within 10 s");
 }
 
 bool all_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
@@ -541,14 +557,7 @@ TEST(engine, asynchronous_snapshots_match_the_synchronous_one_and_reuse_their_bu
   inputs in;
   drafter_engine e(drafter_options(20));
   (void)e.train_step(in.batch, in.features);
-  auto take = [&] {
-    e.begin_snapshot();
-    std::optional<transport::handle> h;
-    for (int i = 0; i < 1000 && !h; ++i)
-      h = e.poll_snapshot();
-    EXPECT_TRUE(h.has_value());
-    return *h;
-  };
+  auto take = [&] { return take_snapshot(e); };
   auto sync = e.snapshot();
   auto a = take();
   const auto want = transport::acquire(sync, at::Device(at::kCPU));
@@ -592,14 +601,7 @@ TEST(engine, snapshot_buffers_outlive_their_engine_for_the_next_incarnation_only
     return x;
   };
   drafter_engine::drop_restore_points();
-  auto take = [](drafter_engine& e) {
-    e.begin_snapshot();
-    std::optional<transport::handle> h;
-    for (int i = 0; i < 1000 && !h; ++i)
-      h = e.poll_snapshot();
-    EXPECT_TRUE(h.has_value());
-    return *h;
-  };
+  auto take = [](drafter_engine& e) { return take_snapshot(e); };
   auto buffer_of = [](transport::handle h) {
     auto t = transport::acquire(h, at::Device(at::kCPU));
     transport::release(h);
