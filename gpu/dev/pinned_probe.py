@@ -70,7 +70,6 @@ def main():
     # d2h into the caching allocator's buffers
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    off = 0
     for t in keep[0][: len(shapes)]:
         t.view(-1).copy_(dev[: t.numel()], non_blocking=True)
     torch.cuda.synchronize()

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
@@ -273,18 +274,18 @@ mapped_block map_and_touch(size_t bytes, const std::atomic<bool>& cancel) {
 /// `ready` (mapped and touched, at least `bytes`) page-locked in place, or
 /// else allocated page-locked.
 std::shared_ptr<void> host_block(size_t bytes, bool pin, mapped_block ready = {}) {
+  if (ready.p && ready.bytes >= bytes) {
+    if (!pin)
+      return {ready.p, [n = ready.bytes](void* q) { munmap(q, n); }};
 #ifdef TANDEM_HAVE_CUDA
-  if (pin && ready.p && ready.bytes >= bytes) {
     if (cudaHostRegister(ready.p, ready.bytes, cudaHostRegisterPortable) == cudaSuccess)
       return {ready.p, [n = ready.bytes](void* q) {
                 (void)cudaHostUnregister(q);
                 munmap(q, n);
               }};
     (void)cudaGetLastError();  // allocated page-locked below instead
-  }
 #endif
-  if (!pin && ready.p && ready.bytes >= bytes)
-    return {ready.p, [n = ready.bytes](void* q) { munmap(q, n); }};
+  }
   if (ready.p)
     munmap(ready.p, ready.bytes);
 #ifdef TANDEM_HAVE_CUDA
@@ -318,8 +319,10 @@ size_t host_set_bytes(const std::vector<at::Tensor>& masters) {
   return bytes;
 }
 
-/// A host set for `masters`, its tensors views of `block` (host_set_bytes).
-host_set make_host_set(const std::vector<at::Tensor>& masters, std::shared_ptr<void> block) {
+/// A host set for `masters`, its tensors views of one host_block
+/// (page-locked when `pin`; made of `ready` when it holds the memory).
+host_set make_host_set(const std::vector<at::Tensor>& masters, bool pin, mapped_block ready) {
+  auto block = host_block(host_set_bytes(masters), pin, ready);
   auto* base = static_cast<char*>(block.get());
   size_t at = 0;
   auto view = [&](at::IntArrayRef sizes) {
@@ -331,6 +334,7 @@ host_set make_host_set(const std::vector<at::Tensor>& masters, std::shared_ptr<v
     return t;
   };
   host_set h;
+  h.pinned = pin;
   for (const auto& m : masters)
     h.weights.push_back(view(m.sizes()));
   for (const auto& m : masters)
@@ -429,11 +433,7 @@ struct drafter_engine::impl {
     if (!o.init_from.empty())
       warm_start(o.init_from);
     claim_host_sets();
-    try {
-      prepare_host_set();
-    } catch (const std::exception&) {
-      // no thread to be had: the sets are allocated when needed instead
-    }
+    prepare_host_set();
   }
 
   ~impl() {
@@ -1095,17 +1095,11 @@ struct drafter_engine::impl {
         return h;
     // A third set (both kept ones still being written) is a one-off:
     // begin_snapshot drops sets beyond two once they are free.
-    const auto bytes = host_set_bytes(masters);
     mapped_block ready;
     if (preparing.valid())
       ready = preparing.get();  // made meanwhile (waits for the rest if it is not done)
-    host_sets.push_back(make_host_set(masters, host_block(bytes, device.is_cuda(), ready)));
-    host_sets.back().pinned = device.is_cuda();
-    try {
-      prepare_host_set();  // the second set's memory, while the first is in use
-    } catch (const std::exception&) {
-      // no thread to be had: that set is allocated when needed instead
-    }
+    host_sets.push_back(make_host_set(masters, device.is_cuda(), ready));
+    prepare_host_set();  // the second set's memory, while the first is in use
     return host_sets.back();
   }
 
@@ -1123,9 +1117,13 @@ struct drafter_engine::impl {
     }();
     if (off)
       return;
-    preparing = std::async(std::launch::async, [bytes = host_set_bytes(masters), cancel = cancel_prepare] {
-      return map_and_touch(bytes, *cancel);
-    });
+    try {
+      preparing = std::async(std::launch::async, [bytes = host_set_bytes(masters), cancel = cancel_prepare] {
+        return map_and_touch(bytes, *cancel);
+      });
+    } catch (const std::system_error&) {
+      // no thread to be had: the set is allocated when needed instead
+    }
   }
 
   /// Takes the host sets an earlier incarnation of this drafter left (of
