@@ -1060,6 +1060,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
       });
   }
   shutdown_system(run);
+  // The run's record: its last lines (the end) are in the metrics actor's
+  // mailbox; they are on disk, and the file closed, once it is gone.
+  // Nothing after this point (a crash in teardown included) can lose them.
+  self->wait_for(run.peers.metrics);
   members_end.code = exit_code;
   if (run.control_http)
     ::unlink(control_file.c_str());  // the endpoint is gone
