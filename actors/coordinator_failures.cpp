@@ -186,6 +186,7 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   slot.down = false;
   slot.heartbeat_pending = false;
   slot.snapshot_pending = false;
+  slot.snapshot_beside_work = false;
   slot.last_heartbeat = self->clock().now();
   s.idle.push_back(d);
   if (s.grouped())  // restored from the checkpoint its restart named: the ledger's state only if nothing came after it

@@ -62,6 +62,26 @@ bool epoch_tail(self_ptr self) {
   return s.queue.size() == s.in_flight.size();
 }
 
+namespace {
+
+/// Whether drafter `d`, its snapshot pending, may train the next step
+/// meanwhile: the snapshot is a restore point for the shared-memory tier
+/// (snapshot_beside_work), and no other snapshot is wanted at the step
+/// that work ends at — an evaluation, a checkpoint, the next restore point
+/// or the last step are each taken at their very step, which a step
+/// completing while the drafter is still copying would put off.
+bool work_beside_snapshot(const coordinator_state& s, int32_t d) {
+  if (!s.drafters[static_cast<size_t>(d)].snapshot_beside_work)
+    return false;
+  const auto next = s.step + 1;
+  auto due = [next](int64_t every) { return every > 0 && next % every == 0; };
+  return !s.checkpoint_after_host && !s.eval_due && !s.checkpoint_due && !s.host_due && !due(s.opts.eval_every)
+         && !due(s.opts.checkpoint_every) && !due(s.opts.host_every)
+         && !(s.opts.max_steps > 0 && next >= s.opts.max_steps);
+}
+
+} // namespace
+
 void dispatch(self_ptr self) {
   auto& s = self->state;
   if (s.holding())
@@ -73,8 +93,8 @@ void dispatch(self_ptr self) {
   }
   while (!s.stopping() && !s.idle.empty() && !s.queue.empty()) {
     auto d = s.idle.front();
-    if (s.slot(d).snapshot_pending)
-      break;  // its thread is copying a snapshot; dispatched once it answers
+    if (s.slot(d).snapshot_pending && !work_beside_snapshot(s, d))
+      break;  // it is copying a snapshot this work must not pass; dispatched once it answers
     s.idle.pop_front();
     s.busy.insert(d);
     s.slot(d).dispatched = self->clock().now();
@@ -174,6 +194,7 @@ void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr) 
   auto& slot = s.slot(src);
   if (slot.addr == addr) {
     slot.snapshot_pending = false;
+    slot.snapshot_beside_work = false;
     slot.last_heartbeat = self->clock().now();  // it answered: alive now
   }
   if (std::exchange(s.checkpoint_after_host, false) && !s.checkpointing())
@@ -287,6 +308,7 @@ void host_restore_point(self_ptr self) {
   s.host_due = false;
   const auto extra = ledger_json(self);
   slot.snapshot_pending = true;
+  slot.snapshot_beside_work = true;
   const auto addr = slot.addr;
   auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
@@ -427,7 +449,7 @@ void maybe_end_epoch(self_ptr self) {
   auto& s = self->state;
   if (s.stopping() || s.checkpointing() || !epoch_drained(self))
     return;
-  checkpoint(self, [self, e = s.epoch] {
+  auto end_epoch = [self, e = s.epoch] {
     auto& s = self->state;
     if (s.epoch != e || s.stopping() || !epoch_drained(self))
       return;  // already handled (a continuation can run late after a failure)
@@ -447,7 +469,13 @@ void maybe_end_epoch(self_ptr self) {
     s.ledger->next_epoch();
     ++s.epoch;
     start_epoch(self, {});
-  });
+  };
+  // The epoch's last step may be in a checkpoint already (checkpoint.every_steps
+  // divides it): that one committed the whole epoch; no second write of it.
+  if (s.step == s.durable_step)
+    end_epoch();
+  else
+    checkpoint(self, end_epoch);
 }
 
 /// After a step's accounting: the run's end, a checkpoint, the next work.

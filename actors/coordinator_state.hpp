@@ -90,9 +90,16 @@ struct drafter_slot {
   bool heartbeat_pending = false;             ///< asked, no answer yet
   /// Asked for a snapshot, no answer yet: its thread is copying its state,
   /// busy and not dead.  No heartbeat is asked of it and no work sent to it
-  /// meanwhile; the snapshot request's own deadline (snapshot_timeout)
-  /// watches it instead (messages/drafter.hpp, "Liveness").
+  /// meanwhile (snapshot_beside_work excepted); the snapshot request's own
+  /// deadline (snapshot_timeout) watches it instead (messages/drafter.hpp,
+  /// "Liveness").
   bool snapshot_pending = false;
+  /// The snapshot pending is a restore point for the shared-memory tier:
+  /// its copy runs beside training (the drafter copies it from the restore
+  /// point in device memory when that holds the step, else its next step
+  /// waits for the copy on the device), so work may be sent meanwhile
+  /// (dispatch: work_beside_snapshot).
+  bool snapshot_beside_work = false;
   /// Holds the state the ledger's step says (restored to it or never
   /// diverged): it may lead the next data-parallel group, or be snapshotted.
   bool clean = true;

@@ -76,7 +76,11 @@
 ///   * forming a group asks every drafter a heartbeat first, answered
 ///     within step_timeout_s (a restarted one answers once restored);
 ///   * a drafter asked for a snapshot is busy copying its state (12.6 GB at
-///     8B): it is asked no heartbeat and sent no work until it answers, and
+///     8B): it is asked no heartbeat and sent no work until it answers
+///     (a single drafter's restore point for the shared-memory tier
+///     excepted: it copies beside training, from the restore point in
+///     device memory, and is sent work up to the next step at which another
+///     snapshot is due; actors/coordinator_routing.cpp, work_beside_snapshot), and
 ///     the snapshot request's own deadline (snapshot_timeout, 10 minutes,
 ///     actors/coordinator_state.hpp) watches it; its answer counts as a
 ///     heartbeat.  An outstanding request is accounted for, never taken

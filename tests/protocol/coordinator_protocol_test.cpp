@@ -1022,6 +1022,46 @@ CAF_TEST(restore points in shared memory are taken every host_every steps and co
   check_handles_released();
 }
 
+CAF_TEST(a single drafter trains on while a restore point copies up to the next snapshot step) {
+  // host_every 3, checkpoint_every 4, 12 steps; each snapshot answers a
+  // turn later, as the real drafter's poll does.  The restore points of
+  // steps 6 and 9 copy while steps 7 and 10 train; that of step 3 does
+  // not (step 4 is a checkpoint's: taken at its very step), nor do the
+  // checkpoints (their copies hold the drafter).  Each restore point and
+  // checkpoint holds its own step's weights and ledger; the epoch's end,
+  // at step 12, is in step 12's checkpoint already and not written twice.
+  setup s;
+  s.samples = 24;
+  s.opts.host_every = 3;
+  s.opts.checkpoint_every = 4;
+  s.opts.credits = 4;  // features queued ahead: work is there to send
+  w->snapshot_polls = true;
+  spawn_all(s);
+  auto host = sys.spawn(fake_host_checkpointer, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(host));
+  peers.host_checkpointer = host;
+  launch(peers);
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->steps_while_snapshotting, (std::vector<int64_t>{7, 10}));
+  std::vector<int64_t> host_steps;
+  for (const auto& x : w->host_written)
+    host_steps.push_back(x.step);
+  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{3, 6, 9}));
+  CAF_REQUIRE_EQUAL(w->host_extras.size(), 3u);
+  CAF_CHECK_EQUAL(w->host_extras[1]["step"], 6);
+  CAF_CHECK_EQUAL(w->host_extras[2]["step"], 9);
+  std::vector<int64_t> ckpt_steps;
+  for (const auto& x : w->written)
+    ckpt_steps.push_back(x.step);
+  CAF_CHECK_EQUAL(ckpt_steps, (std::vector<int64_t>{4, 8, 12}));
+  for (const auto& [dir, held] : w->checkpoints)  // 2 samples a step
+    CAF_CHECK_EQUAL(static_cast<int64_t>(held.second.size()), 2 * held.first);
+  check_exactly(24, 1);
+  check_handles_released();
+}
+
 CAF_TEST(evaluations take snapshots every eval_every steps and the final weights once) {
   // eval_every 2 over a 6-step epoch: evaluations of steps 2, 4 and 6, each
   // an "eval" event; the epoch's checkpoint at step 6 follows the eval's

@@ -136,6 +136,12 @@ struct peer_world {
   bool memory_gone = false;
   std::map<int32_t, std::pair<int64_t, std::vector<int64_t>>> memory;
   int64_t die_on_snapshot_at = -1;    ///< a snapshot asked at this step kills the drafter instead
+  /// Snapshots answer as the real drafter's do, through a snapshot_poll_atom
+  /// it sends itself (so work already in its mailbox comes first), instead
+  /// of at once; work that arrives meanwhile is counted.
+  bool snapshot_polls = false;
+  int64_t work_while_snapshotting = 0;
+  std::vector<int64_t> steps_while_snapshotting;  ///< the steps that work trained
   bool next_dies_at_start = false;    ///< the next incarnation fails its restore (quits at once)
   std::set<int32_t> muted;            ///< these drafters' heartbeats are never answered
   /// Data-parallel groups: every join (drafter, rank, world, generation),
@@ -319,6 +325,8 @@ struct fake_drafter_state {
   caf::actor_clock::time_point idle_since;
   std::optional<work_item> held;
   int64_t generation = 0;             ///< of the group joined last
+  std::optional<caf::typed_response_promise<snapshot_desc>> snapshot_reply;  ///< snapshot_polls: answered on the poll
+  snapshot_desc snapshot;
 };
 
 inline fake_drafter_actor::behavior_type
@@ -346,6 +354,10 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     r.contributed = item.contribute;
     if (finite) {
       ++s.step;
+      if (s.snapshot_reply) {
+        ++w->work_while_snapshotting;
+        w->steps_while_snapshotting.push_back(s.step);
+      }
       if (item.contribute)
         s.weights.insert(s.weights.end(), item.batch.sample_ids.begin(), item.batch.sample_ids.end());
       if (s.incarnation + 1 == w->incarnations.size())
@@ -461,7 +473,12 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       }
       snapshot_desc d{index, s.step, w->next_handle++};
       w->snapshots[d.handle] = {s.step, s.weights};
-      return d;
+      if (!w->snapshot_polls)
+        return d;
+      s.snapshot = d;
+      s.snapshot_reply = self->make_response_promise<snapshot_desc>();
+      self->send(self, snapshot_poll_atom::value);
+      return *s.snapshot_reply;
     },
     [=](heartbeat_atom) {
       auto rp = self->make_response_promise<int64_t>();
@@ -470,7 +487,13 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       return rp;
     },
     [self](shutdown_atom) { self->quit(); },
-    [](snapshot_poll_atom) {},
+    [self](snapshot_poll_atom) {
+      auto& s = self->state;
+      if (s.snapshot_reply) {
+        s.snapshot_reply->deliver(s.snapshot);
+        s.snapshot_reply.reset();
+      }
+    },
     [=](fault_atom, const std::string& kind, int64_t at_step) { w->faults_armed.push_back({index, kind, at_step}); },
   };
 }
