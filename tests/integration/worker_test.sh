@@ -8,7 +8,7 @@
 #               new worker, which resumes from the restore point of step 8
 #               (or 4, on a loaded machine; not the checkpoint: none yet), and the run ends as the
 #               reference did, bit for bit, its ledger exact;
-#   sigkill     the worker (not tandem) is SIGKILLed mid-run: the same;
+#   sigkill     the worker (not tandem) is SIGKILLed mid-run (its drafter hung): the same;
 #   no-parent   supervision.worker_restarts = 0: the abort ends the run (134),
 #               and `--resume` continues from the restore point (restore
 #               points every 2 steps there; see below);
@@ -24,15 +24,19 @@
 #               second epoch whose worker aborts mid-way: restarted (the old end
 #               does not count), trained to the new end.
 # ~25 s on 2 cores.
+# TANDEM_RUN_EXTRA: more arguments for every run, e.g. a GPU placement
+# (tools/gpu-host/tests.sh: target and drafter on cuda:0, where a restore
+# point's copy runs beside the steps that follow it).
 set -euo pipefail
 tandem="$1"; python="$2"; fixtures="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/run_lib.sh"
 helper() { "$python" "$here/soak_schedule.py" "$@"; }
+read -r -a extra <<< "${TANDEM_RUN_EXTRA:-}"
 t0=$SECONDS
 common=(--set data.epochs=1 --set checkpoint.every_steps=20 --set checkpoint.host_every=4)
 run() { local out=$1; shift; "$tandem" run "$work/run.toml" --set run.output_dir="$work/$out" \
-          --set checkpoint.host_dir="$work/$out-shm" "${common[@]}" "$@"; }
+          --set checkpoint.host_dir="$work/$out-shm" "${common[@]}" ${extra[@]+"${extra[@]}"} "$@"; }
 newest() { ls -d "$1"/checkpoints/step-* 2>/dev/null | grep -v '\.tmp$' | sort | tail -n 1 || true; }
 lines() { "$python" -c 'import json,sys; print(json.dumps([x for x in map(json.loads, open(sys.argv[1])) if x["event"] == sys.argv[2]]))' "$1" "$2"; }
 first() { "$python" -c 'import json,sys; l=json.loads(sys.argv[1]); print(l[0][sys.argv[2]] if l else "none")' "$1" "$2"; }
@@ -84,7 +88,7 @@ check test "$(lines "$work/teardown/metrics.jsonl" end | "$python" -c 'import js
 # its new end.
 rc=0; "$tandem" run "$work/run.toml" --resume --set run.output_dir="$work/teardown" \
   --set checkpoint.host_dir="$work/teardown-shm" --set data.epochs=2 --set checkpoint.every_steps=20 \
-  --set checkpoint.host_every=4 --set train.log_every=1000 --fault drafter=0,kind=abort,at_step=50 \
+  --set checkpoint.host_every=4 --set train.log_every=1000 --fault drafter=0,kind=abort,at_step=50 ${extra[@]+"${extra[@]}"} \
   > "$work/more.log" 2>&1 || rc=$?
 check test "$rc" = 0
 check grep -q "starting a new one (restart 1 of 3)" "$work/more.log"
@@ -107,11 +111,13 @@ check test "$(lines "$m" drafter_failed)" = "[]"
 check test "$(lines "$m" worker_restarted)" = "[]"
 same_as_reference "$work/actors"
 
-# The worker is SIGKILLed after step 13 (tandem itself is not).  No checkpoint
-# before the end here: the kill lands after step 13 but, on a loaded machine,
-# possibly after step 20, where the checkpoint and the restore point tie and
-# the checkpoint is taken; the newest restore point is then the only choice.
-run sigkill --set checkpoint.every_steps=1000 > "$work/sigkill.log" 2>&1 & pid=$!  # the subshell running `run`; tandem is its child
+# The worker is SIGKILLed after step 13 (tandem itself is not), while its
+# drafter hangs before step 14 (a "hang" fault: its step would time out after
+# step_timeout_s, 120 s), so that the kill lands mid-run however fast the
+# device is (on a GPU the 44 steps take under a second).  The hang fires once
+# in the tandem run: the new worker trains through step 14.  No checkpoint
+# before the end here: the newest restore point is the only choice.
+run sigkill --set checkpoint.every_steps=1000 --fault drafter=0,kind=hang,at_step=14 > "$work/sigkill.log" 2>&1 & pid=$!  # the subshell running `run`; tandem is its child
 helper wait "$work/sigkill/metrics.jsonl" 0 13 "$pid" 120 || fail "step 13 never came"
 parent=$(pgrep -P "$pid" | head -n 1); [[ -n "$parent" ]] || fail "no tandem process under $pid"
 worker=$(pgrep -P "$parent" | head -n 1); [[ -n "$worker" ]] || fail "no worker process under tandem ($parent)"
