@@ -40,6 +40,16 @@ void on_escalate(self_ptr self, const std::string& why, errc code) {
   finish(self, "escalated");
 }
 
+/// Drafter `d`'s restart is given up (its node did not join again, or
+/// refused it as bad input): escalated as `code`, and the run's end stops
+/// waiting for it (try_complete).
+void on_drafter_given_up(self_ptr self, int32_t d, const std::string& why, errc code) {
+  if (d >= 0 && static_cast<size_t>(d) < self->state.drafters.size())
+    self->state.drafters[static_cast<size_t>(d)].given_up = true;
+  on_escalate(self, why, code);
+  try_complete(self);
+}
+
 namespace {
 
 /// Checks the run request; the error to answer it with, or none.
@@ -417,12 +427,9 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
     [self](escalate_atom, const std::string& why) { on_escalate(self, why, errc::device_failure); },
     [self](escalate_atom, bad_input_atom, const std::string& why) { on_escalate(self, why, errc::bad_input); },
-    [self](escalate_atom, int32_t d, const std::string& why) {
-      // Its restart is given up: the end stops waiting for it (try_complete).
-      if (d >= 0 && static_cast<size_t>(d) < self->state.drafters.size())
-        self->state.drafters[static_cast<size_t>(d)].given_up = true;
-      on_escalate(self, why, errc::device_failure);
-      try_complete(self);
+    [self](escalate_atom, int32_t d, const std::string& why) { on_drafter_given_up(self, d, why, errc::device_failure); },
+    [self](escalate_atom, bad_input_atom, int32_t d, const std::string& why) {
+      on_drafter_given_up(self, d, why, errc::bad_input);
     },
     [self](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {
       on_worker_down(self, role, i, why);

@@ -289,6 +289,8 @@ void count_group_step(self_ptr self, int64_t step, const std::vector<step_report
 /// request with the error, as `code` (device_failure, or bad_input when
 /// the worker's input cannot load).
 void on_escalate(self_ptr self, const std::string& why, errc code);
+/// Drafter `d`'s restart is given up: on_escalate, and the end stops waiting for it.
+void on_drafter_given_up(self_ptr self, int32_t d, const std::string& why, errc code);
 
 // -- coordinator_workers.cpp ---------------------------------------------------
 /// Target or prefetch `index` (`role`) died: held until its new incarnation

@@ -291,7 +291,10 @@ void respawn(self_ptr self, int32_t d, const std::string& from) {
           auto why = "drafter " + std::to_string(d) + " could not be restarted on node '" + node
                      + "': " + self->system().render(e);
           spdlog::error("tandem.supervisor: {}", why);
-          self->send(s.coordinator, escalate_atom::value, d, std::move(why));
+          if (is_bad_input(e))
+            self->send(s.coordinator, escalate_atom::value, bad_input_atom::value, d, std::move(why));
+          else
+            self->send(s.coordinator, escalate_atom::value, d, std::move(why));
         });
     return;
   }

@@ -202,6 +202,9 @@ using coordinator_actor = caf::typed_actor<
   /// supervisor: drafter j cannot be restarted (its node did not join
   /// again): escalated, and the run's end does not wait for it (j, why)
   caf::reacts_to<escalate_atom, int32_t, std::string>,
+  /// supervisor: the same, its node having refused it for bad input (its
+  /// checkpoint there does not load): the run ends as bad input (j, why)
+  caf::reacts_to<escalate_atom, bad_input_atom, int32_t, std::string>,
   /// supervisor: target or prefetch `index` died (role, index, why)
   caf::reacts_to<worker_down_atom, std::string, int32_t, std::string>,
   caf::reacts_to<worker_up_atom, int32_t, target_actor>,    ///< supervisor: target i's new incarnation

@@ -379,6 +379,8 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(drafter_up_atom::value, int32_t{1}, drafter_actor{}));
   check(caf::make_message(escalate_atom::value, std::string("target 0 ended")));
   check(caf::make_message(escalate_atom::value, bad_input_atom::value, std::string("prefetch 0 ended")));
+  check(caf::make_message(escalate_atom::value, int32_t{1}, std::string("drafter 1 given up")));
+  check(caf::make_message(escalate_atom::value, bad_input_atom::value, int32_t{1}, std::string("drafter 1 refused")));
   check(caf::make_message(device_lost_atom::value, std::string("illegal memory access")));
   check(caf::make_message(worker_down_atom::value, std::string("target"), int32_t{0}, std::string("died")));
   check(caf::make_message(worker_up_atom::value, int32_t{0}, target_actor{}));

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "actors/spawn.hpp"
+#include "messages/node.hpp"
 #include "support.hpp"
 
 #include "dsl.hpp"
@@ -346,6 +347,42 @@ CAF_TEST(a target with bad input or a checkpointer or the metrics actor that end
   CAF_CHECK(contains(log->escalated[1], "the checkpointer ended"));
   CAF_CHECK(contains(log->escalated[1], "not restarted"));
   CAF_CHECK(log->down.empty());
+}
+
+CAF_TEST(a drafter its node refuses is escalated and tagged as bad input when that is why) {
+  // A cluster run: the door spawns drafters on their nodes.  Drafter 0's
+  // node refuses it for bad input (its checkpoint there does not load),
+  // drafter 1's never joins again (a timeout): both are escalated, only the
+  // first as bad input; neither is spawned in this process.
+  auto o = options();
+  o.drafter_nodes = {"gpu-b", "gpu-c"};
+  auto door = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](spawn_drafter_atom, const std::string& node, int32_t d, const std::string& from,
+               const coordinator_actor&) -> caf::result<drafter_actor> {
+      if (d == 0)
+        return make_error(errc::bad_input, "drafter 0 on " + node + ": " + from + " does not load");
+      return make_error(errc::timeout, "node " + node + " did not join again");
+    }};
+  });
+  everyone.push_back(door);
+  o.cluster_door = door;
+  start(std::move(o));
+  for (int32_t d : {0, 1}) {
+    end_with(peers.drafters[static_cast<size_t>(d)], make_error(errc::device_failure, "gone"));
+    sched.run();
+    auto plan = restart(d, "drafter died", "ckpt/step-4");
+    CAF_REQUIRE(plan->value.has_value());
+    advance_time(1s);
+    sched.run();
+  }
+  CAF_REQUIRE_EQUAL(log->escalated.size(), 2u);
+  CAF_CHECK(contains(log->escalated[0], "could not be restarted on node 'gpu-b'"));
+  CAF_CHECK(contains(log->escalated[0], "does not load"));
+  CAF_CHECK(contains(log->escalated[1], "could not be restarted on node 'gpu-c'"));
+  CAF_CHECK_EQUAL(std::count(log->order.begin(), log->order.end(), "escalate_bad_input"), 1);
+  CAF_CHECK_EQUAL(std::count(log->order.begin(), log->order.end(), "escalate"), 1);
+  CAF_CHECK(log->up.empty());
+  CAF_CHECK(respawns.empty());
 }
 
 CAF_TEST(after shutdown the drafters are shut down and nothing is restarted or reported) {

@@ -331,6 +331,10 @@ inline coordinator_actor::behavior_type recording_coordinator(coordinator_actor:
       log->escalated.push_back(why);
       log->order.push_back("escalate");
     },
+    [log](escalate_atom, bad_input_atom, int32_t, const std::string& why) {  // ... for bad input
+      log->escalated.push_back(why);
+      log->order.push_back("escalate_bad_input");
+    },
     [log](worker_down_atom, const std::string& role, int32_t i, const std::string& why) {
       log->workers_down.push_back(role + " " + std::to_string(i) + ": " + why);
       log->order.push_back("worker_down");
