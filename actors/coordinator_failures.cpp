@@ -40,6 +40,15 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     s.checkpoint = checkpoint_phase::none;
     ++s.checkpoint_seq;
   }
+  if (s.host_snapshotting && s.host_src == d) {
+    // The same for a restore point in shared memory whose copy it was
+    // making (a step sent beside that copy failed, or it hung): a dead
+    // incarnation never answers, and the next restore point need not wait
+    // for the request's deadline (snapshot_timeout, 10 minutes).
+    s.host_snapshotting = false;
+    s.host_busy = false;
+    ++s.host_seq;
+  }
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
   if (s.grouped() && !peers_hold_state && s.group->in_step()) {

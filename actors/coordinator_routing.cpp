@@ -306,6 +306,9 @@ void host_restore_point(self_ptr self) {
   }
   s.host_busy = true;
   s.host_due = false;
+  s.host_snapshotting = true;
+  s.host_src = src;
+  const auto seq = ++s.host_seq;
   const auto extra = ledger_json(self);
   slot.snapshot_pending = true;
   slot.snapshot_beside_work = true;
@@ -313,7 +316,17 @@ void host_restore_point(self_ptr self) {
   auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
-      [self, extra, answered](const snapshot_desc& snap) {
+      [self, extra, answered, seq](const snapshot_desc& snap) {
+        if (self->state.host_seq != seq) {
+          // Given up when its drafter failed (on_drafter_failure): another
+          // restore point may be in progress now.
+          spdlog::warn("restore point in shared memory: a snapshot of step {} came after its drafter failed: "
+                       "not written",
+                       snap.step);
+          answered();
+          return;
+        }
+        self->state.host_snapshotting = false;
         answered();
         self->request(self->state.peers.host_checkpointer, std::chrono::minutes(30), snap, extra)
           .then(
@@ -337,8 +350,11 @@ void host_restore_point(self_ptr self) {
               event(self, restore_point_event{"host", step, "", why});
             });
       },
-      [self, answered](const caf::error& err) {
-        self->state.host_busy = false;
+      [self, answered, seq](const caf::error& err) {
+        if (self->state.host_seq == seq) {  // else given up already (its drafter failed)
+          self->state.host_snapshotting = false;
+          self->state.host_busy = false;
+        }
         answered();
         spdlog::warn("restore point in shared memory: snapshot failed: {}", self->system().render(err));
       });

@@ -1062,6 +1062,40 @@ CAF_TEST(a single drafter trains on while a restore point copies up to the next 
   check_handles_released();
 }
 
+CAF_TEST(a drafter that dies in a step sent beside its restore point copy does not hold up the next restore point) {
+  // host_every 3, 12 steps, restore points in device memory: step 7 is sent
+  // while the restore point of step 6 copies, and the drafter dies in it,
+  // its snapshot never answered (a dead actor answers nothing).  The
+  // restore point of step 6 is given up with it; the new incarnation
+  // (restored from device memory, step 6) takes those of steps 9 and 12 at
+  // their steps, not after the lost request's 10-minute deadline.
+  setup s;
+  s.samples = 24;
+  s.opts.credits = 4;
+  s.opts.host_every = 3;
+  w->snapshot_polls = true;
+  w->memory_tier = true;
+  w->script = {act::ok, act::ok, act::ok, act::ok, act::ok, act::ok, act::die};
+  spawn_all(s);
+  auto host = sys.spawn(fake_host_checkpointer, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(host));
+  peers.host_checkpointer = host;
+  launch(peers);
+  sched.run();
+  advance_time(500ms);  // the restart's backoff
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->events_named("drafter_failed").size(), 1u);
+  std::vector<int64_t> host_steps;
+  for (const auto& x : w->host_written)
+    host_steps.push_back(x.step);
+  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{3, 9, 12}));
+  CAF_CHECK_EQUAL(w->summary->steps, 12);
+  check_exactly(24, 1);
+  check_handles_released();
+}
+
 CAF_TEST(evaluations take snapshots every eval_every steps and the final weights once) {
   // eval_every 2 over a 6-step epoch: evaluations of steps 2, 4 and 6, each
   // an "eval" event; the epoch's checkpoint at step 6 follows the eval's
