@@ -111,6 +111,7 @@ caf::result<run_summary> on_run(self_ptr self, coordinator_peers& peers) {
         done.push_back(i);
     s.step = s.opts.resume_step;
     s.durable_step = s.opts.resume_step;
+    s.durable_on_disk = s.opts.resume_on_disk;
   }
   // The multiplier's schedule of a resumed run (also of a worker restarted
   // before any checkpoint: tandem run, read_lr_schedule).

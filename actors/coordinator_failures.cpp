@@ -40,6 +40,15 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     s.checkpoint = checkpoint_phase::none;
     ++s.checkpoint_seq;
   }
+  if (slot.snapshot_pending) {
+    // Its snapshot will not be answered by this incarnation: a checkpoint
+    // waiting for it (checkpoint_after_host) is taken after the next step
+    // instead, or by an epoch's end once the drafter is back (on_drafter_up).
+    if (std::exchange(s.checkpoint_after_host, false))
+      s.checkpoint_due = true;
+    slot.snapshot_pending = false;
+    slot.snapshot_beside_work = false;
+  }
   if (s.host_snapshotting && s.host_src == d) {
     // The same for a restore point in shared memory whose copy it was
     // making (a step sent beside that copy failed, or it hung): a dead
@@ -215,6 +224,7 @@ void on_drafter_up(self_ptr self, int32_t d, drafter_actor fresh) {
   maybe_form_group(self);
   dispatch(self);
   try_complete(self);
+  maybe_end_epoch(self);  // an epoch's end that waited for it (its checkpoint failed or was put off)
 }
 
 /// The watchdog (every 250 ms): a step running past its limit is a hung

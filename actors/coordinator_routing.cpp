@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/coordinator_state.hpp"
+#include "gpu/transport/transport.hpp"
 #include "messages/errors.hpp"
 
 namespace tandem::coord {
@@ -117,6 +118,17 @@ void fail(self_ptr self, const caf::error& err) {
 
 namespace {
 
+/// A snapshot answered too late to be written (its drafter failed
+/// meanwhile): whoever receives a snapshot owns it, so its page-locked host
+/// buffers are released here, when its drafter ran in this process (a
+/// member's handle names that process's registry: left to it).
+void drop_snapshot(self_ptr self, const snapshot_desc& snap) {
+  auto& s = self->state;
+  const auto d = static_cast<size_t>(snap.drafter);
+  if (d < s.drafters.size() && s.drafters[d].node.empty())
+    gpu::transport::release(snap.handle);
+}
+
 std::string ledger_json(self_ptr self) {
   auto& s = self->state;
   // The checkpoint holds the weights after s.step (the drafter is idle when
@@ -153,6 +165,7 @@ void on_checkpoint_written(self_ptr self, const snapshot_desc& snap, int64_t lin
   }
   const auto committed = s.ledger->durable(snap.step);
   s.durable_step = snap.step;
+  s.durable_on_disk = true;
   s.discarded_to = 0;  // this checkpoint holds the state training continues from
   s.summary.checkpoint = dir;
   const auto src = static_cast<size_t>(snap.drafter);
@@ -192,11 +205,16 @@ int32_t snapshot_source(self_ptr self) {
 void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr) {
   auto& s = self->state;
   auto& slot = s.slot(src);
-  if (slot.addr == addr) {
-    slot.snapshot_pending = false;
-    slot.snapshot_beside_work = false;
-    slot.last_heartbeat = self->clock().now();  // it answered: alive now
+  if (slot.addr != addr) {
+    // A replaced incarnation's late answer: the live one may be mid-step,
+    // where no checkpoint may begin (on_drafter_failure turned a checkpoint
+    // waiting for this answer into checkpoint_due).
+    dispatch(self);
+    return;
   }
+  slot.snapshot_pending = false;
+  slot.snapshot_beside_work = false;
+  slot.last_heartbeat = self->clock().now();  // it answered: alive now
   if (std::exchange(s.checkpoint_after_host, false) && !s.checkpointing())
     checkpoint(self, nullptr);
   dispatch(self);
@@ -251,6 +269,7 @@ void checkpoint(self_ptr self, std::function<void()> then) {
           // checkpoint may be in progress now.  (A drafter that failed while
           // copying does not answer; this is a late answer of one that did.)
           spdlog::warn("checkpoint: a snapshot of step {} came after its drafter failed: not written", snap.step);
+          drop_snapshot(self, snap);
           return;
         }
         self->state.checkpoint = checkpoint_phase::writing;
@@ -323,6 +342,7 @@ void host_restore_point(self_ptr self) {
           spdlog::warn("restore point in shared memory: a snapshot of step {} came after its drafter failed: "
                        "not written",
                        snap.step);
+          drop_snapshot(self, snap);
           answered();
           return;
         }
@@ -420,7 +440,7 @@ void try_complete(self_ptr self) {
   // newest durable checkpoint holds, and a resumed run repeats the rest.
   // None without a drafter to take it from (its restart given up).
   const bool wanted = s.summary.stop_reason != "signal" || s.opts.checkpoint_on_stop;
-  if (wanted && s.step > s.durable_step && !s.slot(snapshot_source(self)).down)
+  if (wanted && (s.step > s.durable_step || !s.durable_on_disk) && !s.slot(snapshot_source(self)).down)
     checkpoint(self, [self] { deliver_after_eval(self); });
   else
     deliver_after_eval(self);
@@ -486,9 +506,11 @@ void maybe_end_epoch(self_ptr self) {
     ++s.epoch;
     start_epoch(self, {});
   };
-  // The epoch's last step may be in a checkpoint already (checkpoint.every_steps
-  // divides it): that one committed the whole epoch; no second write of it.
-  if (s.step == s.durable_step)
+  // The epoch's last step may be in a checkpoint on disk already
+  // (checkpoint.every_steps divides it): that one committed the whole epoch;
+  // no second write of it.  (A restore point in shared memory a worker
+  // resumed from is not on disk: written then.)
+  if (s.step == s.durable_step && s.durable_on_disk)
     end_epoch();
   else
     checkpoint(self, end_epoch);

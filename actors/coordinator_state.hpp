@@ -157,6 +157,10 @@ struct coordinator_state {
 
   // Checkpoints.
   int64_t durable_step = -1;
+  /// durable_step is held by a checkpoint on disk (false after resuming
+  /// from a restore point in shared memory, until the first checkpoint):
+  /// the run's end and an epoch's end write one unless it is.
+  bool durable_on_disk = true;
   int64_t discarded_to = 0;             ///< > 0: a rollback discarded trained steps up to this one
                                         ///< and no checkpoint has been written since
   checkpoint_phase checkpoint = checkpoint_phase::none;

@@ -41,6 +41,9 @@ struct coordinator_settings {
   std::string resume_ledger;         ///< a saved ledger (resume), or ""
   int64_t resume_step = 0;           ///< the drafters' step when resuming
   std::string resume_checkpoint;     ///< the checkpoint resumed from ("" = fresh)
+  /// It is on disk (false: a restore point in shared memory: its step is not
+  /// durable until a checkpoint on disk holds it, which the run's end writes).
+  bool resume_on_disk = true;
   /// The learning-rate multiplier's changes (from step, scale) the resumed
   /// checkpoint holds (set through the control endpoint).
   std::vector<std::pair<int64_t, double>> resume_lr_scale;

@@ -76,6 +76,7 @@ launch_plan make_plan(const run_config& c, const inventory& devices, const data_
     co.resume_ledger = resume->ledger;
     co.resume_step = resume->step;
     co.resume_checkpoint = resume->checkpoint;
+    co.resume_on_disk = resume->on_disk;
     co.resume_lr_scale = resume->lr_scale;
     p.restore_from = resume->checkpoint;
   }

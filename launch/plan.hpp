@@ -59,6 +59,9 @@ struct resume_point {
   int64_t step = 0;        ///< the drafters' update count in it
   std::string ledger;      ///< the ledger saved with it (JSON text)
   std::vector<std::pair<int64_t, double>> lr_scale;  ///< its learning-rate multiplier's changes
+  /// A checkpoint on disk (false: a restore point in shared memory, which
+  /// the run removes once it ends with everything on disk).
+  bool on_disk = true;
 };
 
 /// checkpoint.host_dir when set (relative: to run.output_dir), else

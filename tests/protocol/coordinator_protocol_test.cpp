@@ -1096,6 +1096,36 @@ CAF_TEST(a drafter that dies in a step sent beside its restore point copy does n
   check_handles_released();
 }
 
+CAF_TEST(a drafter lost with its restore point snapshot at the epoch end is checkpointed once it is back) {
+  // host_every 6 over a 6-step epoch: the restore point of step 6 is asked
+  // first, the epoch's checkpoint waits for it, and the drafter dies taking
+  // that snapshot.  Restored from device memory at step 6 (nothing lost),
+  // the new incarnation takes the epoch's checkpoint and the run ends.
+  setup s;
+  s.opts.host_every = 6;
+  w->memory_tier = true;
+  w->die_on_snapshot_at = 6;
+  spawn_all(s);
+  auto host = sys.spawn(fake_host_checkpointer, w);
+  everyone.push_back(caf::actor_cast<caf::actor>(host));
+  peers.host_checkpointer = host;
+  launch(peers);
+  sched.run();
+  w->die_on_snapshot_at = -1;
+  advance_time(500ms);  // the restart's backoff
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "epochs");
+  CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
+  std::vector<int64_t> ckpt_steps;
+  for (const auto& x : w->written)
+    ckpt_steps.push_back(x.step);
+  CAF_CHECK_EQUAL(ckpt_steps, (std::vector<int64_t>{6}));
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
 CAF_TEST(evaluations take snapshots every eval_every steps and the final weights once) {
   // eval_every 2 over a 6-step epoch: evaluations of steps 2, 4 and 6, each
   // an "eval" event; the epoch's checkpoint at step 6 follows the eval's
@@ -1353,6 +1383,50 @@ CAF_TEST(a resumed run continues from its ledger and step) {
   CAF_CHECK_EQUAL(w->summary->samples_committed, 12);
   CAF_CHECK_EQUAL(samples_of(w->prefetch[0].sent), (std::set<int64_t>{6, 7, 8, 9, 10, 11}));
   check_exactly(12, 1);
+}
+
+/// A run resumed at the epoch's last step (6; all 12 samples committed)
+/// from `from` on disk or from a restore point in shared memory: the
+/// checkpoints it writes to disk before it ends.
+std::vector<int64_t> resumed_at_the_end(fixture& f, bool on_disk) {
+  sample_ledger done(12);
+  for (int64_t k = 0; k < 6; ++k) {
+    auto b = done.issue({2 * k, 2 * k + 1});
+    done.trained(b, k + 1);
+  }
+  done.durable(6);
+  setup s;
+  s.opts.resume_ledger = done.save();
+  s.opts.resume_step = 6;
+  s.opts.resume_checkpoint = on_disk ? "ckpt/step-6" : "shm/step-6";
+  s.opts.resume_on_disk = on_disk;
+  std::vector<int64_t> all{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  f.w->checkpoints[s.opts.resume_checkpoint] = {6, all};
+  f.spawn_all(s);
+  caf::anon_send_exit(f.w->incarnations[0], caf::exit_reason::kill);
+  f.w->incarnations.clear();
+  f.peers.drafters = {f.spawn_drafter_incarnation(0, 6, all)};
+  f.launch(f.peers);
+  f.sched.run();
+  CAF_REQUIRE(f.w->summary.has_value());
+  CAF_CHECK(!f.w->error);
+  CAF_CHECK_EQUAL(f.w->summary->stop_reason, "epochs");
+  CAF_CHECK_EQUAL(f.w->summary->steps, 6);
+  std::vector<int64_t> steps;
+  for (const auto& x : f.w->written)
+    steps.push_back(x.step);
+  return steps;
+}
+
+CAF_TEST(a run resumed at its end from a restore point in shared memory writes that step to disk) {
+  // The worker's restore point is removed once the run ends with everything
+  // on disk: the end must write it there first.
+  CAF_CHECK_EQUAL(resumed_at_the_end(*this, false), (std::vector<int64_t>{6}));
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-6");
+}
+
+CAF_TEST(a run resumed at its end from a checkpoint on disk writes nothing again) {
+  CAF_CHECK_EQUAL(resumed_at_the_end(*this, true), (std::vector<int64_t>{}));
 }
 
 /// Contributing samples of the steps in `steps`, sorted (repeats kept).

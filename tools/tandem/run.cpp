@@ -787,6 +787,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
         resume->lr_scale = std::move(*kept);
       }
       const bool host = found.dir.parent_path() == host_dir;
+      resume->on_disk = !host;
       const auto disk = gpu::list_checkpoints(ckpt_dir);
       resumed = resumed_event{resume->step, found.dir.string(), host ? "host" : "disk",
                               disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5)),
