@@ -181,6 +181,31 @@ struct fixture : test_coordinator_fixture<config> {
     });
   }
 
+  /// spawn_all and launch, with a host checkpointer (restore points in
+  /// shared memory, checkpoint.host_every).
+  void launch_with_host(const setup& s) {
+    spawn_all(s);
+    auto host = sys.spawn(fake_host_checkpointer, w);
+    everyone.push_back(caf::actor_cast<caf::actor>(host));
+    peers.host_checkpointer = host;
+    launch(peers);
+  }
+
+  /// The steps of the restore points the host checkpointer wrote, and of
+  /// the checkpoints the checkpointer wrote, in order.
+  std::vector<int64_t> host_steps() const {
+    std::vector<int64_t> out;
+    for (const auto& x : w->host_written)
+      out.push_back(x.step);
+    return out;
+  }
+  std::vector<int64_t> checkpoint_steps() const {
+    std::vector<int64_t> out;
+    for (const auto& x : w->written)
+      out.push_back(x.step);
+    return out;
+  }
+
   nlohmann::json status() {
     auto a = ask<std::string>(sys, coordinator, status_atom::value);
     sched.run();
@@ -993,18 +1018,11 @@ CAF_TEST(restore points in shared memory are taken every host_every steps and co
   // of that step and is taken right after it (one snapshot at a time).
   setup s;
   s.opts.host_every = 2;
-  spawn_all(s);
-  auto host = sys.spawn(fake_host_checkpointer, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(host));
-  peers.host_checkpointer = host;
-  launch(peers);
+  launch_with_host(s);
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
-  std::vector<int64_t> host_steps;
-  for (const auto& x : w->host_written)
-    host_steps.push_back(x.step);
-  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{2, 4, 6}));
+  CAF_CHECK_EQUAL(host_steps(), (std::vector<int64_t>{2, 4, 6}));
   auto points = w->events_named("restore_point");
   CAF_REQUIRE_EQUAL(points.size(), 3u);
   CAF_CHECK_EQUAL(points[0]["tier"], "host");
@@ -1036,26 +1054,16 @@ CAF_TEST(a single drafter trains on while a restore point copies up to the next 
   s.opts.checkpoint_every = 4;
   s.opts.credits = 4;  // features queued ahead: work is there to send
   w->snapshot_polls = true;
-  spawn_all(s);
-  auto host = sys.spawn(fake_host_checkpointer, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(host));
-  peers.host_checkpointer = host;
-  launch(peers);
+  launch_with_host(s);
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
   CAF_CHECK_EQUAL(w->steps_while_snapshotting, (std::vector<int64_t>{7, 10}));
-  std::vector<int64_t> host_steps;
-  for (const auto& x : w->host_written)
-    host_steps.push_back(x.step);
-  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{3, 6, 9}));
+  CAF_CHECK_EQUAL(host_steps(), (std::vector<int64_t>{3, 6, 9}));
   CAF_REQUIRE_EQUAL(w->host_extras.size(), 3u);
   CAF_CHECK_EQUAL(w->host_extras[1]["step"], 6);
   CAF_CHECK_EQUAL(w->host_extras[2]["step"], 9);
-  std::vector<int64_t> ckpt_steps;
-  for (const auto& x : w->written)
-    ckpt_steps.push_back(x.step);
-  CAF_CHECK_EQUAL(ckpt_steps, (std::vector<int64_t>{4, 8, 12}));
+  CAF_CHECK_EQUAL(checkpoint_steps(), (std::vector<int64_t>{4, 8, 12}));
   for (const auto& [dir, held] : w->checkpoints)  // 2 samples a step
     CAF_CHECK_EQUAL(static_cast<int64_t>(held.second.size()), 2 * held.first);
   check_exactly(24, 1);
@@ -1076,21 +1084,14 @@ CAF_TEST(a drafter that dies in a step sent beside its restore point copy does n
   w->snapshot_polls = true;
   w->memory_tier = true;
   w->script = {act::ok, act::ok, act::ok, act::ok, act::ok, act::ok, act::die};
-  spawn_all(s);
-  auto host = sys.spawn(fake_host_checkpointer, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(host));
-  peers.host_checkpointer = host;
-  launch(peers);
+  launch_with_host(s);
   sched.run();
   advance_time(500ms);  // the restart's backoff
   sched.run();
   CAF_REQUIRE(w->summary.has_value());
   CAF_CHECK(!w->error);
   CAF_CHECK_EQUAL(w->events_named("drafter_failed").size(), 1u);
-  std::vector<int64_t> host_steps;
-  for (const auto& x : w->host_written)
-    host_steps.push_back(x.step);
-  CAF_CHECK_EQUAL(host_steps, (std::vector<int64_t>{3, 9, 12}));
+  CAF_CHECK_EQUAL(host_steps(), (std::vector<int64_t>{3, 9, 12}));
   CAF_CHECK_EQUAL(w->summary->steps, 12);
   check_exactly(24, 1);
   check_handles_released();
@@ -1105,11 +1106,7 @@ CAF_TEST(a drafter lost with its restore point snapshot at the epoch end is chec
   s.opts.host_every = 6;
   w->memory_tier = true;
   w->die_on_snapshot_at = 6;
-  spawn_all(s);
-  auto host = sys.spawn(fake_host_checkpointer, w);
-  everyone.push_back(caf::actor_cast<caf::actor>(host));
-  peers.host_checkpointer = host;
-  launch(peers);
+  launch_with_host(s);
   sched.run();
   w->die_on_snapshot_at = -1;
   advance_time(500ms);  // the restart's backoff
@@ -1118,10 +1115,7 @@ CAF_TEST(a drafter lost with its restore point snapshot at the epoch end is chec
   CAF_CHECK(!w->error);
   CAF_CHECK_EQUAL(w->summary->stop_reason, "epochs");
   CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
-  std::vector<int64_t> ckpt_steps;
-  for (const auto& x : w->written)
-    ckpt_steps.push_back(x.step);
-  CAF_CHECK_EQUAL(ckpt_steps, (std::vector<int64_t>{6}));
+  CAF_CHECK_EQUAL(checkpoint_steps(), (std::vector<int64_t>{6}));
   check_exactly(12, 1);
   check_handles_released();
 }
@@ -1412,10 +1406,7 @@ std::vector<int64_t> resumed_at_the_end(fixture& f, bool on_disk) {
   CAF_CHECK(!f.w->error);
   CAF_CHECK_EQUAL(f.w->summary->stop_reason, "epochs");
   CAF_CHECK_EQUAL(f.w->summary->steps, 6);
-  std::vector<int64_t> steps;
-  for (const auto& x : f.w->written)
-    steps.push_back(x.step);
-  return steps;
+  return f.checkpoint_steps();
 }
 
 CAF_TEST(a run resumed at its end from a restore point in shared memory writes that step to disk) {
