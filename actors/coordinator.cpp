@@ -428,7 +428,9 @@ coordinator_actor::behavior_type coordinator_behavior(self_ptr self, coordinator
     [self](drafter_up_atom, int32_t d, drafter_actor& fresh) { on_drafter_up(self, d, std::move(fresh)); },
     [self](escalate_atom, const std::string& why) { on_escalate(self, why, errc::device_failure); },
     [self](escalate_atom, bad_input_atom, const std::string& why) { on_escalate(self, why, errc::bad_input); },
-    [self](escalate_atom, int32_t d, const std::string& why) { on_drafter_given_up(self, d, why, errc::device_failure); },
+    [self](escalate_atom, int32_t d, const std::string& why) {
+      on_drafter_given_up(self, d, why, errc::device_failure);
+    },
     [self](escalate_atom, bad_input_atom, int32_t d, const std::string& why) {
       on_drafter_given_up(self, d, why, errc::bad_input);
     },

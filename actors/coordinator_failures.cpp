@@ -46,17 +46,16 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     // instead, or by an epoch's end once the drafter is back (on_drafter_up).
     if (std::exchange(s.checkpoint_after_host, false))
       s.checkpoint_due = true;
+    if (slot.snapshot_beside_work) {
+      // It was a restore point in shared memory (a step sent beside its
+      // copy failed, or the drafter hung): given up, as a checkpoint is
+      // above, so the next one need not wait for the request's deadline
+      // (snapshot_timeout, 10 minutes).
+      s.host_busy = false;
+      ++s.host_seq;
+    }
     slot.snapshot_pending = false;
     slot.snapshot_beside_work = false;
-  }
-  if (s.host_snapshotting && s.host_src == d) {
-    // The same for a restore point in shared memory whose copy it was
-    // making (a step sent beside that copy failed, or it hung): a dead
-    // incarnation never answers, and the next restore point need not wait
-    // for the request's deadline (snapshot_timeout, 10 minutes).
-    s.host_snapshotting = false;
-    s.host_busy = false;
-    ++s.host_seq;
   }
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());

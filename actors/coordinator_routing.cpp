@@ -65,6 +65,11 @@ bool epoch_tail(self_ptr self) {
 
 namespace {
 
+/// Whether `step` is one of every `n` (n = 0: none is).
+bool on_every(int64_t n, int64_t step) {
+  return n > 0 && step % n == 0;
+}
+
 /// Whether drafter `d`, its snapshot pending, may train the next step
 /// meanwhile: the snapshot is a restore point for the shared-memory tier
 /// (snapshot_beside_work), and no other snapshot is wanted at the step
@@ -75,10 +80,9 @@ bool work_beside_snapshot(const coordinator_state& s, int32_t d) {
   if (!s.drafters[static_cast<size_t>(d)].snapshot_beside_work)
     return false;
   const auto next = s.step + 1;
-  auto due = [next](int64_t every) { return every > 0 && next % every == 0; };
-  return !s.checkpoint_after_host && !s.eval_due && !s.checkpoint_due && !s.host_due && !due(s.opts.eval_every)
-         && !due(s.opts.checkpoint_every) && !due(s.opts.host_every)
-         && !(s.opts.max_steps > 0 && next >= s.opts.max_steps);
+  return !s.checkpoint_after_host && !s.eval_due && !s.checkpoint_due && !s.host_due
+         && !on_every(s.opts.eval_every, next) && !on_every(s.opts.checkpoint_every, next)
+         && !on_every(s.opts.host_every, next) && !(s.opts.max_steps > 0 && next >= s.opts.max_steps);
 }
 
 } // namespace
@@ -325,8 +329,6 @@ void host_restore_point(self_ptr self) {
   }
   s.host_busy = true;
   s.host_due = false;
-  s.host_snapshotting = true;
-  s.host_src = src;
   const auto seq = ++s.host_seq;
   const auto extra = ledger_json(self);
   slot.snapshot_pending = true;
@@ -346,7 +348,6 @@ void host_restore_point(self_ptr self) {
           answered();
           return;
         }
-        self->state.host_snapshotting = false;
         answered();
         self->request(self->state.peers.host_checkpointer, std::chrono::minutes(30), snap, extra)
           .then(
@@ -371,10 +372,8 @@ void host_restore_point(self_ptr self) {
             });
       },
       [self, answered, seq](const caf::error& err) {
-        if (self->state.host_seq == seq) {  // else given up already (its drafter failed)
-          self->state.host_snapshotting = false;
+        if (self->state.host_seq == seq)  // else given up already (its drafter failed)
           self->state.host_busy = false;
-        }
         answered();
         spdlog::warn("restore point in shared memory: snapshot failed: {}", self->system().render(err));
       });
@@ -530,12 +529,11 @@ void after_step(self_ptr self) {
   maybe_rewind(self);  // a lost target or prefetch is back: now that no drafter is mid-step
   // An evaluation first: a checkpoint of the same step then follows the
   // moment its snapshot is answered (checkpoint_after_host), at this step.
-  if ((s.opts.eval_every > 0 && s.step % s.opts.eval_every == 0) || s.eval_due)
+  if (on_every(s.opts.eval_every, s.step) || s.eval_due)
     evaluate(self);
-  if ((s.opts.checkpoint_every > 0 && s.step % s.opts.checkpoint_every == 0)
-      || (s.checkpoint_due && !s.checkpointing()))
+  if (on_every(s.opts.checkpoint_every, s.step) || (s.checkpoint_due && !s.checkpointing()))
     checkpoint(self, [self] { maybe_end_epoch(self); });
-  if ((s.opts.host_every > 0 && s.step % s.opts.host_every == 0) || s.host_due)
+  if (on_every(s.opts.host_every, s.step) || s.host_due)
     host_restore_point(self);
   dispatch(self);
   maybe_end_epoch(self);

@@ -175,9 +175,6 @@ struct coordinator_state {
 
   // Restore points in shared memory (opts.host_every; host_restore_point).
   bool host_busy = false;               ///< one is being copied or written
-  /// Its snapshot is asked of drafter host_src and not answered yet.
-  bool host_snapshotting = false;
-  int32_t host_src = -1;
   int64_t host_seq = 0;                 ///< restore points begun (or given up) so far: a late answer compares
   bool host_due = false;                ///< one came due meanwhile: taken after the next step
   bool host_off = false;                ///< a write failed: the tier is off for this process
