@@ -1,5 +1,6 @@
 #include "gpu/engine/drafter_engine.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -269,25 +270,103 @@ mapped_block map_and_touch(size_t bytes, const std::atomic<bool>& cancel) {
   return {p, bytes};
 }
 
-/// `bytes` of host memory, page-locked when `pin` (portable: a pinned
-/// buffer for any device's copies), freed when the last holder lets go:
-/// `ready` (mapped and touched, at least `bytes`) page-locked in place, or
-/// else allocated page-locked.
-std::shared_ptr<void> host_block(size_t bytes, bool pin, mapped_block ready = {}) {
-  if (ready.p && ready.bytes >= bytes) {
-    if (!pin)
-      return {ready.p, [n = ready.bytes](void* q) { munmap(q, n); }};
+constexpr size_t host_align = 256;  ///< each tensor of a host set on its own 256-byte boundary
+constexpr size_t host_page = 4096;  ///< a page-locked piece's alignment (locking is by page)
+
+/// Where a host set's tensors lie in its block: the masters', then the
+/// first moments', the second moments' (fp32, in the masters' order), the
+/// step's last.  The block is page-locked in pieces of whole tensors, each
+/// starting on a page of its own, so that the drafter's thread can lock
+/// them a few at a time while its steps run (drafter_engine::impl::pin_some)
+/// and every tensor's copy lands in one page-locked range.  A piece is about
+/// a sixteenth of the set, at most 64 MiB (≈ 1.3 ms to lock).
+struct host_layout {
+  std::vector<size_t> offsets;                    ///< by tensor, in the order above
+  std::vector<std::pair<size_t, size_t>> pieces;  ///< [begin, end) byte ranges, page-aligned, in order
+  size_t bytes = 0;
+};
+
+host_layout layout_of(const std::vector<at::Tensor>& masters) {
+  auto padded = [](int64_t numel) {
+    return (static_cast<size_t>(numel) * sizeof(float) + host_align - 1) / host_align * host_align;
+  };
+  size_t raw = padded(1);
+  for (const auto& m : masters)
+    raw += 3 * padded(m.numel());
+  const size_t piece = std::clamp(raw / 16, host_page, size_t{64} << 20);
+  host_layout l;
+  size_t piece_start = 0;
+  auto place = [&](int64_t numel) {
+    if (l.bytes - piece_start >= piece) {  // the next piece starts at this tensor, on a page of its own
+      l.bytes = (l.bytes + host_page - 1) / host_page * host_page;
+      l.pieces.emplace_back(piece_start, l.bytes);
+      piece_start = l.bytes;
+    }
+    l.offsets.push_back(l.bytes);
+    l.bytes += padded(numel);
+  };
+  for (int role = 0; role < 3; ++role)
+    for (const auto& m : masters)
+      place(m.numel());
+  place(1);
+  l.bytes = (l.bytes + host_page - 1) / host_page * host_page;
+  l.pieces.emplace_back(piece_start, l.bytes);
+  return l;
+}
+
+/// A prepared block (mapped_block) being page-locked piece by piece
+/// (host_layout::pieces); `locked` pieces are, from the first.
+struct pinning_block {
+  mapped_block block;
+  std::vector<std::pair<size_t, size_t>> pieces;
+  size_t locked = 0;
+  bool failed = false;  ///< a piece could not be locked: the set is allocated page-locked instead
+
+  /// Locks the next piece; false when none is left or locking failed.
+  bool lock_next() {
 #ifdef TANDEM_HAVE_CUDA
-    if (cudaHostRegister(ready.p, ready.bytes, cudaHostRegisterPortable) == cudaSuccess)
-      return {ready.p, [n = ready.bytes](void* q) {
-                (void)cudaHostUnregister(q);
-                munmap(q, n);
-              }};
-    (void)cudaGetLastError();  // allocated page-locked below instead
+    if (failed || locked == pieces.size())
+      return false;
+    const auto [b, e] = pieces[locked];
+    if (cudaHostRegister(static_cast<char*>(block.p) + b, e - b, cudaHostRegisterPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      failed = true;
+      return false;
+    }
+    ++locked;
+    return true;
+#else
+    return false;
 #endif
   }
-  if (ready.p)
-    munmap(ready.p, ready.bytes);
+  /// Unlocks what was locked and unmaps the block.
+  void release() {
+#ifdef TANDEM_HAVE_CUDA
+    for (size_t i = 0; i < locked; ++i)
+      (void)cudaHostUnregister(static_cast<char*>(block.p) + pieces[i].first);
+#endif
+    locked = 0;
+    if (block.p)
+      munmap(block.p, block.bytes);
+    block = {};
+  }
+};
+
+/// `bytes` of host memory, page-locked when `pin` (portable: a pinned
+/// buffer for any device's copies), freed when the last holder lets go:
+/// `ready`'s block (mapped and touched, at least `bytes`) — on CUDA every
+/// piece of it page-locked (the rest locked here) — or else allocated
+/// page-locked.
+std::shared_ptr<void> host_block(size_t bytes, bool pin, pinning_block ready = {}) {
+  if (ready.block.p && ready.block.bytes >= bytes) {
+    if (!pin)
+      return {ready.block.p, [n = ready.block.bytes](void* q) { munmap(q, n); }};
+    while (ready.lock_next()) {
+    }
+    if (!ready.failed && ready.locked == ready.pieces.size())
+      return {ready.block.p, [r = ready](void*) mutable { r.release(); }};
+  }
+  ready.release();  // allocated page-locked below instead
 #ifdef TANDEM_HAVE_CUDA
   if (pin) {
     void* p = nullptr;
@@ -299,39 +378,22 @@ std::shared_ptr<void> host_block(size_t bytes, bool pin, mapped_block ready = {}
     return {p, [](void* q) { (void)cudaFreeHost(q); }};
   }
 #endif
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // host_align
+  void* p = std::aligned_alloc(host_page, (bytes + host_page - 1) / host_page * host_page);
   if (!p)
     throw no_host_memory(bytes, pin, "aligned_alloc failed");
   return {p, [](void* q) { std::free(q); }};
 }
 
-constexpr size_t host_align = 256;  ///< each tensor of a host set on its own 256-byte boundary
-
-size_t host_padded(int64_t numel) {
-  return (static_cast<size_t>(numel) * sizeof(float) + host_align - 1) / host_align * host_align;
-}
-
-/// The bytes of a host set for `masters`.
-size_t host_set_bytes(const std::vector<at::Tensor>& masters) {
-  size_t bytes = host_padded(1);
-  for (const auto& m : masters)
-    bytes += 3 * host_padded(m.numel());
-  return bytes;
-}
-
-/// A host set for `masters`, its tensors views of one host_block
-/// (page-locked when `pin`; made of `ready` when it holds the memory).
-host_set make_host_set(const std::vector<at::Tensor>& masters, bool pin, mapped_block ready) {
-  auto block = host_block(host_set_bytes(masters), pin, ready);
+/// A host set for `masters` laid out as `layout`, its tensors views of one
+/// host_block (page-locked when `pin`; made of `ready` when it holds the memory).
+host_set make_host_set(const std::vector<at::Tensor>& masters, const host_layout& layout, bool pin,
+                       pinning_block ready) {
+  auto block = host_block(layout.bytes, pin, std::move(ready));
   auto* base = static_cast<char*>(block.get());
-  size_t at = 0;
+  size_t next = 0;
   auto view = [&](at::IntArrayRef sizes) {
-    int64_t numel = 1;
-    for (auto n : sizes)
-      numel *= n;
-    auto t = at::from_blob(base + at, sizes, [block](void*) {}, at::TensorOptions().dtype(at::kFloat));
-    at += host_padded(numel);
-    return t;
+    return at::from_blob(base + layout.offsets[next++], sizes, [block](void*) {},
+                         at::TensorOptions().dtype(at::kFloat));
   };
   host_set h;
   h.pinned = pin;
@@ -398,6 +460,8 @@ struct drafter_engine::impl {
   /// buffers (host_set), at most two, and the snapshot in flight.
   std::vector<host_set> host_sets;
   std::future<mapped_block> preparing;  ///< the next set's memory, being mapped and touched
+  pinning_block pinning;  ///< the next set's memory, prepared, being page-locked (pin_some); none: null block
+  std::optional<host_layout> layout;  ///< of a host set of this engine's masters (made at first use)
   std::shared_ptr<std::atomic<bool>> cancel_prepare = std::make_shared<std::atomic<bool>>(false);
   std::optional<snapshot_parts> pending_snapshot;
   std::optional<transport::handle> pending_handle;  ///< a snapshot taken synchronously (slow_snapshot)
@@ -446,6 +510,7 @@ struct drafter_engine::impl {
       if (auto m = preparing.get(); m.p)
         munmap(m.p, m.bytes);
     }
+    pinning.release();
 #ifdef TANDEM_HAVE_CUDA
     // The side stream's copies read the masters and moments (a restore
     // point in device memory, a snapshot): they end before those are
@@ -847,10 +912,10 @@ struct drafter_engine::impl {
     }
     // A turn: a target on this GPU runs its forward before or after the step, not beside it.
     if (comm)  // never a replay on a communicator aborted meanwhile (abort_group)
-      comm->enqueue([this] { sg.graph->replay(/*take_turn=*/true); },
+      comm->enqueue([this] { sg.graph->replay(/*take_turn=*/true, "drafter"); },
                     "drafter step " + std::to_string(applied + 1) + " (graph replay)");
     else
-      sg.graph->replay(/*take_turn=*/true);
+      sg.graph->replay(/*take_turn=*/true, "drafter");
     return sg.out;
   }
 #endif
@@ -901,6 +966,11 @@ struct drafter_engine::impl {
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_failure);
 #ifdef TANDEM_HAVE_CUDA
+      if (device.is_cuda() && (pinning.block.p || preparing.valid())) {
+        copy_event queued;
+        queued.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        pin_some(queued);
+      }
       // In a group the step holds a collective: bound it on the host (a
       // rank that never arrives ends in gpu::error(timeout), the
       // communicator aborted) instead of blocking in the read-back forever.
@@ -1095,13 +1165,47 @@ struct drafter_engine::impl {
         return h;
     // A third set (both kept ones still being written) is a one-off:
     // begin_snapshot drops sets beyond two once they are free.
-    mapped_block ready;
-    if (preparing.valid())
-      ready = preparing.get();  // made meanwhile (waits for the rest if it is not done)
-    host_sets.push_back(make_host_set(masters, device.is_cuda(), ready));
+    auto ready = take_prepared(/*wait=*/true);  // made meanwhile (waits for the rest if it is not done)
+    host_sets.push_back(make_host_set(masters, host_set_layout(), device.is_cuda(), std::move(ready)));
     prepare_host_set();  // the second set's memory, while the first is in use
     return host_sets.back();
   }
+
+  const host_layout& host_set_layout() {
+    if (!layout)
+      layout = layout_of(masters);
+    return *layout;
+  }
+
+  /// The prepared memory of the next host set (prepare_host_set), with the
+  /// pieces pin_some locked; a null block when there is none, or when it is
+  /// still being made and `wait` is false.
+  pinning_block take_prepared(bool wait) {
+    if (pinning.block.p)
+      return std::exchange(pinning, pinning_block{});
+    if (!preparing.valid() || (!wait && preparing.wait_for(std::chrono::seconds(0)) != std::future_status::ready))
+      return {};
+    pinning_block p;
+    p.block = preparing.get();
+    p.pieces = host_set_layout().pieces;
+    return p;
+  }
+
+#ifdef TANDEM_HAVE_CUDA
+  /// While the step just queued runs (`queued` recorded after it): locks
+  /// pieces of the next host set's prepared memory until the device has
+  /// done that work, so the snapshot that takes the set finds it
+  /// page-locked (locking 12.6 GB there held training ≈ 0.26 s at 8B).
+  /// Overruns the step by one piece at most (≈ 1.3 ms).
+  void pin_some(copy_event& queued) {
+    if (!pinning.block.p)
+      pinning = take_prepared(/*wait=*/false);
+    if (!pinning.block.p)
+      return;
+    while (!queued.query() && pinning.lock_next()) {
+    }
+  }
+#endif
 
   /// With opts.prepare_snapshot_buffers and fewer than two sets held: a
   /// helper thread maps and touches the next set's memory (no CUDA there),
@@ -1109,7 +1213,7 @@ struct drafter_engine::impl {
   /// (on the CPU: takes it as it is).  TANDEM_SNAPSHOT_PREPARE=0 turns it
   /// off (docs/environment.md).
   void prepare_host_set() {
-    if (!opts.prepare_snapshot_buffers || preparing.valid() || host_sets.size() >= 2)
+    if (!opts.prepare_snapshot_buffers || preparing.valid() || pinning.block.p || host_sets.size() >= 2)
       return;
     static const bool off = [] {
       const char* v = std::getenv("TANDEM_SNAPSHOT_PREPARE");
@@ -1118,7 +1222,7 @@ struct drafter_engine::impl {
     if (off)
       return;
     try {
-      preparing = std::async(std::launch::async, [bytes = host_set_bytes(masters), cancel = cancel_prepare] {
+      preparing = std::async(std::launch::async, [bytes = host_set_layout().bytes, cancel = cancel_prepare] {
         return map_and_touch(bytes, *cancel);
       });
     } catch (const std::system_error&) {

@@ -66,9 +66,10 @@ struct drafter_engine_options {
   /// The run will snapshot this drafter (checkpoints, restore points in
   /// shared memory): a helper thread maps and touches the host memory of
   /// its first two snapshot buffer sets (12 bytes a parameter each) ahead
-  /// of need, with no CUDA call, so that the snapshots that first need them
-  /// only page-lock them on the drafter's thread (on CUDA) instead of
-  /// allocating page-locked memory there (seconds at 8B).
+  /// of need, with no CUDA call; on CUDA the drafter's thread page-locks
+  /// that memory piece by piece while its steps run on the device (the
+  /// snapshot that first needs a set locks what is left), instead of
+  /// allocating page-locked memory at that snapshot (seconds at 8B).
   bool prepare_snapshot_buffers = false;
   // The gradient layout follows the device and dtype, with no switch: on CUDA
   // with a bf16/fp16 model, masters, moments, model and gradients live in flat

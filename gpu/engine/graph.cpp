@@ -1,7 +1,10 @@
 #include "gpu/engine/graph.hpp"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,12 +39,30 @@ struct capture_in_progress {
 std::atomic<int64_t> turns_taken{0};
 
 #ifdef TANDEM_HAVE_CUDA
+/// A turn timed for TANDEM_TURN_TIMING: events around its replay.
+struct timed_turn {
+  cudaEvent_t start = nullptr, end = nullptr;
+  std::string who;
+};
+
+/// TANDEM_TURN_TIMING's figures for one device since its last report.
+struct turn_figures {
+  std::map<std::string, std::pair<double, int64_t>> busy;  ///< by engine: device ms in turns, turns
+  double idle_ms = 0, idle_max_ms = 0;  ///< the device's time between the end of one turn and the next's start
+  int64_t turns = 0;
+};
+
 /// One device's training turns: the end of the last one, and the lock that
 /// keeps "wait for the last, launch, record the end" in one piece.
 struct device_turn_state {
   std::mutex lock;
   cudaEvent_t last = nullptr;  ///< created on first use, on the device; never destroyed (process lifetime)
   bool any = false;
+  // TANDEM_TURN_TIMING only:
+  std::deque<timed_turn> timed;      ///< launched, not yet read
+  cudaEvent_t previous_end = nullptr;  ///< the end of the last turn read
+  std::vector<cudaEvent_t> spare;    ///< events to reuse
+  turn_figures figures;
 };
 
 void check_cuda(cudaError_t e, const char* what) {
@@ -61,6 +82,23 @@ device_turn_state& turn_state(int device) {
   if (!t)
     t = std::make_unique<device_turn_state>();
   return *t;
+}
+#endif
+
+#ifdef TANDEM_HAVE_CUDA
+/// TANDEM_TURN_TIMING: report every this many turns of a device (0: off).
+int64_t turn_timing_every() {
+  static const int64_t every = [] {
+    const char* v = std::getenv("TANDEM_TURN_TIMING");
+    if (!v || !*v)
+      return int64_t{0};
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*end || n < 0)
+      throw error(errc::bad_input, std::string("TANDEM_TURN_TIMING='") + v + "' is not a count of turns (0: off)");
+    return static_cast<int64_t>(n);
+  }();
+  return every;
 }
 #endif
 
@@ -153,7 +191,60 @@ void captured_step::capture(const std::function<void()>& body,
   ++capture_count;
 }
 
-void captured_step::replay(bool take_turn) {
+namespace {
+
+/// Reads the timed turns of `t` that have ended (TANDEM_TURN_TIMING) and
+/// prints the figures to stderr every turn_timing_every() of them.  Under t.lock.
+void read_timed_turns(device_turn_state& t, int device) {
+  auto elapsed = [](cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, a, b), "turn timing: cudaEventElapsedTime");
+    return static_cast<double>(ms);
+  };
+  while (!t.timed.empty()) {
+    auto& front = t.timed.front();
+    const auto rc = cudaEventQuery(front.end);
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
+    check_cuda(rc, "turn timing: cudaEventQuery");
+    auto& f = t.figures;
+    auto& b = f.busy[front.who];
+    b.first += elapsed(front.start, front.end);
+    ++b.second;
+    if (t.previous_end) {
+      const double gap = std::max(0.0, elapsed(t.previous_end, front.start));
+      f.idle_ms += gap;
+      f.idle_max_ms = std::max(f.idle_max_ms, gap);
+      t.spare.push_back(t.previous_end);
+    }
+    t.spare.push_back(front.start);
+    t.previous_end = front.end;
+    t.timed.pop_front();
+    if (++f.turns % turn_timing_every() == 0) {
+      std::string line = "turn timing: cuda:" + std::to_string(device) + ", " + std::to_string(f.turns) + " turns:";
+      double busy = 0;
+      for (const auto& [who, v] : f.busy) {
+        busy += v.first;
+        char part[160];
+        std::snprintf(part, sizeof part, " %s %.2f ms a turn (%lld),", who.c_str(), v.first / static_cast<double>(v.second),
+                      static_cast<long long>(v.second));
+        line += part;
+      }
+      char tail[200];
+      std::snprintf(tail, sizeof tail, " busy %.1f ms, idle between turns %.1f ms (%.2f%%, longest %.2f ms)\n", busy,
+                    f.idle_ms, 100.0 * f.idle_ms / std::max(1e-9, busy + f.idle_ms), f.idle_max_ms);
+      line += tail;
+      std::fputs(line.c_str(), stderr);
+      f = turn_figures{};
+    }
+  }
+}
+
+} // namespace
+
+void captured_step::replay(bool take_turn, const char* who) {
   if (!graph_)
     throw error(errc::bad_input, "captured_step: replay before capture");
   c10::cuda::CUDAGuard device_guard(device_);
@@ -168,7 +259,25 @@ void captured_step::replay(bool take_turn) {
     check_cuda(cudaEventCreateWithFlags(&t.last, cudaEventDisableTiming), "device turns: cudaEventCreate");
   if (t.any)
     check_cuda(cudaStreamWaitEvent(stream_.stream(), t.last, 0), "device turns: cudaStreamWaitEvent");
+  const bool timing = turn_timing_every() > 0;
+  timed_turn timed;
+  if (timing) {
+    read_timed_turns(t, stream_.device_index());
+    for (auto* e : {&timed.start, &timed.end}) {
+      if (!t.spare.empty()) {
+        *e = t.spare.back();
+        t.spare.pop_back();
+      } else
+        check_cuda(cudaEventCreate(e), "turn timing: cudaEventCreate");
+    }
+    timed.who = who;
+    check_cuda(cudaEventRecord(timed.start, stream_.stream()), "turn timing: cudaEventRecord");
+  }
   graph_->replay();
+  if (timing) {
+    check_cuda(cudaEventRecord(timed.end, stream_.stream()), "turn timing: cudaEventRecord");
+    t.timed.push_back(std::move(timed));
+  }
   check_cuda(cudaEventRecord(t.last, stream_.stream()), "device turns: cudaEventRecord");
   t.any = true;
   ++turns_taken;

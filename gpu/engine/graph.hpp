@@ -76,8 +76,9 @@ public:
   void capture(const std::function<void()>& body, const std::vector<at::Generator>& generators);
 
   /// Launches the graph on stream(); asynchronous.  take_turn: the replay is
-  /// one of the device's training turns (see device_turns below).
-  void replay(bool take_turn = false);
+  /// one of the device's training turns (device_turns_enabled(), above);
+  /// `who` names the engine in TANDEM_TURN_TIMING's lines (docs/environment.md).
+  void replay(bool take_turn = false, const char* who = "");
 
   /// Drops the graph and its memory pool (a restarted engine captures
   /// anew), after its stream's work, holding the process capture lock (the

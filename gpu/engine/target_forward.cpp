@@ -68,7 +68,7 @@ at::Tensor target_forward_runner::taps(const at::Tensor& ids, const at::Tensor& 
         (void)target_.forward_packed(g->ids, g->lengths);  // warm-up: cuBLAS workspaces, allocator blocks
         g->step.capture([&] { g->taps = target_.forward_packed(g->ids, g->lengths).taps; }, {});
       }
-      g->step.replay(/*take_turn=*/true);  // a drafter on this GPU runs before or after, not beside
+      g->step.replay(/*take_turn=*/true, "target");  // a drafter on this GPU runs before or after, not beside
       ++replays_;
       after.record(g->step.stream());
     } catch (...) {

@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#ifdef TANDEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "gpu/engine/adamw.hpp"
 #include "gpu/engine/batch.hpp"
@@ -149,6 +152,53 @@ TEST(graph, a_restored_engine_captures_again_and_continues) {
   }
   EXPECT_EQ(captures_in_process() - captures_before, 1) << "the restored engine captured anew";
   fs::remove_all(dir);
+}
+
+TEST(graph, prepared_snapshot_buffers_end_page_locked_and_copy_exactly) {
+  if (!have_gpu())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+#ifdef TANDEM_HAVE_CUDA
+  // The host sets a helper thread maps ahead, page-locked piece by piece
+  // while steps run (and the rest at the snapshot that takes them): every
+  // tensor of an asynchronous snapshot lies in page-locked memory and holds
+  // what the synchronous snapshot (pageable, copied on the thread) holds.
+  gpu_inputs in(3);
+  auto o = options(true);
+  o.prepare_snapshot_buffers = true;
+  o.memory_slot = 77;  // its host sets are not another test's
+  drafter_engine e(o);
+  auto take = [&] {
+    e.begin_snapshot();
+    std::optional<transport::handle> h;
+    while (!h)
+      h = e.poll_snapshot();
+    return *h;
+  };
+  std::vector<transport::handle> held;
+  for (int round = 0; round < 3; ++round) {  // the two prepared sets, then the first again
+    for (int step = 0; step < 4; ++step)
+      e.train_step(in.batches[static_cast<size_t>(step % 3)], in.features[static_cast<size_t>(step % 3)]);
+    auto sync = e.snapshot();
+    auto async = take();
+    const auto want = transport::acquire(sync, at::Device(at::kCPU));
+    const auto got = transport::acquire(async, at::Device(at::kCPU));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(at::equal(got[i], want[i])) << "round " << round << ", tensor " << i;
+    for (size_t i = 1; i < got.size(); ++i) {  // [0] is the state text
+      cudaPointerAttributes a{};
+      ASSERT_EQ(cudaPointerGetAttributes(&a, got[i].data_ptr()), cudaSuccess);
+      EXPECT_EQ(a.type, cudaMemoryTypeHost) << "round " << round << ", tensor " << i << " is not page-locked";
+    }
+    transport::release(sync);
+    held.push_back(async);
+    if (round == 1)  // both sets written: free again
+      for (auto h : std::exchange(held, {}))
+        transport::release(h);
+  }
+  for (auto h : held)
+    transport::release(h);
+#endif
 }
 
 TEST(graph, eight_engines_capture_their_first_graphs_at_once_20_fresh_processes) {
