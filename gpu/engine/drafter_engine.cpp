@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -271,15 +272,22 @@ mapped_block map_and_touch(size_t bytes, const std::atomic<bool>& cancel) {
 }
 
 constexpr size_t host_align = 256;  ///< each tensor of a host set on its own 256-byte boundary
-constexpr size_t host_page = 4096;  ///< a page-locked piece's alignment (locking is by page)
+/// A page-locked piece's alignment: the host's page (locking is by page;
+/// two pieces must never share one).
+size_t host_page() {
+  static const size_t page = std::max<size_t>(4096, static_cast<size_t>(std::max(0L, sysconf(_SC_PAGESIZE))));
+  return page;
+}
 
 /// Where a host set's tensors lie in its block: the masters', then the
 /// first moments', the second moments' (fp32, in the masters' order), the
 /// step's last.  The block is page-locked in pieces of whole tensors, each
 /// starting on a page of its own, so that the drafter's thread can lock
 /// them a few at a time while its steps run (drafter_engine::impl::pin_some)
-/// and every tensor's copy lands in one page-locked range.  A piece is about
-/// a sixteenth of the set, at most 64 MiB (≈ 1.3 ms to lock).
+/// and every tensor's copy lands in one page-locked range.  A piece closes
+/// once it holds a sixteenth of the set or 64 MiB, whichever is less, so
+/// it is that or one tensor, whichever is larger (at 8B: 64 MiB to 335 MB,
+/// ≈ 1.3–7 ms to lock).
 struct host_layout {
   std::vector<size_t> offsets;                    ///< by tensor, in the order above
   std::vector<std::pair<size_t, size_t>> pieces;  ///< [begin, end) byte ranges, page-aligned, in order
@@ -293,12 +301,13 @@ host_layout layout_of(const std::vector<at::Tensor>& masters) {
   size_t raw = padded(1);
   for (const auto& m : masters)
     raw += 3 * padded(m.numel());
-  const size_t piece = std::clamp(raw / 16, host_page, size_t{64} << 20);
+  const size_t page = host_page();
+  const size_t piece = std::clamp(raw / 16, page, size_t{64} << 20);
   host_layout l;
   size_t piece_start = 0;
   auto place = [&](int64_t numel) {
     if (l.bytes - piece_start >= piece) {  // the next piece starts at this tensor, on a page of its own
-      l.bytes = (l.bytes + host_page - 1) / host_page * host_page;
+      l.bytes = (l.bytes + page - 1) / page * page;
       l.pieces.emplace_back(piece_start, l.bytes);
       piece_start = l.bytes;
     }
@@ -309,7 +318,7 @@ host_layout layout_of(const std::vector<at::Tensor>& masters) {
     for (const auto& m : masters)
       place(m.numel());
   place(1);
-  l.bytes = (l.bytes + host_page - 1) / host_page * host_page;
+  l.bytes = (l.bytes + page - 1) / page * page;
   l.pieces.emplace_back(piece_start, l.bytes);
   return l;
 }
@@ -322,6 +331,8 @@ struct pinning_block {
   size_t locked = 0;
   bool failed = false;  ///< a piece could not be locked: the set is allocated page-locked instead
 
+  /// Pieces are left to lock (none failed).
+  bool pending() const { return !failed && locked < pieces.size(); }
   /// Locks the next piece; false when none is left or locking failed.
   bool lock_next() {
 #ifdef TANDEM_HAVE_CUDA
@@ -378,7 +389,8 @@ std::shared_ptr<void> host_block(size_t bytes, bool pin, pinning_block ready = {
     return {p, [](void* q) { (void)cudaFreeHost(q); }};
   }
 #endif
-  void* p = std::aligned_alloc(host_page, (bytes + host_page - 1) / host_page * host_page);
+  const size_t page = host_page();
+  void* p = std::aligned_alloc(page, (bytes + page - 1) / page * page);
   if (!p)
     throw no_host_memory(bytes, pin, "aligned_alloc failed");
   return {p, [](void* q) { std::free(q); }};
@@ -966,7 +978,7 @@ struct drafter_engine::impl {
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_failure);
 #ifdef TANDEM_HAVE_CUDA
-      if (device.is_cuda() && (pinning.block.p || preparing.valid())) {
+      if (device.is_cuda() && (preparing.valid() || (pinning.block.p && pinning.pending()))) {
         copy_event queued;
         queued.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
         pin_some(queued);
@@ -1186,8 +1198,8 @@ struct drafter_engine::impl {
     if (!preparing.valid() || (!wait && preparing.wait_for(std::chrono::seconds(0)) != std::future_status::ready))
       return {};
     pinning_block p;
+    p.pieces = host_set_layout().pieces;  // first: nothing to leak if it throws
     p.block = preparing.get();
-    p.pieces = host_set_layout().pieces;
     return p;
   }
 
@@ -1196,7 +1208,8 @@ struct drafter_engine::impl {
   /// pieces of the next host set's prepared memory until the device has
   /// done that work, so the snapshot that takes the set finds it
   /// page-locked (locking 12.6 GB there held training ≈ 0.26 s at 8B).
-  /// Overruns the step by one piece at most (≈ 1.3 ms).
+  /// Overruns the step by one piece at most (host_layout: ≈ 1.3–7 ms at
+  /// 8B), which matters only where nothing else is queued on the device.
   void pin_some(copy_event& queued) {
     if (!pinning.block.p)
       pinning = take_prepared(/*wait=*/false);
@@ -1208,10 +1221,11 @@ struct drafter_engine::impl {
 #endif
 
   /// With opts.prepare_snapshot_buffers and fewer than two sets held: a
-  /// helper thread maps and touches the next set's memory (no CUDA there),
-  /// so that the snapshot that needs it only page-locks it on this thread
-  /// (on the CPU: takes it as it is).  TANDEM_SNAPSHOT_PREPARE=0 turns it
-  /// off (docs/environment.md).
+  /// helper thread maps and touches the next set's memory (no CUDA there);
+  /// on CUDA this thread then page-locks it piece by piece while steps run
+  /// (pin_some), and the snapshot that needs it locks what is left (on the
+  /// CPU: takes it as it is).  TANDEM_SNAPSHOT_PREPARE=0 turns it off
+  /// (docs/environment.md).
   void prepare_host_set() {
     if (!opts.prepare_snapshot_buffers || preparing.valid() || pinning.block.p || host_sets.size() >= 2)
       return;

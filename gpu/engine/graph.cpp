@@ -48,7 +48,10 @@ struct timed_turn {
 /// TANDEM_TURN_TIMING's figures for one device since its last report.
 struct turn_figures {
   std::map<std::string, std::pair<double, int64_t>> busy;  ///< by engine: device ms in turns, turns
-  double idle_ms = 0, idle_max_ms = 0;  ///< the device's time between the end of one turn and the next's start
+  /// The time between the end of one turn and the next's start: the device
+  /// idle, or busy with work that is not a turn (side-stream copies, an
+  /// eager or capturing step).
+  double idle_ms = 0, idle_max_ms = 0;
   int64_t turns = 0;
 };
 
@@ -92,11 +95,11 @@ int64_t turn_timing_every() {
     const char* v = std::getenv("TANDEM_TURN_TIMING");
     if (!v || !*v)
       return int64_t{0};
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (*end || n < 0)
-      throw error(errc::bad_input, std::string("TANDEM_TURN_TIMING='") + v + "' is not a count of turns (0: off)");
-    return static_cast<int64_t>(n);
+    const std::string text = v;
+    // Digits only (no sign, no spaces), at most 9 of them.
+    if (text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+      throw error(errc::bad_input, "TANDEM_TURN_TIMING='" + text + "' is not a count of turns (0: off)");
+    return static_cast<int64_t>(std::stoll(text));
   }();
   return every;
 }
@@ -233,7 +236,7 @@ void read_timed_turns(device_turn_state& t, int device) {
         line += part;
       }
       char tail[200];
-      std::snprintf(tail, sizeof tail, " busy %.1f ms, idle between turns %.1f ms (%.2f%%, longest %.2f ms)\n", busy,
+      std::snprintf(tail, sizeof tail, " in turns %.1f ms, between turns %.1f ms (%.2f%%, longest %.2f ms)\n", busy,
                     f.idle_ms, 100.0 * f.idle_ms / std::max(1e-9, busy + f.idle_ms), f.idle_max_ms);
       line += tail;
       std::fputs(line.c_str(), stderr);
@@ -261,22 +264,29 @@ void captured_step::replay(bool take_turn, const char* who) {
     check_cuda(cudaStreamWaitEvent(stream_.stream(), t.last, 0), "device turns: cudaStreamWaitEvent");
   const bool timing = turn_timing_every() > 0;
   timed_turn timed;
-  if (timing) {
-    read_timed_turns(t, stream_.device_index());
-    for (auto* e : {&timed.start, &timed.end}) {
-      if (!t.spare.empty()) {
-        *e = t.spare.back();
-        t.spare.pop_back();
-      } else
-        check_cuda(cudaEventCreate(e), "turn timing: cudaEventCreate");
+  try {
+    if (timing) {
+      read_timed_turns(t, stream_.device_index());
+      for (auto* e : {&timed.start, &timed.end}) {
+        if (!t.spare.empty()) {
+          *e = t.spare.back();
+          t.spare.pop_back();
+        } else
+          check_cuda(cudaEventCreate(e), "turn timing: cudaEventCreate");
+      }
+      timed.who = who;
+      check_cuda(cudaEventRecord(timed.start, stream_.stream()), "turn timing: cudaEventRecord");
     }
-    timed.who = who;
-    check_cuda(cudaEventRecord(timed.start, stream_.stream()), "turn timing: cudaEventRecord");
-  }
-  graph_->replay();
-  if (timing) {
-    check_cuda(cudaEventRecord(timed.end, stream_.stream()), "turn timing: cudaEventRecord");
-    t.timed.push_back(std::move(timed));
+    graph_->replay();
+    if (timing) {
+      check_cuda(cudaEventRecord(timed.end, stream_.stream()), "turn timing: cudaEventRecord");
+      t.timed.push_back(std::move(timed));
+    }
+  } catch (...) {
+    for (auto e : {timed.start, timed.end})  // not pushed: back to the spares
+      if (e)
+        t.spare.push_back(e);
+    throw;
   }
   check_cuda(cudaEventRecord(t.last, stream_.stream()), "device turns: cudaEventRecord");
   t.any = true;
