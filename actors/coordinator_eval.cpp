@@ -53,13 +53,21 @@ void evaluate(self_ptr self) {
   }
   s.eval_due = false;
   s.eval_busy = true;
+  s.eval_src = src;
+  const auto seq = ++s.eval_seq;
   slot.snapshot_pending = true;
   const auto addr = slot.addr;
   const auto step = s.step;
   auto answered = [self, src, addr] { snapshot_answered(self, src, addr); };
   self->request(s.peers.drafters[static_cast<size_t>(src)], snapshot_timeout, snapshot_atom::value)
     .then(
-      [self, answered](const snapshot_desc& snap) {
+      [self, answered, seq](const snapshot_desc& snap) {
+        if (self->state.eval_seq != seq) {  // given up when its drafter failed (give_up_eval)
+          drop_snapshot(self, snap);
+          answered();
+          return;
+        }
+        self->state.eval_src = -1;
         answered();
         const auto timeout = seconds_to(self->state.opts.eval_timeout_s);
         self->request(self->state.peers.eval, timeout, snap)
@@ -75,13 +83,28 @@ void evaluate(self_ptr self) {
                   eval_answered(self, std::move(e));
                 });
       },
-      [self, answered, step](const caf::error& err) {
+      [self, answered, step, seq](const caf::error& err) {
         answered();
+        if (self->state.eval_seq != seq)
+          return;  // given up already (give_up_eval)
+        self->state.eval_src = -1;
         eval_event e;
         e.step = step;
         e.error = "snapshot failed: " + self->system().render(err);
         eval_answered(self, std::move(e));
       });
+}
+
+void give_up_eval(self_ptr self, int32_t d, const std::string& reason) {
+  auto& s = self->state;
+  if (!s.eval_busy || s.eval_src != d)
+    return;
+  ++s.eval_seq;  // its snapshot, should it come after all, is dropped
+  s.eval_src = -1;
+  eval_event e;
+  e.step = s.step;
+  e.error = "drafter " + std::to_string(d) + " failed before its snapshot for the evaluation came: " + reason;
+  eval_answered(self, std::move(e));
 }
 
 void deliver_after_eval(self_ptr self) {

@@ -120,18 +120,14 @@ void fail(self_ptr self, const caf::error& err) {
   }
 }
 
-namespace {
-
-/// A snapshot answered too late to be written (its drafter failed
-/// meanwhile): whoever receives a snapshot owns it, so its page-locked host
-/// buffers are released here, when its drafter ran in this process (a
-/// member's handle names that process's registry: left to it).
 void drop_snapshot(self_ptr self, const snapshot_desc& snap) {
   auto& s = self->state;
   const auto d = static_cast<size_t>(snap.drafter);
   if (d < s.drafters.size() && s.drafters[d].node.empty())
     gpu::transport::release(snap.handle);
 }
+
+namespace {
 
 std::string ledger_json(self_ptr self) {
   auto& s = self->state;

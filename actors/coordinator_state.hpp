@@ -181,6 +181,8 @@ struct coordinator_state {
 
   // Real τ ([eval]; actors/coordinator_eval.cpp).
   bool eval_busy = false;               ///< a snapshot is being evaluated
+  int32_t eval_src = -1;                ///< the drafter whose snapshot the evaluation awaits (−1: none)
+  int64_t eval_seq = 0;                 ///< evaluations begun (or given up) so far: a late answer compares
   bool eval_due = false;                ///< one came due while the drafter was busy: after the next step
   bool eval_off = false;                ///< the eval actor is gone: no more evaluations
   bool final_eval = false;              ///< the run's last evaluation is running; then the answer
@@ -268,6 +270,11 @@ int32_t snapshot_source(self_ptr self);
 /// Drafter `src` (incarnation `addr`) answered a snapshot request: it is
 /// free again; a checkpoint deferred behind the copy is taken; dispatch.
 void snapshot_answered(self_ptr self, int32_t src, const caf::actor_addr& addr);
+/// A snapshot answered too late to be used (its drafter failed meanwhile):
+/// whoever receives a snapshot owns it, so its page-locked host buffers are
+/// released here, when its drafter ran in this process (a member's handle
+/// names that process's registry: left to it).
+void drop_snapshot(self_ptr self, const snapshot_desc& snap);
 
 // -- coordinator_eval.cpp ------------------------------------------------------
 /// Sends a snapshot of the drafter's weights at this step to the eval actor
@@ -278,6 +285,10 @@ void evaluate(self_ptr self);
 /// the last evaluated step is older (an evaluation in progress is waited
 /// for first), then deliver().
 void deliver_after_eval(self_ptr self);
+/// The evaluation awaiting drafter `d`'s snapshot is given up (`d` failed:
+/// its snapshot will never come): its event carries `reason`, and what
+/// waited for it runs (which may answer the run, its final evaluation).
+void give_up_eval(self_ptr self, int32_t d, const std::string& reason);
 
 // -- coordinator_group.cpp -----------------------------------------------------
 void dispatch_group(self_ptr self);

@@ -1182,6 +1182,37 @@ CAF_TEST(a failed evaluation is an event and training goes on) {
   check_handles_released();
 }
 
+CAF_TEST(a drafter that dies taking the snapshot for an evaluation does not hold up the evaluations after it) {
+  // eval_every 2 over a 6-step epoch, restore points in device memory: the
+  // drafter dies while it copies the snapshot of step 2 for the evaluation,
+  // its answer never sent (a dead actor answers nothing).  The evaluation
+  // is given up with it (its event carries the error); the new
+  // incarnation, restored at step 2, is evaluated at steps 4 and 6 and the
+  // run ends, not after the lost request's 10-minute deadline.
+  setup s;
+  s.opts.eval_every = 2;
+  w->memory_tier = true;
+  w->snapshot_polls = true;
+  w->die_polling_snapshot = true;
+  w->die_on_snapshot_at = 2;
+  start_with_eval(s);
+  sched.run();
+  w->die_on_snapshot_at = -1;
+  advance_time(500ms);  // the restart's backoff
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
+  CAF_CHECK_EQUAL(w->evaluated, (std::vector<int64_t>{4, 6}));
+  auto evals = w->events_named("eval");
+  CAF_REQUIRE_EQUAL(evals.size(), 3u);
+  CAF_CHECK_EQUAL(evals[0]["step"], 2);
+  CAF_CHECK(evals[0].value("error", "").find("failed before its snapshot for the evaluation came") != std::string::npos);
+  CAF_CHECK_EQUAL(w->summary->eval_step, 6);
+  check_exactly(12, 1);
+  check_handles_released();
+}
+
 CAF_TEST(a lost device context fails the run at once without a restart) {
   // device_lost: nothing on the device can run again in this process (no
   // restart, no last snapshot); the end event names the durable step.

@@ -136,6 +136,10 @@ struct peer_world {
   bool memory_gone = false;
   std::map<int32_t, std::pair<int64_t, std::vector<int64_t>>> memory;
   int64_t die_on_snapshot_at = -1;    ///< a snapshot asked at this step kills the drafter instead
+  /// With snapshot_polls: that snapshot is begun (its promise made) and the
+  /// drafter dies at its poll, the promise never answered (the real drafter
+  /// failing while its copy runs: a dead actor answers nothing).
+  bool die_polling_snapshot = false;
   /// Snapshots answer as the real drafter's do, through a snapshot_poll_atom
   /// it sends itself (so work already in its mailbox comes first), instead
   /// of at once; work that arrives meanwhile is counted.
@@ -466,7 +470,7 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
     },
     [=](snapshot_atom) -> caf::result<snapshot_desc> {
       auto& s = self->state;
-      if (s.step == w->die_on_snapshot_at) {
+      if (s.step == w->die_on_snapshot_at && !(w->snapshot_polls && w->die_polling_snapshot)) {
         auto err = make_error(errc::device_failure, "snapshot at step " + std::to_string(s.step) + ": injected failure");
         self->quit(err);
         return err;
@@ -487,8 +491,12 @@ fake_drafter(fake_drafter_actor::stateful_pointer<fake_drafter_state> self, int3
       return rp;
     },
     [self](shutdown_atom) { self->quit(); },
-    [self](snapshot_poll_atom) {
+    [=](snapshot_poll_atom) {
       auto& s = self->state;
+      if (s.snapshot_reply && w->die_polling_snapshot && s.step == w->die_on_snapshot_at) {
+        self->quit(make_error(errc::device_failure, "snapshot at step " + std::to_string(s.step) + ": injected failure"));
+        return;
+      }
       if (s.snapshot_reply) {
         s.snapshot_reply->deliver(s.snapshot);
         s.snapshot_reply.reset();
