@@ -206,6 +206,20 @@ struct fixture : test_coordinator_fixture<config> {
     return out;
   }
 
+  /// After a launch whose drafter dies taking the snapshot of
+  /// w->die_on_snapshot_at: runs to that death, lets the restart's backoff
+  /// pass (the new incarnation does not die there), runs to the end; the run
+  /// answered, without error, after one restart.
+  void run_past_the_snapshot_death() {
+    sched.run();
+    w->die_on_snapshot_at = -1;
+    advance_time(500ms);  // the restart's backoff
+    sched.run();
+    CAF_REQUIRE(w->summary.has_value());
+    CAF_CHECK(!w->error);
+    CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
+  }
+
   nlohmann::json status() {
     auto a = ask<std::string>(sys, coordinator, status_atom::value);
     sched.run();
@@ -1107,14 +1121,8 @@ CAF_TEST(a drafter lost with its restore point snapshot at the epoch end is chec
   w->memory_tier = true;
   w->die_on_snapshot_at = 6;
   launch_with_host(s);
-  sched.run();
-  w->die_on_snapshot_at = -1;
-  advance_time(500ms);  // the restart's backoff
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
+  run_past_the_snapshot_death();
   CAF_CHECK_EQUAL(w->summary->stop_reason, "epochs");
-  CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
   CAF_CHECK_EQUAL(checkpoint_steps(), (std::vector<int64_t>{6}));
   check_exactly(12, 1);
   check_handles_released();
@@ -1196,13 +1204,7 @@ CAF_TEST(a drafter that dies taking the snapshot for an evaluation does not hold
   w->die_polling_snapshot = true;
   w->die_on_snapshot_at = 2;
   start_with_eval(s);
-  sched.run();
-  w->die_on_snapshot_at = -1;
-  advance_time(500ms);  // the restart's backoff
-  sched.run();
-  CAF_REQUIRE(w->summary.has_value());
-  CAF_CHECK(!w->error);
-  CAF_CHECK_EQUAL(w->events_named("drafter_restarted").size(), 1u);
+  run_past_the_snapshot_death();
   CAF_CHECK_EQUAL(w->evaluated, (std::vector<int64_t>{4, 6}));
   auto evals = w->events_named("eval");
   CAF_REQUIRE_EQUAL(evals.size(), 3u);
