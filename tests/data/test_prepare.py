@@ -620,6 +620,14 @@ class BadInput(unittest.TestCase):
         self.assertIn("no sample survived", proc.stderr)
         self.assertIn(f"{path}:1: invalid JSON", proc.stderr)
         self.assertFalse(os.path.exists(out))  # nothing made: not even an empty folder
+        # Nor the parents it made for a nested output; a parent that was there stays.
+        top = fresh("nest")
+        os.makedirs(top)
+        nested = os.path.join(top, "a", "b", "out")
+        proc = subprocess.run([sys.executable, PREPARE, "--tokenizer", TOK["chatml"], "--output", nested, path],
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertEqual(os.listdir(top), [])
 
     def test_failed_overwrite_keeps_the_old_data_set(self):
         good = write_jsonl([openai("What is two plus two?", LONG_A)])

@@ -665,11 +665,33 @@ def check_output(out_dir, overwrite):
                          "pass --overwrite to replace it")
 
 
+def _missing_folders(path):
+    """The folders of `path` (itself and its parents) that do not exist yet, deepest first."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return missing
+
+
+def remove_made_folders(made):
+    """Removes the folders prepare_output made (deepest first), as long as they are empty."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
+
+
 def prepare_output(out_dir, overwrite):
-    """Checks out_dir; returns (an empty staging folder inside it for the new shards, whether
-    out_dir was made here)."""
+    """Checks out_dir; returns (an empty staging folder inside it for the new shards, the
+    folders made here for it, deepest first: out_dir and any parents it lacked)."""
     check_output(out_dir, overwrite)
-    made = not os.path.exists(out_dir)
+    made = _missing_folders(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     staging = os.path.join(out_dir, STAGING)
     import shutil
@@ -1272,8 +1294,7 @@ def run(args):
         if os.path.isdir(staging):  # failed or interrupted: an older data set stays as it was
             import shutil
             shutil.rmtree(staging, ignore_errors=True)
-            if made and not os.listdir(args.output):
-                os.rmdir(args.output)
+            remove_made_folders(made)
 
 
 def _write_dataset(args, sources, staging, reporter, tokenizer, template, processor, identity,
