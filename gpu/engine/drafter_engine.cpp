@@ -272,6 +272,12 @@ mapped_block map_and_touch(size_t bytes, const std::atomic<bool>& cancel) {
 }
 
 constexpr size_t host_align = 256;  ///< each tensor of a host set on its own 256-byte boundary
+
+/// `n` rounded up to a multiple of `m`.
+size_t round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
+
 /// A page-locked piece's alignment: the host's page (locking is by page;
 /// two pieces must never share one).
 size_t host_page() {
@@ -295,9 +301,7 @@ struct host_layout {
 };
 
 host_layout layout_of(const std::vector<at::Tensor>& masters) {
-  auto padded = [](int64_t numel) {
-    return (static_cast<size_t>(numel) * sizeof(float) + host_align - 1) / host_align * host_align;
-  };
+  auto padded = [](int64_t numel) { return round_up(static_cast<size_t>(numel) * sizeof(float), host_align); };
   size_t raw = padded(1);
   for (const auto& m : masters)
     raw += 3 * padded(m.numel());
@@ -307,7 +311,7 @@ host_layout layout_of(const std::vector<at::Tensor>& masters) {
   size_t piece_start = 0;
   auto place = [&](int64_t numel) {
     if (l.bytes - piece_start >= piece) {  // the next piece starts at this tensor, on a page of its own
-      l.bytes = (l.bytes + page - 1) / page * page;
+      l.bytes = round_up(l.bytes, page);
       l.pieces.emplace_back(piece_start, l.bytes);
       piece_start = l.bytes;
     }
@@ -318,7 +322,7 @@ host_layout layout_of(const std::vector<at::Tensor>& masters) {
     for (const auto& m : masters)
       place(m.numel());
   place(1);
-  l.bytes = (l.bytes + page - 1) / page * page;
+  l.bytes = round_up(l.bytes, page);
   l.pieces.emplace_back(piece_start, l.bytes);
   return l;
 }
@@ -336,7 +340,7 @@ struct pinning_block {
   /// Locks the next piece; false when none is left or locking failed.
   bool lock_next() {
 #ifdef TANDEM_HAVE_CUDA
-    if (failed || locked == pieces.size())
+    if (!pending())
       return false;
     const auto [b, e] = pieces[locked];
     if (cudaHostRegister(static_cast<char*>(block.p) + b, e - b, cudaHostRegisterPortable) != cudaSuccess) {
@@ -374,7 +378,7 @@ std::shared_ptr<void> host_block(size_t bytes, bool pin, pinning_block ready = {
       return {ready.block.p, [n = ready.block.bytes](void* q) { munmap(q, n); }};
     while (ready.lock_next()) {
     }
-    if (!ready.failed && ready.locked == ready.pieces.size())
+    if (!ready.failed)  // every piece locked
       return {ready.block.p, [r = ready](void*) mutable { r.release(); }};
   }
   ready.release();  // allocated page-locked below instead
@@ -389,8 +393,7 @@ std::shared_ptr<void> host_block(size_t bytes, bool pin, pinning_block ready = {
     return {p, [](void* q) { (void)cudaFreeHost(q); }};
   }
 #endif
-  const size_t page = host_page();
-  void* p = std::aligned_alloc(page, (bytes + page - 1) / page * page);
+  void* p = std::aligned_alloc(host_page(), round_up(bytes, host_page()));
   if (!p)
     throw no_host_memory(bytes, pin, "aligned_alloc failed");
   return {p, [](void* q) { std::free(q); }};
@@ -978,7 +981,7 @@ struct drafter_engine::impl {
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_failure);
 #ifdef TANDEM_HAVE_CUDA
-      if (device.is_cuda() && (preparing.valid() || (pinning.block.p && pinning.pending()))) {
+      if (device.is_cuda() && (preparing.valid() || pinning.pending())) {
         copy_event queued;
         queued.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
         pin_some(queued);

@@ -51,7 +51,7 @@ struct turn_figures {
   /// The time between the end of one turn and the next's start: the device
   /// idle, or busy with work that is not a turn (side-stream copies, an
   /// eager or capturing step).
-  double idle_ms = 0, idle_max_ms = 0;
+  double between_ms = 0, between_max_ms = 0;
   int64_t turns = 0;
 };
 
@@ -218,8 +218,8 @@ void read_timed_turns(device_turn_state& t, int device) {
     ++b.second;
     if (t.previous_end) {
       const double gap = std::max(0.0, elapsed(t.previous_end, front.start));
-      f.idle_ms += gap;
-      f.idle_max_ms = std::max(f.idle_max_ms, gap);
+      f.between_ms += gap;
+      f.between_max_ms = std::max(f.between_max_ms, gap);
       t.spare.push_back(t.previous_end);
     }
     t.spare.push_back(front.start);
@@ -237,7 +237,7 @@ void read_timed_turns(device_turn_state& t, int device) {
       }
       char tail[200];
       std::snprintf(tail, sizeof tail, " in turns %.1f ms, between turns %.1f ms (%.2f%%, longest %.2f ms)\n", busy,
-                    f.idle_ms, 100.0 * f.idle_ms / std::max(1e-9, busy + f.idle_ms), f.idle_max_ms);
+                    f.between_ms, 100.0 * f.between_ms / std::max(1e-9, busy + f.between_ms), f.between_max_ms);
       line += tail;
       std::fputs(line.c_str(), stderr);
       f = turn_figures{};
