@@ -40,7 +40,6 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     s.checkpoint = checkpoint_phase::none;
     ++s.checkpoint_seq;
   }
-  const bool eval_lost = slot.snapshot_pending && s.eval_busy && s.eval_src == d;
   if (slot.snapshot_pending) {
     // Its snapshot will not be answered by this incarnation: a checkpoint
     // waiting for it (checkpoint_after_host) is taken after the next step
@@ -58,15 +57,13 @@ void on_drafter_failure(self_ptr self, int32_t d, const std::string& reason, boo
     slot.snapshot_pending = false;
     slot.snapshot_beside_work = false;
   }
-  if (eval_lost) {
-    // An evaluation waiting for that snapshot is given up too, rather than
-    // at the request's deadline: the evaluations after it, and a run's end
-    // waiting for its final one, go on now.  That may answer the run (its
-    // final evaluation; the final checkpoint is written before it).
-    give_up_eval(self, d, reason);
-    if (!s.running())
-      return;
-  }
+  // An evaluation waiting for its snapshot (eval_src) is given up too,
+  // rather than at the request's deadline: the evaluations after it, and a
+  // run's end waiting for its final one, go on now.  That may answer the
+  // run (its final evaluation; the final checkpoint is written before it).
+  give_up_eval(self, d, reason);
+  if (!s.running())
+    return;
   s.busy.erase(d);
   s.idle.erase(std::remove(s.idle.begin(), s.idle.end(), d), s.idle.end());
   if (s.grouped() && !peers_hold_state && s.group->in_step()) {
