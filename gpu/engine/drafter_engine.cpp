@@ -172,13 +172,25 @@ private:
 #endif
 
 /// A drafter's restore point in device memory (drafter_engine_options::
-/// memory_every): copies of its fp32 masters and moments on its device, the
-/// update count they hold and the generator's state then.  Lives in a
-/// process-wide table by slot, so it outlives the engine that wrote it.
+/// memory_every): its fp32 masters and moments on its device, the update
+/// count they hold and the generator's state then.  Lives in a process-wide
+/// table by slot, so it outlives the engine that wrote it.
+///
+/// Two kinds.  A copy (memory_every ≥ 2): buffers of its own, written on a
+/// side stream after every memory_every-th step.  In place (memory_every
+/// 1): views of the owning engine's own masters and moments (they keep that
+/// memory alive after the engine is gone), valid between its updates — the
+/// engine sets `held` to −1 under memory_mutex before it queues an update
+/// and back to the update count once the step's results are read back, so
+/// a failure in the middle of an update leaves a point that is refused,
+/// and one before it (a throw, a hang, a non-finite loss, whose update is
+/// skipped) a point that holds the last step.  No copy at all.
 struct memory_restore_point {
   at::Device device{at::kCPU};
   std::vector<at::Tensor> masters, exp_avg, exp_avg_sq;  ///< fp32, shapes of the engine's
-  at::Tensor marker;       ///< [] int64 on `device`: the update count held; −1 while a copy runs
+  at::Tensor marker;       ///< copy: [] int64 on `device`: the update count held; −1 while a copy runs
+  bool in_place = false;   ///< views of the owner's live state (then `held`, not `marker`)
+  int64_t held = -1;       ///< in place: the update count the owner's state holds; −1 mid-update
   std::string generator;   ///< the anchor generator's state at that count (hex)
   uint64_t owner = 0;      ///< the incarnation number of the engine that writes it
 #ifdef TANDEM_HAVE_CUDA
@@ -490,6 +502,14 @@ struct drafter_engine::impl {
   const uint64_t incarnation = ++incarnations;  ///< newer engines own the restore point
   std::shared_ptr<memory_restore_point> memory;  ///< the restore point this engine writes (null: none)
   int64_t memory_held = -1;                      ///< the update count it holds once its copy lands
+#ifdef TANDEM_HAVE_CUDA
+  /// In place (memory_every 1), on CUDA: a snapshot copies the state here
+  /// first, device to device (the next update waits for that copy only),
+  /// and to the host from here beside training.  Made at the first
+  /// snapshot (12 bytes a parameter: what a copied restore point takes).
+  std::vector<at::Tensor> staged_w, staged_m, staged_v;
+  std::optional<copy_event> staged;  ///< recorded after the copy into them
+#endif
   at::Tensor guard;    ///< [1] fp32: the step's completion check (guarded_loss)
   at::Tensor aborted;  ///< [1] int32 view of the communicator's abort flag (guarded_loss)
 
@@ -800,6 +820,7 @@ struct drafter_engine::impl {
         throw error(errc::bad_input, who + ": the CUDA fault kinds need a CUDA drafter");
 #endif
     }
+    mark_update_begins();  // (while capturing: the replay marks again)
     if (flat.grad.defined())
       return flat_update(loss, out);
     if (mixed()) {
@@ -925,6 +946,7 @@ struct drafter_engine::impl {
       sg.doc_lengths.copy_(batch[2], true);
       sg.taps.copy_(taps, true);
     }
+    mark_update_begins();
     // A turn: a target on this GPU runs its forward before or after the step, not beside it.
     if (comm)  // never a replay on a communicator aborted meanwhile (abort_group)
       comm->enqueue([this] { sg.graph->replay(/*take_turn=*/true, "drafter"); },
@@ -1019,6 +1041,7 @@ struct drafter_engine::impl {
     r.finite = m.skipped == 0.0;
     r.step = static_cast<int64_t>(m.step);
     applied = r.step;
+    mark_state_holds(/*generator=*/r.finite);  // a skipped update changed nothing
     r.compute_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     r.tflop = expected_drafter_step_flops(dims_of(cfg.layer), opts.layers,
                                           static_cast<int64_t>(cfg.target_layer_ids.size()),
@@ -1122,6 +1145,7 @@ struct drafter_engine::impl {
     optimizer->load_state(ea, eas, step);
     refresh_model();
     applied = step;
+    mark_state_holds(true);
   }
 
   /// DESIGN.md §4 order: wait for the stream, free the graph that captured
@@ -1168,9 +1192,30 @@ struct drafter_engine::impl {
         memory->copied->block(current);
       if (snapshot_copied && !snapshot_reads_memory)  // a snapshot's copy reads what the update writes
         snapshot_copied->block(current);
+      if (staged)  // so does the copy into the staging buffers
+        staged->block(current);
     }
 #endif
   }
+
+#ifdef TANDEM_HAVE_CUDA
+  /// The staging buffers of an in-place restore point's snapshots, made
+  /// when first needed; false when the device has no room for them (the
+  /// snapshot then copies from the state, and the next update waits for it).
+  bool have_staging() {
+    if (!staged_w.empty())
+      return true;
+    try {
+      for (auto* list : {&staged_w, &staged_m, &staged_v})
+        for (const auto& m : masters)
+          list->push_back(at::empty_like(m));
+    } catch (const c10::OutOfMemoryError&) {
+      staged_w.clear(), staged_m.clear(), staged_v.clear();
+      return false;
+    }
+    return true;
+  }
+#endif
 
   /// A set of host buffers nobody else holds, allocated when none is
   /// (page-locked on CUDA).  At most two are kept.
@@ -1319,6 +1364,24 @@ struct drafter_engine::impl {
         c10::cuda::CUDAStreamGuard on_side(side);
         copy_state(memory->masters, memory->exp_avg, memory->exp_avg_sq, h.weights, h.exp_avg, h.exp_avg_sq);
         h.step.fill_(static_cast<double>(applied));
+      } else if (memory_in_place() && have_staging()) {
+        // The restore point is the state itself: copy it on the device
+        // first (the next update waits for that copy only, wait_memory_copy),
+        // then to the host from there while training goes on.
+        copy_event stepped, graphed_step;
+        stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        stepped.block(side.stream());
+        if (sg.graph) {
+          graphed_step.record(sg.graph->stream().stream());
+          graphed_step.block(side.stream());
+        }
+        snapshot_reads_memory = true;
+        c10::cuda::CUDAStreamGuard on_side(side);
+        copy_state_to(staged_w, staged_m, staged_v);
+        staged.emplace();
+        staged->record(side.stream());
+        copy_state(staged_w, staged_m, staged_v, h.weights, h.exp_avg, h.exp_avg_sq);
+        h.step.fill_(static_cast<double>(applied));
       } else {
         copy_event stepped, graphed_step;
         stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
@@ -1380,9 +1443,76 @@ struct drafter_engine::impl {
     return true;
   }
 
+  /// memory_every 1: the restore point is this engine's own state, in place.
+  bool memory_in_place() const { return opts.memory_every == 1; }
+
+  /// A new in-place restore point: views of this engine's state.
+  std::shared_ptr<memory_restore_point> in_place_point() const {
+    auto p = std::make_shared<memory_restore_point>();
+    p->device = device;
+    p->in_place = true;
+    p->masters = masters;
+    p->exp_avg = optimizer->exp_avg();
+    p->exp_avg_sq = optimizer->exp_avg_sq();
+    p->owner = incarnation;
+    return p;
+  }
+
+  /// The in-place restore point this engine still owns, or null (caller
+  /// holds memory_mutex).  A newer incarnation that restored from it took it.
+  memory_restore_point* own_in_place() const {
+    return memory && memory->in_place && memory->owner == incarnation ? memory.get() : nullptr;
+  }
+
+  /// Before an update is queued (the graph replay, or the eager update):
+  /// the in-place restore point no longer holds a known step.
+  void mark_update_begins() {
+    if (!memory || !memory->in_place)
+      return;
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    if (auto* p = own_in_place())
+      p->held = -1;
+  }
+
+  /// The state holds `applied` updates again (a step read back; a restore):
+  /// the in-place restore point says so.  `generator`: the generator's
+  /// state goes with it (false after a skipped update: the point keeps the
+  /// last step's, which a restore to that step must draw from).
+  void mark_state_holds(bool generator) {
+    if (!memory || !memory->in_place)
+      return;
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    if (auto* p = own_in_place()) {
+      p->held = applied;
+      if (generator) {
+        auto g = gen;
+        p->generator = detail::generator_state_hex(g);
+      }
+    }
+  }
+
   int64_t keep_restore_point() {
     if (opts.memory_every <= 0)
       return -1;
+    if (memory_in_place()) {
+      // No copy: the point is this engine's state, marked around every
+      // update (mark_update_begins, mark_state_holds).  Made at the first
+      // step; a newer incarnation's is never taken back.
+      std::lock_guard<std::mutex> lock(memory_mutex);
+      auto& slot = memory_table[opts.memory_slot];
+      if (slot && slot->owner > incarnation)
+        return -1;
+      if (!slot || slot != memory || !slot->in_place) {
+        slot.reset();  // a copy's buffers go first
+        memory = in_place_point();
+        memory->held = applied;
+        auto g = gen;
+        memory->generator = detail::generator_state_hex(g);
+        slot = memory;
+      }
+      memory_held = memory->held;
+      return memory_held;
+    }
     if (applied % opts.memory_every != 0)
       return memory_held;
 #ifdef TANDEM_HAVE_CUDA
@@ -1400,8 +1530,8 @@ struct drafter_engine::impl {
       auto& slot = memory_table[opts.memory_slot];
       if (slot && slot->owner > incarnation)
         return -1;  // a newer incarnation of this drafter owns it
-      if (!slot || !memory_fits(*slot)) {
-        slot.reset();  // freed first: never two copies' worth at once
+      if (!slot || !memory_fits(*slot) || slot->in_place) {
+        slot.reset();  // freed first: never two copies' worth at once (an in-place one is a drafter's state)
         auto p = std::make_shared<memory_restore_point>();
         p->device = device;
         for (const auto& m : masters)
@@ -1467,25 +1597,47 @@ struct drafter_engine::impl {
       refuse("is of another device or shape");
     // Taken now: an older incarnation (hung, waking up) no longer writes it.
     p->owner = std::max(p->owner, incarnation);
-    int64_t held = -1;
-    try {
+    int64_t held = p->held;
+    if (!p->in_place) {
+      try {
 #ifdef TANDEM_HAVE_CUDA
-      if (p->copied)
-        p->copied->synchronize();
+        if (p->copied)
+          p->copied->synchronize();
 #endif
-      held = p->marker.item<int64_t>();
-    } catch (const c10::Error& e) {
-      refuse(std::string("cannot be read: ") + e.what_without_backtrace());
-    } catch (const error& e) {
-      refuse(std::string("cannot be read: ") + e.what());
+        held = p->marker.item<int64_t>();
+      } catch (const c10::Error& e) {
+        refuse(std::string("cannot be read: ") + e.what_without_backtrace());
+      } catch (const error& e) {
+        refuse(std::string("cannot be read: ") + e.what());
+      }
     }
     if (held != step)
-      refuse(held < 0 ? "was cut short while being written" : "holds update " + std::to_string(held)
-                                                                  + ", not " + std::to_string(step));
+      refuse(held >= 0 ? "holds update " + std::to_string(held) + ", not " + std::to_string(step)
+             : p->in_place ? "was being updated when its drafter failed"
+                           : "was cut short while being written");
     auto next_gen = gen.clone();
     detail::set_generator_state(next_gen, p->generator, "the restore point's generator state");
     apply_state(p->masters, p->exp_avg, p->exp_avg_sq, step, next_gen);
-    memory = p;
+#ifdef TANDEM_HAVE_CUDA
+    // Out of another engine's state: the copy lands before the lock is
+    // released, so that engine (hung, waking up) may write its own state
+    // again and its memory may go.
+    if (p->in_place && device.is_cuda())
+      c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+    if (memory_in_place()) {
+      // From now on the point is this engine's own state.
+      auto own = in_place_point();
+      own->held = step;
+      own->generator = p->generator;
+      memory_table[opts.memory_slot] = own;
+      memory = std::move(own);
+    } else if (p->in_place) {
+      memory_table.erase(opts.memory_slot);  // the next keep_restore_point copies into buffers of its own
+      memory.reset();
+    } else {
+      memory = p;
+    }
     memory_held = step;
   }
 
@@ -1574,6 +1726,7 @@ struct drafter_engine::impl {
     for (auto& v : ck.exp_avg_sq)
       v = v.to(device);
     apply_state(ck.weights, ck.exp_avg, ck.exp_avg_sq, ck.step, next_gen);
+    mark_state_holds(true);
   }
 
   /// Takes a checked state (a checkpoint's, a restore point's): masters

@@ -53,14 +53,18 @@ struct drafter_engine_options {
   /// step 0.  A later restore() replaces them as usual.
   std::filesystem::path init_from;
   /// The restore point in device memory (DESIGN.md §3, restore tiers):
-  /// every `memory_every` steps (0: none) keep_restore_point copies the
-  /// masters, moments, update count and generator state into buffers on the
-  /// same device that outlive this engine (a process-wide table, by
-  /// `memory_slot`, the drafter's index), so that the next incarnation of a
-  /// drafter that threw, went NaN or hung restores them in milliseconds
-  /// (restore_memory) instead of reading the newest checkpoint.  Costs
-  /// 12 bytes of device memory per parameter and one device-to-device copy
-  /// of as much per kept step, on a side stream.
+  /// masters, moments, update count and generator state on the same device,
+  /// outliving this engine (a process-wide table, by `memory_slot`, the
+  /// drafter's index), so that the next incarnation of a drafter that threw,
+  /// went NaN or hung restores them in milliseconds (restore_memory) instead
+  /// of reading the newest checkpoint.  0: none.  1: in place — the point is
+  /// this engine's own state, valid between its updates (a failure in the
+  /// middle of an update leaves none); no copy and no memory of its own (a
+  /// snapshot then stages the state in 12 bytes a parameter of device
+  /// memory, made at the first snapshot).  k ≥ 2: every k-th step
+  /// keep_restore_point copies the state into buffers of its own (12 bytes
+  /// a parameter; one device-to-device copy of as much per kept step, on a
+  /// side stream), which also survive a failure in the middle of an update.
   int64_t memory_every = 0;
   int32_t memory_slot = 0;
   /// The run will snapshot this drafter (checkpoints, restore points in
@@ -246,7 +250,10 @@ public:
   /// step waits for it on the device, not on the host — unless the restore
   /// point in device memory holds this very step: then the copy reads it
   /// instead of the masters, the next step does not wait, and
-  /// keep_restore_point skips steps until the copy has landed.  poll_snapshot()
+  /// keep_restore_point skips steps until the copy has landed; or unless the
+  /// restore point is in place (memory_every 1, CUDA): then the state is
+  /// first copied on the device into staging buffers, the next step waits
+  /// for that copy only, and the host copy reads the staging.  poll_snapshot()
   /// returns the handle once the copy has landed (at once on the CPU, where
   /// the copy is done here).  One at a time: begin_snapshot throws
   /// gpu::error(bad_input) while one is in flight.  An injected
@@ -259,14 +266,19 @@ public:
 
   /// After a step: every options.memory_every steps, copies the state into
   /// the restore point in device memory (asynchronously, on a side stream;
-  /// the next step waits for it).  Returns the step the restore point holds
-  /// once that copy lands (−1: none).  A newer engine of the same slot owns
-  /// it: an older one (a hung incarnation that woke up) never overwrites it.
+  /// the next step waits for it); in place (memory_every 1) makes the
+  /// engine's own state the point, once, and copies nothing.  Returns the
+  /// step the restore point holds once that copy lands (−1: none).  A newer
+  /// engine of the same slot owns it: an older one (a hung incarnation that
+  /// woke up) never overwrites it, nor marks an in-place one.
   int64_t keep_restore_point();
 
   /// Restores the restore point in device memory of options.memory_slot,
-  /// which must hold update `step` (written whole: a copy cut short is
-  /// refused) and fit this drafter; this engine owns it from then on.
+  /// which must hold update `step` (written whole: a copy cut short, or an
+  /// in-place point whose drafter failed mid-update, is refused) and fit
+  /// this drafter; this engine owns it from then on (in place: its own
+  /// state becomes the point, and the copy out of the old engine's state
+  /// has landed on return).
   /// Throws gpu::error(device_failure) naming what is wrong (none there, another
   /// step, another shape or device, a device error reading it); the engine
   /// is unchanged then, and the caller falls back to a checkpoint.

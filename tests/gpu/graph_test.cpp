@@ -201,6 +201,65 @@ TEST(graph, prepared_snapshot_buffers_end_page_locked_and_copy_exactly) {
 #endif
 }
 
+TEST(graph, in_place_restore_point_stages_snapshots_and_restores_a_graphed_engine) {
+  if (!have_gpu())
+    GTEST_SKIP() << "SKIPPED: no CUDA device";
+  // checkpoint.memory_every 1: the restore point is the drafter's own state.
+  // An asynchronous snapshot goes through staging buffers on the device
+  // while the next steps run: it still holds the step it was begun at (the
+  // synchronous snapshot's bits), and those steps are the uninterrupted
+  // run's, bit for bit.  A new engine then restores the point after graphed
+  // steps and follows the trajectory.
+  gpu_inputs in(3);
+  auto pick = [](int step) { return static_cast<size_t>(step % 3); };
+  drafter_engine::drop_restore_points();
+  drafter_engine straight(options(true));
+  std::vector<double> want;
+  for (int step = 0; step < 12; ++step)
+    want.push_back(straight.train_step(in.batches[pick(step)], in.features[pick(step)]).loss);
+  auto o = options(true);
+  o.memory_every = 1;
+  o.memory_slot = 78;
+  drafter_engine e(o);
+  for (int step = 0; step < 6; ++step) {
+    EXPECT_EQ(e.train_step(in.batches[pick(step)], in.features[pick(step)]).loss, want[static_cast<size_t>(step)]);
+    EXPECT_EQ(e.keep_restore_point(), step + 1);
+  }
+  auto sync = e.snapshot();
+  e.begin_snapshot();
+  for (int step = 6; step < 8; ++step) {  // beside the snapshot's copy to the host
+    EXPECT_EQ(e.train_step(in.batches[pick(step)], in.features[pick(step)]).loss, want[static_cast<size_t>(step)])
+      << "step " << step + 1;
+    EXPECT_EQ(e.keep_restore_point(), step + 1);
+  }
+  std::optional<transport::handle> async;
+  while (!async)
+    async = e.poll_snapshot();
+  {
+    const auto a = transport::acquire(sync, at::Device(at::kCPU));
+    const auto b = transport::acquire(*async, at::Device(at::kCPU));
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(at::equal(a[i], b[i])) << "tensor " << i << " of the staged snapshot";
+  }
+  transport::release(sync);
+  transport::release(*async);
+  auto other = o;
+  other.seed = 99;  // what matches comes from the restore point
+  drafter_engine next(other);
+  next.restore_memory(8);
+  double worst = 0;
+  for (int step = 8; step < 12; ++step) {
+    auto r = next.train_step(in.batches[pick(step)], in.features[pick(step)]);
+    EXPECT_EQ(r.step, step + 1);
+    const double rel = std::abs(r.loss - want[static_cast<size_t>(step)]) / std::abs(want[static_cast<size_t>(step)]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 2e-3) << "step " << step + 1;  // its first step eager, as after any restore
+  }
+  std::printf("in-place restore point: max relative loss difference after the restore %.3g\n", worst);
+  drafter_engine::drop_restore_points();
+}
+
 TEST(graph, eight_engines_capture_their_first_graphs_at_once_20_fresh_processes) {
   if (!have_gpu())
     GTEST_SKIP() << "SKIPPED: no CUDA device";

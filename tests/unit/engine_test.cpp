@@ -550,6 +550,73 @@ TEST(engine, memory_restore_point_outlives_its_engine_and_restores_bit_identical
   drafter_engine::drop_restore_points();
 }
 
+// The restore point in place (checkpoint.memory_every 1, the default): the
+// drafter's own state, with no copy.  It outlives its engine; a step that
+// threw before its update, or whose update was skipped (a NaN), leaves it at
+// the last step, generator included, so the next incarnation goes on bit for
+// bit; a wrong step is refused; an older incarnation that wakes up never
+// marks it; and the engine it was restored from may train on (its state is
+// no longer the point).
+TEST(engine, in_place_restore_point_survives_throws_and_nans_and_restores_bit_identically) {
+  inputs in;
+  drafter_engine::drop_restore_points();
+  drafter_engine straight(drafter_options(20));
+  std::vector<double> want;
+  for (int i = 0; i < 20; ++i)
+    want.push_back(straight.train_step(in.batch, in.features).loss);
+
+  auto o = drafter_options(20);
+  o.memory_every = 1;
+  o.memory_slot = 11;
+  {
+    drafter_engine first(o);
+    for (int i = 0; i < 6; ++i) {
+      (void)first.train_step(in.batch, in.features);
+      EXPECT_EQ(first.keep_restore_point(), i + 1) << "after step " << i + 1;
+    }
+    first.inject(fault::throw_in_step);
+    EXPECT_THROW((void)first.train_step(in.batch, in.features), error);
+  }  // gone, as a drafter that threw: the point is its state after step 6
+  auto other = o;
+  other.seed = 999;  // every bit that matches comes from the restore point
+  drafter_engine older(other);  // built before the others: an older incarnation
+  drafter_engine second(other);
+  const auto what = expect_error(errc::device_failure, [&] { second.restore_memory(7); });
+  EXPECT_NE(what.find("holds update 6, not 7"), std::string::npos) << what;
+  EXPECT_EQ(second.step(), 0);
+  second.restore_memory(6);
+  EXPECT_EQ(second.step(), 6);
+  for (int i = 6; i < 10; ++i) {
+    auto r = second.train_step(in.batch, in.features);
+    EXPECT_EQ(r.loss, want[static_cast<size_t>(i)]) << "step " << i + 1;  // bit for bit
+    EXPECT_EQ(second.keep_restore_point(), i + 1);
+  }
+  // A NaN: the update is skipped but the step's anchors were drawn; the
+  // point keeps step 10's generator state.
+  second.inject(fault::nan_loss);
+  EXPECT_FALSE(second.train_step(in.batch, in.features).finite);
+  (void)older.train_step(in.batch, in.features);  // wakes up and trains: marks nothing
+  EXPECT_EQ(older.keep_restore_point(), -1);
+  drafter_engine third(other);
+  third.restore_memory(10);
+  (void)second.train_step(in.batch, in.features);  // its own state now: no longer the point
+  EXPECT_EQ(second.keep_restore_point(), -1);
+  for (int i = 10; i < 20; ++i) {
+    auto r = third.train_step(in.batch, in.features);
+    EXPECT_EQ(r.loss, want[static_cast<size_t>(i)]) << "step " << i + 1;
+    EXPECT_EQ(third.keep_restore_point(), i + 1);
+  }
+  EXPECT_TRUE(all_equal(view(third).w, view(straight).w));
+  EXPECT_TRUE(all_equal(view(third).m, view(straight).m));
+  EXPECT_TRUE(all_equal(view(third).v, view(straight).v));
+  drafter_engine fourth(other);
+  expect_error(errc::device_failure, [&] { fourth.restore_memory(19); });
+  fourth.restore_memory(20);
+  EXPECT_TRUE(all_equal(view(fourth).w, view(straight).w));
+  EXPECT_TRUE(all_equal(view(fourth).v, view(straight).v));
+  drafter_engine::drop_restore_points();
+}
+
 // begin_snapshot / poll_snapshot: the same contents as snapshot(), host
 // buffers reused once the writer released them, a second set while one is
 // held, and one snapshot at a time.
