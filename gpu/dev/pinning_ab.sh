@@ -1,13 +1,14 @@
-# On the GPU host (issue 20, eleventh pass): the one-GPU pipeline with the
-# snapshot sets page-locked piece by piece while steps run (this build,
-# .devbin) against the build before (.devbin-old/tandem.xz, commit 9e29da5),
-# interleaved, 200 steps each (STEPS), with TANDEM_TURN_TIMING's device
-# idle lines kept; then this build without the restore points in device
-# memory (RUNS says which runs), the compiled Python pipeline and the
-# target's forward at one row.  ≈ 6 minutes.  Results in $OUT (three files:
-# the device returns only a few): pipe.jsonl (a labelled line a run),
+# On the GPU host (issue 20): the one-GPU pipeline of this build (.devbin)
+# against the build before the change under test (.devbin-old/tandem.xz:
+# commit 9e29da5 for the eleventh pass's page-locking; 470b1e2, the copied
+# restore point in device memory, for the twelfth pass's in-place one),
+# interleaved, 200 steps each (STEPS), with TANDEM_TURN_TIMING's lines
+# kept; RUNS says which runs (labels pick variants, below), GTEST which GPU
+# tests run first; then the compiled Python pipeline and the target's
+# forward at one row (NOREF=1: not).  ≈ 6 minutes.  Results in $OUT (a few
+# files: the device returns only a few): pipe.jsonl (a labelled line a run),
 # turns.txt (TANDEM_TURN_TIMING's lines by run), smi.csv (clocks and power
-# every 2 s).
+# every 2 s), tests.log.
 source tools/gpu-host/env.sh > /dev/null
 OUT=${OUT:-/tmp}
 xz -dc .devbin-old/tandem.xz > /tmp/tandem-old && chmod +x /tmp/tandem-old
@@ -15,7 +16,7 @@ nvidia-smi --query-gpu=name,power.limit --format=csv
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv -l 2 > $OUT/smi.csv 2>&1 &
 SMI=$!
-build/bin/gpu_tests --gtest_filter='graph.prepared*:graph.replays_taken*' 2>&1 | tail -3
+build/bin/gpu_tests --gtest_filter="${GTEST:-graph.prepared*:graph.replays_taken*}" 2>&1 | tee $OUT/tests.log | grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |max relative" 
 P="python3 bench/pipeline.py --size 8b --target-device cuda:0 --drafter-device cuda:0 --work /tmp/pipe --timeout 105"
 $P --tandem build/bin/tandem --setup-only 2>&1 | tail -1
 run() {
