@@ -505,8 +505,10 @@ struct drafter_engine::impl {
 #ifdef TANDEM_HAVE_CUDA
   /// In place (memory_every 1), on CUDA: a snapshot copies the state here
   /// first, device to device (the next update waits for that copy only),
-  /// and to the host from here beside training.  Made at the first
-  /// snapshot (12 bytes a parameter: what a copied restore point takes).
+  /// and to the host from here beside training.  12 bytes a parameter
+  /// (what a copied restore point takes), made with the restore point when
+  /// the run snapshots this drafter (prepare_snapshot_buffers), else at the
+  /// first snapshot.
   std::vector<at::Tensor> staged_w, staged_m, staged_v;
   std::optional<copy_event> staged;  ///< recorded after the copy into them
 #endif
@@ -1509,6 +1511,12 @@ struct drafter_engine::impl {
         auto g = gen;
         memory->generator = detail::generator_state_hex(g);
         slot = memory;
+#ifdef TANDEM_HAVE_CUDA
+        // A drafter the run snapshots takes its staging buffers now, before
+        // its step is captured, rather than in the middle of the run.
+        if (opts.prepare_snapshot_buffers && device.is_cuda())
+          (void)have_staging();
+#endif
       }
       memory_held = memory->held;
       return memory_held;

@@ -61,7 +61,8 @@ struct drafter_engine_options {
   /// this engine's own state, valid between its updates (a failure in the
   /// middle of an update leaves none); no copy and no memory of its own (a
   /// snapshot then stages the state in 12 bytes a parameter of device
-  /// memory, made at the first snapshot).  k ≥ 2: every k-th step
+  /// memory, made with the point when prepare_snapshot_buffers is set, else
+  /// at the first snapshot).  k ≥ 2: every k-th step
   /// keep_restore_point copies the state into buffers of its own (12 bytes
   /// a parameter; one device-to-device copy of as much per kept step, on a
   /// side stream), which also survive a failure in the middle of an update.
