@@ -182,9 +182,11 @@ private:
 /// memory alive after the engine is gone), valid between its updates — the
 /// engine sets `held` to −1 under memory_mutex before it queues an update
 /// and back to the update count once the step's results are read back, so
-/// a failure in the middle of an update leaves a point that is refused,
-/// and one before it (a throw, a hang, a non-finite loss, whose update is
-/// skipped) a point that holds the last step.  No copy at all.
+/// a failure in the middle of an update (also a step that hangs on the
+/// device: its update is queued) leaves a point that is refused, and one
+/// before it (a throw, a hang of the drafter's thread before its step, a
+/// non-finite loss, whose update is skipped) a point that holds the last
+/// step.  No copy at all.
 struct memory_restore_point {
   at::Device device{at::kCPU};
   std::vector<at::Tensor> masters, exp_avg, exp_avg_sq;  ///< fp32, shapes of the engine's
@@ -502,6 +504,7 @@ struct drafter_engine::impl {
   const uint64_t incarnation = ++incarnations;  ///< newer engines own the restore point
   std::shared_ptr<memory_restore_point> memory;  ///< the restore point this engine writes (null: none)
   int64_t memory_held = -1;                      ///< the update count it holds once its copy lands
+  bool capturing = false;  ///< step_body runs inside a graph capture (nothing is executed)
 #ifdef TANDEM_HAVE_CUDA
   /// In place (memory_every 1), on CUDA: a snapshot copies the state here
   /// first, device to device (the next update waits for that copy only),
@@ -822,7 +825,8 @@ struct drafter_engine::impl {
         throw error(errc::bad_input, who + ": the CUDA fault kinds need a CUDA drafter");
 #endif
     }
-    mark_update_begins();  // (while capturing: the replay marks again)
+    if (!capturing)  // (the replay marks; and capture_mutex is held there)
+      mark_update_begins();
     if (flat.grad.defined())
       return flat_update(loss, out);
     if (mixed()) {
@@ -940,6 +944,11 @@ struct drafter_engine::impl {
       sg.loss_mask = batch[1].clone();
       sg.doc_lengths = batch[2].clone();
       sg.taps = taps.clone();
+      capturing = true;
+      struct done_capturing {
+        bool& flag;
+        ~done_capturing() { flag = false; }
+      } done{capturing};
       sg.graph->capture([this] { sg.out = step_body(sg.tokens, sg.loss_mask, sg.doc_lengths, sg.taps); },
                        {gen});
     } else {
@@ -1129,6 +1138,7 @@ struct drafter_engine::impl {
     nccl::collective_options o;
     o.timeout = timeout;
     o.wait = true;
+    mark_update_begins();
     nccl::broadcast(c, flat, 0, o);
     int64_t off = 0;
     auto take = [&](const at::Tensor& like) {
@@ -1147,7 +1157,7 @@ struct drafter_engine::impl {
     optimizer->load_state(ea, eas, step);
     refresh_model();
     applied = step;
-    mark_state_holds(true);
+    state_landed();
   }
 
   /// DESIGN.md §4 order: wait for the stream, free the graph that captured
@@ -1197,6 +1207,16 @@ struct drafter_engine::impl {
       if (staged)  // so does the copy into the staging buffers
         staged->block(current);
     }
+#endif
+  }
+
+  /// A drafter the run snapshots takes its staging buffers with its
+  /// in-place restore point, before its step is captured, rather than at
+  /// the first snapshot in the middle of the run (outside memory_mutex).
+  void reserve_staging() {
+#ifdef TANDEM_HAVE_CUDA
+    if (opts.prepare_snapshot_buffers && device.is_cuda() && memory_in_place())
+      (void)have_staging();
 #endif
   }
 
@@ -1368,8 +1388,9 @@ struct drafter_engine::impl {
         h.step.fill_(static_cast<double>(applied));
       } else if (memory_in_place() && have_staging()) {
         // The restore point is the state itself: copy it on the device
-        // first (the next update waits for that copy only, wait_memory_copy),
-        // then to the host from there while training goes on.
+        // first (the next step waits for that copy, ≈ 5 ms at 8B, not for the
+        // host's: wait_memory_copy), then to the host from there while
+        // training goes on.
         copy_event stepped, graphed_step;
         stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
         stepped.block(side.stream());
@@ -1493,6 +1514,19 @@ struct drafter_engine::impl {
     }
   }
 
+  /// After a write of the whole state outside a step (a restore, a
+  /// broadcast): once the device has done it, the in-place restore point
+  /// holds `applied` again.
+  void state_landed() {
+    if (!memory || !memory->in_place)
+      return;
+#ifdef TANDEM_HAVE_CUDA
+    if (device.is_cuda())
+      c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+    mark_state_holds(true);
+  }
+
   int64_t keep_restore_point() {
     if (opts.memory_every <= 0)
       return -1;
@@ -1500,25 +1534,22 @@ struct drafter_engine::impl {
       // No copy: the point is this engine's state, marked around every
       // update (mark_update_begins, mark_state_holds).  Made at the first
       // step; a newer incarnation's is never taken back.
-      std::lock_guard<std::mutex> lock(memory_mutex);
-      auto& slot = memory_table[opts.memory_slot];
-      if (slot && slot->owner > incarnation)
-        return -1;
-      if (!slot || slot != memory || !slot->in_place) {
-        slot.reset();  // a copy's buffers go first
-        memory = in_place_point();
-        memory->held = applied;
-        auto g = gen;
-        memory->generator = detail::generator_state_hex(g);
-        slot = memory;
-#ifdef TANDEM_HAVE_CUDA
-        // A drafter the run snapshots takes its staging buffers now, before
-        // its step is captured, rather than in the middle of the run.
-        if (opts.prepare_snapshot_buffers && device.is_cuda())
-          (void)have_staging();
-#endif
+      {
+        std::lock_guard<std::mutex> lock(memory_mutex);
+        auto& slot = memory_table[opts.memory_slot];
+        if (slot && slot->owner > incarnation)
+          return -1;
+        if (!slot || slot != memory || !slot->in_place) {
+          slot.reset();  // a copy's buffers go first
+          memory = in_place_point();
+          memory->held = applied;
+          auto g = gen;
+          memory->generator = detail::generator_state_hex(g);
+          slot = memory;
+        }
+        memory_held = memory->held;
       }
-      memory_held = memory->held;
+      reserve_staging();
       return memory_held;
     }
     if (applied % opts.memory_every != 0)
@@ -1587,6 +1618,12 @@ struct drafter_engine::impl {
 
   void restore_memory(int64_t step) {
     detail::device_scope scope(device);
+    wait_memory_copy();  // a snapshot of this engine may still read what the restore writes
+    restore_memory_locked(step);
+    reserve_staging();
+  }
+
+  void restore_memory_locked(int64_t step) {
     std::shared_ptr<memory_restore_point> p;
     // Held from taking the slot to the end of the copy out of it (see keep_restore_point).
     std::lock_guard<std::mutex> lock(memory_mutex);
@@ -1603,10 +1640,24 @@ struct drafter_engine::impl {
       refuse("does not exist");
     if (!memory_fits(*p))
       refuse("is of another device or shape");
-    // Taken now: an older incarnation (hung, waking up) no longer writes it.
-    p->owner = std::max(p->owner, incarnation);
+    if (p->owner > incarnation)
+      refuse("belongs to a newer incarnation of this drafter");
+    auto refuse_held = [&](int64_t held) {
+      refuse(held >= 0 ? "holds update " + std::to_string(held) + ", not " + std::to_string(step)
+             : p->in_place ? "was being updated when its drafter failed"
+                           : "was cut short while being written");
+    };
     int64_t held = p->held;
-    if (!p->in_place) {
+    if (p->in_place) {
+      // Checked before it is taken: refused, it stays its engine's, whose
+      // marker keeps telling the truth.  Taken, that engine (hung, waking
+      // up) no longer marks it.
+      if (held != step)
+        refuse_held(held);
+      p->owner = incarnation;
+    } else {
+      // Taken now: an older incarnation (hung, waking up) no longer writes it.
+      p->owner = incarnation;
       try {
 #ifdef TANDEM_HAVE_CUDA
         if (p->copied)
@@ -1618,11 +1669,9 @@ struct drafter_engine::impl {
       } catch (const error& e) {
         refuse(std::string("cannot be read: ") + e.what());
       }
+      if (held != step)
+        refuse_held(held);
     }
-    if (held != step)
-      refuse(held >= 0 ? "holds update " + std::to_string(held) + ", not " + std::to_string(step)
-             : p->in_place ? "was being updated when its drafter failed"
-                           : "was cut short while being written");
     auto next_gen = gen.clone();
     detail::set_generator_state(next_gen, p->generator, "the restore point's generator state");
     apply_state(p->masters, p->exp_avg, p->exp_avg_sq, step, next_gen);
@@ -1733,8 +1782,9 @@ struct drafter_engine::impl {
       m = m.to(device);
     for (auto& v : ck.exp_avg_sq)
       v = v.to(device);
+    mark_update_begins();
     apply_state(ck.weights, ck.exp_avg, ck.exp_avg_sq, ck.step, next_gen);
-    mark_state_holds(true);
+    state_landed();
   }
 
   /// Takes a checked state (a checkpoint's, a restore point's): masters

@@ -59,7 +59,8 @@ struct drafter_engine_options {
   /// went NaN or hung restores them in milliseconds (restore_memory) instead
   /// of reading the newest checkpoint.  0: none.  1: in place — the point is
   /// this engine's own state, valid between its updates (a failure in the
-  /// middle of an update leaves none); no copy and no memory of its own (a
+  /// middle of an update, a step hung on the device included, leaves none:
+  /// the caller falls back to a checkpoint); no copy and no memory of its own (a
   /// snapshot then stages the state in 12 bytes a parameter of device
   /// memory, made with the point when prepare_snapshot_buffers is set, else
   /// at the first snapshot).  k ≥ 2: every k-th step
@@ -254,7 +255,8 @@ public:
   /// keep_restore_point skips steps until the copy has landed; or unless the
   /// restore point is in place (memory_every 1, CUDA): then the state is
   /// first copied on the device into staging buffers, the next step waits
-  /// for that copy only, and the host copy reads the staging.  poll_snapshot()
+  /// for that device copy (not for the host's), and the host copy reads the
+  /// staging.  poll_snapshot()
   /// returns the handle once the copy has landed (at once on the CPU, where
   /// the copy is done here).  One at a time: begin_snapshot throws
   /// gpu::error(bad_input) while one is in flight.  An injected
