@@ -495,21 +495,33 @@ TEST(engine, learning_rate_multiplier_scales_the_scheduled_lr) {
   EXPECT_THROW(scaled.train_step(in.batch, in.features, true, std::nan("")), error);
 }
 
+/// An uninterrupted 20-step run's losses (the trajectory a restored engine
+/// must follow bit for bit), and the options of a drafter whose restore
+/// point in device memory is kept every `every` steps in `slot`.
+struct restore_case {
+  inputs in;
+  drafter_engine straight{drafter_options(20)};
+  std::vector<double> want;
+  drafter_engine_options o = drafter_options(20);
+  restore_case(int64_t every, int32_t slot) {
+    drafter_engine::drop_restore_points();
+    for (int i = 0; i < 20; ++i)
+      want.push_back(straight.train_step(in.batch, in.features).loss);
+    o.memory_every = every;
+    o.memory_slot = slot;
+  }
+};
+
 // The restore point in device memory (checkpoint.memory_every): it outlives
 // the engine that wrote it, a new engine restores it bit-exactly, a wrong
 // step or a copy cut short is refused (device_failure: the caller falls
 // back to a checkpoint), and an older engine never overwrites a newer one's.
 TEST(engine, memory_restore_point_outlives_its_engine_and_restores_bit_identically) {
-  inputs in;
-  drafter_engine::drop_restore_points();
-  drafter_engine straight(drafter_options(20));
-  std::vector<double> want;
-  for (int i = 0; i < 20; ++i)
-    want.push_back(straight.train_step(in.batch, in.features).loss);
-
-  auto o = drafter_options(20);
-  o.memory_every = 2;
-  o.memory_slot = 7;
+  restore_case c(/*every=*/2, /*slot=*/7);
+  auto& in = c.in;
+  auto& straight = c.straight;
+  const auto& want = c.want;
+  const auto o = c.o;
   {
     drafter_engine first(o);
     for (int i = 0; i < 9; ++i) {
@@ -554,20 +566,15 @@ TEST(engine, memory_restore_point_outlives_its_engine_and_restores_bit_identical
 // drafter's own state, with no copy.  It outlives its engine; a step that
 // threw before its update, or whose update was skipped (a NaN), leaves it at
 // the last step, generator included, so the next incarnation goes on bit for
-// bit; a wrong step is refused; an older incarnation that wakes up never
-// marks it; and the engine it was restored from may train on (its state is
-// no longer the point).
+// bit; a wrong step is refused (and the point stays its engine's); an older
+// incarnation that wakes up never marks it nor restores it; and the engine
+// it was restored from may train on (its state is no longer the point).
 TEST(engine, in_place_restore_point_survives_throws_and_nans_and_restores_bit_identically) {
-  inputs in;
-  drafter_engine::drop_restore_points();
-  drafter_engine straight(drafter_options(20));
-  std::vector<double> want;
-  for (int i = 0; i < 20; ++i)
-    want.push_back(straight.train_step(in.batch, in.features).loss);
-
-  auto o = drafter_options(20);
-  o.memory_every = 1;
-  o.memory_slot = 11;
+  restore_case c(/*every=*/1, /*slot=*/11);
+  auto& in = c.in;
+  auto& straight = c.straight;
+  const auto& want = c.want;
+  const auto o = c.o;
   {
     drafter_engine first(o);
     for (int i = 0; i < 6; ++i) {
@@ -614,6 +621,9 @@ TEST(engine, in_place_restore_point_survives_throws_and_nans_and_restores_bit_id
   fourth.restore_memory(20);
   EXPECT_TRUE(all_equal(view(fourth).w, view(straight).w));
   EXPECT_TRUE(all_equal(view(fourth).v, view(straight).v));
+  // An older incarnation never takes a newer one's.
+  const auto newer = expect_error(errc::device_failure, [&] { older.restore_memory(20); });
+  EXPECT_NE(newer.find("newer incarnation"), std::string::npos) << newer;
   drafter_engine::drop_restore_points();
 }
 
