@@ -60,13 +60,17 @@ bench_shapes shapes_for(const std::string& size) {
     t.vocab_size = 151936; t.hidden_size = 4096; t.intermediate_size = 12288;
     t.num_hidden_layers = 36; t.num_attention_heads = 32; t.num_key_value_heads = 8;
     t.head_dim = 128;
+  } else if (size == "14b") {  // Qwen3-14B: a GQA group of 5 (40 heads, 8 kv heads)
+    t.vocab_size = 151936; t.hidden_size = 5120; t.intermediate_size = 17408;
+    t.num_hidden_layers = 40; t.num_attention_heads = 40; t.num_key_value_heads = 8;
+    t.head_dim = 128;
   } else if (size == "tiny") {  // launch-bound, and fits a 2-core CPU
     t.vocab_size = 2048; t.hidden_size = 256; t.intermediate_size = 768;
     t.num_hidden_layers = 8; t.num_attention_heads = 4; t.num_key_value_heads = 2;
     t.head_dim = 64;
     s.draft_layers = 2; s.batch = 2; s.seq = 256; s.anchors = 32; s.block = 16;
   } else {
-    throw error(errc::bad_input, "unknown bench size '" + size + "' (tiny, 8b, auto)");
+    throw error(errc::bad_input, "unknown bench size '" + size + "' (tiny, 8b, 14b, auto)");
   }
   t.rms_norm_eps = 1e-6; t.rope_theta = 1e6; t.max_position_embeddings = 40960;
   return s;

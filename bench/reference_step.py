@@ -37,6 +37,7 @@ import torch.nn.functional as F
 SHAPES = {  # must match drafter_step_shapes() in bench/bench.cpp
     "tiny": dict(V=4096, D=256, I=768, H=4, K=2, hd=64, L=2, target_layers=8, S=512, N=32, Bs=16),
     "8b": dict(V=151936, D=4096, I=12288, H=32, K=8, hd=128, L=5, target_layers=36, S=3072, N=512, Bs=16),
+    "14b": dict(V=151936, D=5120, I=17408, H=40, K=8, hd=128, L=5, target_layers=40, S=3072, N=512, Bs=16),
 }
 EPS, THETA, TAPS = 1e-6, 1e6, 5
 

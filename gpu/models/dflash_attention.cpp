@@ -210,6 +210,32 @@ std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_
 #endif
 }
 
+/// A GQA group the kernels do not take (5, 6, 12, ...: they take 1, 2, 4
+/// and 8): how many times to repeat each kv head so that they do — the
+/// group then G / r, the largest of 8, 4, 2, 1 dividing G.  1 when the
+/// kernels take the operands as they are, or when nothing else stops them.
+int64_t kv_repeat_for_kernel(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
+                             int64_t head_dim, int64_t block_size) {
+  if (kv_heads <= 0 || heads % kv_heads != 0
+      || kernel_unsupported(o, heads, kv_heads, head_dim, block_size).empty())
+    return 1;
+  const int64_t group = heads / kv_heads;
+  for (int64_t taken : {8, 4, 2, 1})
+    if (group % taken == 0 && group != taken
+        && kernel_unsupported(o, heads, heads / taken, head_dim, block_size).empty())
+      return group / taken;
+  return 1;
+}
+
+/// [B, Hkv, T, d] → [B, Hkv·r, T, d], each kv head r times in a row (query
+/// head h still meets kv head h / G).  A broadcast and a copy: its backward
+/// sums the r copies' gradients (a plain reduction: repeatable bit for bit,
+/// where repeat_interleave's index_select would add them with atomics).
+at::Tensor repeat_kv_heads(const at::Tensor& t, int64_t r) {
+  const auto b = t.size(0), h = t.size(1), n = t.size(2), d = t.size(3);
+  return t.unsqueeze(2).expand({b, h, r, n, d}).reshape({b, h * r, n, d});
+}
+
 /// The same for actual operands (sizes beyond int32, mixed dtypes).
 std::string kernel_unsupported(const at::Tensor& q, const at::Tensor& k_ctx,
                                const at::Tensor& k_blk, int64_t blocks) {
@@ -362,7 +388,12 @@ at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
 std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, int64_t block_size) {
   const auto why = kernel_unsupported(options, heads, kv_heads, head_dim, block_size);
-  return why.empty() ? "cuda kernel" : "sdpa dense mask (" + why + ")";
+  if (why.empty())
+    return "cuda kernel";
+  if (const auto r = kv_repeat_for_kernel(options, heads, kv_heads, head_dim, block_size); r > 1)
+    return "cuda kernel (kv heads repeated " + std::to_string(r) + "x: GQA group " + std::to_string(heads / kv_heads)
+           + ")";
+  return "sdpa dense mask (" + why + ")";
 }
 
 at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
@@ -374,6 +405,17 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
   if (kernel_unsupported(q, k_ctx, k_blk, blocks).empty())
     return dflash_attention_fn::apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep,
                                       scale)[0];
+  // A GQA group the kernels do not take: its kv heads repeated into one
+  // they do (a few MB of copies; the dense path does ≈ 7× the work).
+  if (q.dim() == 4 && k_ctx.dim() == 4 && k_blk.dim() == 4 && blocks > 0 && q.size(2) % blocks == 0) {
+    const auto r = kv_repeat_for_kernel(q.options(), q.size(1), k_ctx.size(1), q.size(3), q.size(2) / blocks);
+    if (r > 1) {
+      auto k2 = repeat_kv_heads(k_ctx, r), v2 = repeat_kv_heads(v_ctx, r);
+      auto kb = repeat_kv_heads(k_blk, r), vb = repeat_kv_heads(v_blk, r);
+      if (kernel_unsupported(q, k2, kb, blocks).empty())
+        return dflash_attention_fn::apply(q, k2, v2, kb, vb, ctx_lo, ctx_hi, keep, scale)[0];
+    }
+  }
 #else
   (void)blocks;
 #endif

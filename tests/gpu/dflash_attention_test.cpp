@@ -309,6 +309,38 @@ TEST(dflash_attention, cuda_unsupported_operands_fall_back_to_dense) {
   }
 }
 
+TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated) {
+  // The kernels take GQA groups of 1, 2, 4 and 8; another group (Qwen3-14B's
+  // 40/8 = 5) repeats each kv head into one they take instead of falling
+  // back to the dense mask.  Against the float32 reference (whose kv heads
+  // are shared the same way), gradients of the repeated heads summed back,
+  // and bit-for-bit repeatable.
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  const at::Device dev(at::kCUDA, 0);
+  auto c = objective_layout(300, 24, 3, {0.5, 0.93}, 13);
+  struct group_case {
+    int64_t heads, kv_heads, repeat;
+  };
+  for (auto g : {group_case{10, 2, 5}, group_case{6, 1, 3}, group_case{12, 1, 3}, group_case{3, 1, 3}}) {
+    SCOPED_TRACE("heads " + std::to_string(g.heads) + "/" + std::to_string(g.kv_heads));
+    auto o = random_operands(c, g.heads, g.kv_heads, 64, at::kBFloat16, dev, 14);
+    const auto path = dflash_attention_path(o.q.options(), g.heads, g.kv_heads, 64, block_size);
+    std::printf("heads %ld/%ld: %s\n", long(g.heads), long(g.kv_heads), path.c_str());
+    EXPECT_EQ(path.rfind("cuda kernel (kv heads repeated " + std::to_string(g.repeat) + "x", 0), 0u) << path;
+    const double scale = 1.0 / std::sqrt(64.0);
+    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
+    auto got = ours(o, c, scale);
+    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
+    expect_padding_zero(got, c);
+    ASSERT_EQ(got.grads[1].sizes(), o.k_ctx.sizes());
+    auto again = ours(o, c, scale);
+    EXPECT_TRUE(at::equal(got.out, again.out));
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+  }
+}
+
 TEST(dflash_attention, cuda_forward_and_backward_replay_in_a_graph) {
 #ifndef TANDEM_HAVE_CUDA
   GTEST_SKIP() << "SKIPPED: built without CUDA";

@@ -19,7 +19,7 @@ void add_bench(CLI::App& app, int& exit_code) {
     "bench", "Run the benchmark suite: one JSON line per case (docs/bench.md)");
   auto opts = std::make_shared<gpu::bench_options>();
   cmd->add_option("cases", opts->cases, cases_help);
-  cmd->add_option("--size", opts->size, "Shapes: tiny, 8b (Qwen3-8B), or auto (8b on a GPU)")
+  cmd->add_option("--size", opts->size, "Shapes: tiny, 8b (Qwen3-8B), 14b (Qwen3-14B), or auto (8b on a GPU)")
     ->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "Untimed runs before timing")->capture_default_str()
     ->check(non_negative);
