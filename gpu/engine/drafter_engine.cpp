@@ -507,7 +507,7 @@ struct drafter_engine::impl {
   bool capturing = false;  ///< step_body runs inside a graph capture (nothing is executed)
 #ifdef TANDEM_HAVE_CUDA
   /// In place (memory_every 1), on CUDA: a snapshot copies the state here
-  /// first, device to device (the next update waits for that copy only),
+  /// first, device to device (the next step waits for that copy, not the host's),
   /// and to the host from here beside training.  12 bytes a parameter
   /// (what a copied restore point takes), made with the restore point when
   /// the run snapshots this drafter (prepare_snapshot_buffers), else at the
