@@ -477,6 +477,7 @@ struct drafter_engine::impl {
   /// update (the step then runs eagerly, also when graphed).
   enum class armed_failure : uint8_t { none, throw_in_step, cuda_error, cuda_sticky };
   armed_failure failure_armed = armed_failure::none;
+  bool throw_after_update_armed = false;  ///< fault::throw_after_update
   mutable double slow_snapshot_s = 0;  ///< > 0: the next snapshot copies for this long (a fault)
   at::Tensor poison;                 ///< [] float32 on the device: the loss's factor — 1, NaN (an
                                      ///< injected nan fault), 0 (a rank that does not contribute)
@@ -1013,6 +1014,8 @@ struct drafter_engine::impl {
         // An injected throw runs the step eagerly (also when graphed) so that
         // it fails where a real fault would: after backward, before the update.
         metrics = step_body(batch[0], batch[1], batch[2], taps, inject_failure);
+      if (std::exchange(throw_after_update_armed, false))
+        throw error(errc::device_failure, who + ": injected fault (throw_after_update)");
 #ifdef TANDEM_HAVE_CUDA
       if (device.is_cuda() && (preparing.valid() || pinning.pending())) {
         copy_event queued;
@@ -1965,6 +1968,7 @@ void drafter_engine::inject(fault f) {
     case fault::throw_in_step: impl_->failure_armed = impl::armed_failure::throw_in_step; break;
     case fault::cuda_error: impl_->failure_armed = impl::armed_failure::cuda_error; break;
     case fault::cuda_sticky: impl_->failure_armed = impl::armed_failure::cuda_sticky; break;
+    case fault::throw_after_update: impl_->throw_after_update_armed = true; break;
   }
 }
 

@@ -121,6 +121,9 @@ enum class fault {
   cuda_sticky,    ///< after backward, a kernel stores to an unmapped address: the read-back
                   ///< fails with cudaErrorIllegalAddress and the context is lost for the
                   ///< process (gpu::context_error says so; CUDA only)
+  throw_after_update,  ///< (engine tests) the next step throws gpu::error(errc::device_failure)
+                       ///< once its update is queued (on the CPU: done), before its results
+                       ///< are read back: a failure in the middle of an update
 };
 
 class drafter_engine {

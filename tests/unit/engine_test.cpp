@@ -627,6 +627,31 @@ TEST(engine, in_place_restore_point_survives_throws_and_nans_and_restores_bit_id
   drafter_engine::drop_restore_points();
 }
 
+// A failure after the update was queued, before the step's results were
+// read back: the in-place point says its state was being updated, and no
+// step is restored from it (the caller falls back to a checkpoint).
+TEST(engine, in_place_restore_point_is_refused_after_a_failure_mid_update) {
+  restore_case c(/*every=*/1, /*slot=*/12);
+  {
+    drafter_engine first(c.o);
+    for (int i = 0; i < 3; ++i) {
+      (void)first.train_step(c.in.batch, c.in.features);
+      EXPECT_EQ(first.keep_restore_point(), i + 1);
+    }
+    first.inject(fault::throw_after_update);
+    EXPECT_THROW((void)first.train_step(c.in.batch, c.in.features), error);
+  }
+  auto other = c.o;
+  other.seed = 999;
+  drafter_engine next(other);
+  for (int64_t step : {3, 4}) {
+    const auto what = expect_error(errc::device_failure, [&] { next.restore_memory(step); });
+    EXPECT_NE(what.find("was being updated when its drafter failed"), std::string::npos) << what;
+  }
+  EXPECT_EQ(next.step(), 0);
+  drafter_engine::drop_restore_points();
+}
+
 // begin_snapshot / poll_snapshot: the same contents as snapshot(), host
 // buffers reused once the writer released them, a second set while one is
 // held, and one snapshot at a time.
