@@ -499,8 +499,9 @@ struct drafter_engine::impl {
   std::optional<copy_event> snapshot_copied;  ///< recorded after the copy in flight
 #endif
   /// The snapshot in flight copies from the restore point in device memory
-  /// (it held this very step), not from the masters: the next update need
-  /// not wait for it; keep_restore_point skips steps until it has landed.
+  /// (it held this very step) or from the staging buffers (in place), not
+  /// from the masters: the next update need not wait for it (for a copied
+  /// restore point, keep_restore_point skips steps until it has landed).
   bool snapshot_reads_memory = false;
   const uint64_t incarnation = ++incarnations;  ///< newer engines own the restore point
   std::shared_ptr<memory_restore_point> memory;  ///< the restore point this engine writes (null: none)
@@ -1381,6 +1382,15 @@ struct drafter_engine::impl {
 #ifdef TANDEM_HAVE_CUDA
     if (device.is_cuda()) {
       auto side = c10::cuda::getStreamFromPool(false, device.index());
+      auto after_the_step = [&] {  // the side stream waits for the last step (the graph's stream when graphed)
+        copy_event stepped, graphed_step;
+        stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+        stepped.block(side.stream());
+        if (sg.graph) {
+          graphed_step.record(sg.graph->stream().stream());
+          graphed_step.block(side.stream());
+        }
+      };
       if (memory && memory_held == applied && memory->copied) {
         // The restore point in device memory holds this step: copy from it,
         // after its own copy, and let training go on meanwhile.
@@ -1395,13 +1405,7 @@ struct drafter_engine::impl {
         // ≈ 9 ms on an H100 by its bandwidth, not measured apart — and not
         // for the host's: wait_memory_copy), then to the host from there
         // while training goes on.
-        copy_event stepped, graphed_step;
-        stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-        stepped.block(side.stream());
-        if (sg.graph) {
-          graphed_step.record(sg.graph->stream().stream());
-          graphed_step.block(side.stream());
-        }
+        after_the_step();
         snapshot_reads_memory = true;
         c10::cuda::CUDAStreamGuard on_side(side);
         copy_state_to(staged_w, staged_m, staged_v);
@@ -1410,13 +1414,7 @@ struct drafter_engine::impl {
         copy_state(staged_w, staged_m, staged_v, h.weights, h.exp_avg, h.exp_avg_sq);
         h.step.fill_(static_cast<double>(applied));
       } else {
-        copy_event stepped, graphed_step;
-        stepped.record(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-        stepped.block(side.stream());
-        if (sg.graph) {  // the last step ran there
-          graphed_step.record(sg.graph->stream().stream());
-          graphed_step.block(side.stream());
-        }
+        after_the_step();
         c10::cuda::CUDAStreamGuard on_side(side);
         copy_all();
       }
