@@ -164,9 +164,9 @@ int kernel_variant() {
     char* end = nullptr;
     const long x = std::strtol(env, &end, 10);
     const std::string text = env;
-    if (*end != '\0' || x < 0 || x >= 1024)
+    if (*end != '\0' || x < 0 || x >= 2048)
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
-                                     + "' is not an integer of the kernels' variant bits (0 to 1023)");
+                                     + "' is not an integer of the kernels' variant bits (0 to 2047)");
     if (x & (16 | 32))
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
                                      + "': bits 16 and 32 skip part of the backward (incomplete gradients; "
@@ -210,21 +210,51 @@ std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_
 #endif
 }
 
-/// A GQA group the kernels do not take (5, 6, 12, ...: they take 1, 2, 4
-/// and 8): how many times to repeat each kv head so that they do — the
-/// group then G / r, the largest of 8, 4, 2, 1 dividing G.  1 when the
-/// kernels take the operands as they are, or when nothing else stops them.
-int64_t kv_repeat_for_kernel(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
+/// How the kernels take a GQA group G = heads / kv_heads.  They take 1, 2, 4
+/// and 8 as they are, and run Hopper's wgmma only at a multiple of 4 (sm_90,
+/// head_dim 128); mma.sync elsewhere, ≈ 3× slower a head (docs/bench.md,
+/// thirteenth pass).  Another group becomes one they take in one of two ways:
+/// - padded (`pad_to` > 0): each kv head's G query heads are followed by
+///   pad_to − G heads of zeros (a group of pad_to, 4⌈G/4⌉), then each kv head
+///   is repeated `repeat` times (the group pad_to / repeat, 8 or 4).  Where
+///   wgmma runs: ≤ 1.6× the work (G = 5: 8) on the fast path.  A zero query
+///   head's output is dropped and its gradient is zero (dO = 0 there: no dS),
+///   so the padding adds nothing to any gradient.
+/// - repeated (`pad_to` 0): each kv head repeated `repeat` times, the group
+///   then G / repeat, the largest of 8, 4, 2, 1 dividing G (no extra work,
+///   mma.sync unless that group is 4 or 8).
+/// {0, 1}: as they are (or nothing helps).  TANDEM_ATTENTION_VARIANT bit
+/// 1024 takes the repeated form where the padded one would run (A/B).
+struct gqa_form {
+  int64_t pad_to = 0, repeat = 1;
+};
+constexpr int gqa_repeat_variant = 1024;
+
+#ifdef TANDEM_HAVE_CUDA
+bool wgmma_runs(const at::TensorOptions& o, int64_t head_dim) {
+  return o.device().is_cuda() && head_dim == 128
+         && at::cuda::getDeviceProperties(o.device().index())->major == 9;
+}
+#endif
+
+gqa_form gqa_form_for_kernel(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
                              int64_t head_dim, int64_t block_size) {
   if (kv_heads <= 0 || heads % kv_heads != 0
       || kernel_unsupported(o, heads, kv_heads, head_dim, block_size).empty())
-    return 1;
+    return {};
   const int64_t group = heads / kv_heads;
+#ifdef TANDEM_HAVE_CUDA
+  if (group % 4 != 0 && wgmma_runs(o, head_dim) && !(kernel_variant() & gqa_repeat_variant)) {
+    const int64_t pad_to = (group + 3) / 4 * 4, taken = pad_to % 8 == 0 ? 8 : 4;
+    if (kernel_unsupported(o, kv_heads * pad_to, kv_heads * pad_to / taken, head_dim, block_size).empty())
+      return {pad_to, pad_to / taken};
+  }
+#endif
   for (int64_t taken : {8, 4, 2, 1})
     if (group % taken == 0 && group != taken
         && kernel_unsupported(o, heads, heads / taken, head_dim, block_size).empty())
-      return group / taken;
-  return 1;
+      return {0, group / taken};
+  return {};
 }
 
 /// [B, Hkv, T, d] → [B, Hkv·r, T, d], each kv head r times in a row (query
@@ -234,6 +264,26 @@ int64_t kv_repeat_for_kernel(const at::TensorOptions& o, int64_t heads, int64_t 
 at::Tensor repeat_kv_heads(const at::Tensor& t, int64_t r) {
   const auto b = t.size(0), h = t.size(1), n = t.size(2), d = t.size(3);
   return t.unsqueeze(2).expand({b, h, r, n, d}).reshape({b, h * r, n, d});
+}
+
+/// q [B, Hkv·G, Q, d] → [B, Hkv·P, Q, d] over [B, Q, Hkv·P, d] memory (the
+/// layout the kernels' output also has), each kv head's G heads followed
+/// by P − G heads of zeros.  Differentiable (its backward drops the zeros).
+at::Tensor pad_query_heads(const at::Tensor& q, int64_t kv_heads, int64_t pad_to) {
+  const auto b = q.size(0), g = q.size(1) / kv_heads, n = q.size(2), d = q.size(3);
+  auto t = q.transpose(1, 2).reshape({b, n, kv_heads, g, d});
+  return at::constant_pad_nd(t, {0, 0, 0, pad_to - g}).view({b, n, kv_heads * pad_to, d}).transpose(1, 2);
+}
+
+/// The inverse for the output: [B, Hkv·P, Q, d] → [B, Hkv·G, Q, d] over
+/// [B, Q, Hkv·G, d] memory (so the caller's transpose + reshape stays a view).
+at::Tensor drop_padded_heads(const at::Tensor& out, int64_t kv_heads, int64_t group) {
+  const auto b = out.size(0), p = out.size(1) / kv_heads, n = out.size(2), d = out.size(3);
+  return out.transpose(1, 2)
+    .reshape({b, n, kv_heads, p, d})
+    .narrow(3, 0, group)
+    .reshape({b, n, kv_heads * group, d})
+    .transpose(1, 2);
 }
 
 /// The same for actual operands (sizes beyond int32, mixed dtypes).
@@ -390,9 +440,14 @@ std::string dflash_attention_path(const at::TensorOptions& options, int64_t head
   const auto why = kernel_unsupported(options, heads, kv_heads, head_dim, block_size);
   if (why.empty())
     return "cuda kernel";
-  if (const auto r = kv_repeat_for_kernel(options, heads, kv_heads, head_dim, block_size); r > 1)
-    return "cuda kernel (kv heads repeated " + std::to_string(r) + "x: GQA group " + std::to_string(heads / kv_heads)
-           + ")";
+  const auto form = gqa_form_for_kernel(options, heads, kv_heads, head_dim, block_size);
+  const auto group = std::to_string(heads / kv_heads);
+  if (form.pad_to > 0)
+    return "cuda kernel (query heads padded to a group of " + std::to_string(form.pad_to)
+           + (form.repeat > 1 ? ", kv heads repeated " + std::to_string(form.repeat) + "x" : std::string())
+           + ": GQA group " + group + ")";
+  if (form.repeat > 1)
+    return "cuda kernel (kv heads repeated " + std::to_string(form.repeat) + "x: GQA group " + group + ")";
   return "sdpa dense mask (" + why + ")";
 }
 
@@ -405,15 +460,23 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
   if (kernel_unsupported(q, k_ctx, k_blk, blocks).empty())
     return dflash_attention_fn::apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep,
                                       scale)[0];
-  // A GQA group the kernels do not take: its kv heads repeated into one
-  // they do (a few MB of copies; the dense path does ≈ 7× the work).
-  if (q.dim() == 4 && k_ctx.dim() == 4 && k_blk.dim() == 4 && blocks > 0 && q.size(2) % blocks == 0) {
-    const auto r = kv_repeat_for_kernel(q.options(), q.size(1), k_ctx.size(1), q.size(3), q.size(2) / blocks);
-    if (r > 1) {
-      auto k2 = repeat_kv_heads(k_ctx, r), v2 = repeat_kv_heads(v_ctx, r);
-      auto kb = repeat_kv_heads(k_blk, r), vb = repeat_kv_heads(v_blk, r);
-      if (kernel_unsupported(q, k2, kb, blocks).empty())
-        return dflash_attention_fn::apply(q, k2, v2, kb, vb, ctx_lo, ctx_hi, keep, scale)[0];
+  // A GQA group the kernels do not take: its query heads padded or its kv
+  // heads repeated into one they do (gqa_form; a few copies of tens of MB,
+  // where the dense path does ≈ 7× the work).
+  if (q.dim() == 4 && k_ctx.dim() == 4 && k_blk.dim() == 4 && blocks > 0 && q.size(2) % blocks == 0
+      && k_ctx.size(1) > 0 && q.size(1) % k_ctx.size(1) == 0) {
+    const auto kv_heads = k_ctx.size(1);
+    const auto form =
+      gqa_form_for_kernel(q.options(), q.size(1), kv_heads, q.size(3), q.size(2) / blocks);
+    if (form.pad_to > 0 || form.repeat > 1) {
+      const auto r = form.repeat;
+      auto q2 = form.pad_to > 0 ? pad_query_heads(q, kv_heads, form.pad_to) : q;
+      auto k2 = r > 1 ? repeat_kv_heads(k_ctx, r) : k_ctx, v2 = r > 1 ? repeat_kv_heads(v_ctx, r) : v_ctx;
+      auto kb = r > 1 ? repeat_kv_heads(k_blk, r) : k_blk, vb = r > 1 ? repeat_kv_heads(v_blk, r) : v_blk;
+      if (kernel_unsupported(q2, k2, kb, blocks).empty()) {
+        auto out = dflash_attention_fn::apply(q2, k2, v2, kb, vb, ctx_lo, ctx_hi, keep, scale)[0];
+        return form.pad_to > 0 ? drop_padded_heads(out, kv_heads, q.size(1) / kv_heads) : out;
+      }
     }
   }
 #else

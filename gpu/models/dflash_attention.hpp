@@ -2,8 +2,9 @@
 /// The drafter's KV-injection attention (DFLASH.md "Training step" 3) as one
 /// differentiable op.  On CUDA it runs Tandem's kernels
 /// (gpu/kernels/dflash_attention.cu), which touch only the visible keys
-/// (a GQA group they do not take, such as Qwen3-14B's 5, by repeating each
-/// kv head into one they do); on the CPU, or for a dtype or shape they do
+/// (a GQA group they do not take, such as Qwen3-14B's 5, by padding the
+/// query heads with zero heads or repeating each kv head into one they do);
+/// on the CPU, or for a dtype or shape they do
 /// not take, it falls back to the dense-mask SDPA formulation (correct
 /// everywhere, ~7× the work at Qwen3-8B shapes).  Both paths compute the
 /// same function:
@@ -31,8 +32,9 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
                             const at::Tensor& keep, double scale);
 
 /// Which path dflash_attention takes for operands of this device and dtype
-/// and these sizes: "cuda kernel", "cuda kernel (kv heads repeated <r>x: GQA
-/// group <G>)", or "sdpa dense mask (<why not>)".
+/// and these sizes: "cuda kernel", "cuda kernel (query heads padded to a
+/// group of <P>[, kv heads repeated <r>x]: GQA group <G>)", "cuda kernel (kv
+/// heads repeated <r>x: GQA group <G>)", or "sdpa dense mask (<why not>)".
 std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, int64_t block_size);
 

@@ -341,6 +341,55 @@ TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated
   }
 }
 
+TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hopper) {
+  // At head_dim 128 on sm_90 a group the kernels do not take (5, 3, 6, 7)
+  // gets zero query heads up to a group of 4 or 8, their wgmma path; a group
+  // that is already a multiple of 4 (12) only repeats its kv heads.  Output
+  // and every gradient against the float32 reference, the padded heads
+  // adding nothing, q's gradient of q's shape, repeatable bit for bit.
+  // Elsewhere (not sm_90) the kv heads are repeated, as the test above.
+#ifndef TANDEM_HAVE_CUDA
+  GTEST_SKIP() << "SKIPPED: built without CUDA";
+#else
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  const at::Device dev(at::kCUDA, 0);
+  const bool hopper = at::cuda::getDeviceProperties(0)->major == 9;
+  auto c = objective_layout(300, 24, 3, {0.5, 0.93}, 17);
+  struct group_case {
+    int64_t heads, kv_heads;
+    std::string hopper_path, other_path;
+  };
+  for (const auto& g : {group_case{10, 2, "cuda kernel (query heads padded to a group of 8: GQA group 5)",
+                                   "cuda kernel (kv heads repeated 5x: GQA group 5)"},
+                        group_case{6, 2, "cuda kernel (query heads padded to a group of 4: GQA group 3)",
+                                   "cuda kernel (kv heads repeated 3x: GQA group 3)"},
+                        group_case{6, 1, "cuda kernel (query heads padded to a group of 8: GQA group 6)",
+                                   "cuda kernel (kv heads repeated 3x: GQA group 6)"},
+                        group_case{7, 1, "cuda kernel (query heads padded to a group of 8: GQA group 7)",
+                                   "cuda kernel (kv heads repeated 7x: GQA group 7)"},
+                        group_case{12, 1, "cuda kernel (kv heads repeated 3x: GQA group 12)",
+                                   "cuda kernel (kv heads repeated 3x: GQA group 12)"}}) {
+    SCOPED_TRACE("heads " + std::to_string(g.heads) + "/" + std::to_string(g.kv_heads));
+    auto o = random_operands(c, g.heads, g.kv_heads, 128, at::kBFloat16, dev, 18);
+    const auto path = dflash_attention_path(o.q.options(), g.heads, g.kv_heads, 128, block_size);
+    std::printf("heads %ld/%ld, head_dim 128: %s\n", long(g.heads), long(g.kv_heads), path.c_str());
+    EXPECT_EQ(path, hopper ? g.hopper_path : g.other_path);
+    const double scale = 1.0 / std::sqrt(128.0);
+    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
+    auto got = ours(o, c, scale);
+    ASSERT_EQ(got.out.sizes(), o.q.sizes());
+    ASSERT_EQ(got.grads[0].sizes(), o.q.sizes());
+    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
+    expect_padding_zero(got, c);
+    auto again = ours(o, c, scale);
+    EXPECT_TRUE(at::equal(got.out, again.out));
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+  }
+#endif
+}
+
 TEST(dflash_attention, cuda_forward_and_backward_replay_in_a_graph) {
 #ifndef TANDEM_HAVE_CUDA
   GTEST_SKIP() << "SKIPPED: built without CUDA";
