@@ -343,7 +343,8 @@ TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated
 
 TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hopper) {
   // At head_dim 128 on sm_90 a group the kernels do not take (5, 3, 6, 7)
-  // gets zero query heads up to a group of 4 or 8, their wgmma path; a group
+  // gets zero query heads up to a multiple of 4 and its kv heads repeated
+  // into groups of 4, the kernels' wgmma path; a group
   // that is already a multiple of 4 (12) only repeats its kv heads.  Output
   // and every gradient against the float32 reference, the padded heads
   // adding nothing, q's gradient of q's shape, repeatable bit for bit.
@@ -360,16 +361,17 @@ TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hoppe
     int64_t heads, kv_heads;
     std::string hopper_path, other_path;
   };
-  for (const auto& g : {group_case{10, 2, "cuda kernel (query heads padded to a group of 8: GQA group 5)",
-                                   "cuda kernel (kv heads repeated 5x: GQA group 5)"},
-                        group_case{6, 2, "cuda kernel (query heads padded to a group of 4: GQA group 3)",
-                                   "cuda kernel (kv heads repeated 3x: GQA group 3)"},
-                        group_case{6, 1, "cuda kernel (query heads padded to a group of 8: GQA group 6)",
-                                   "cuda kernel (kv heads repeated 3x: GQA group 6)"},
-                        group_case{7, 1, "cuda kernel (query heads padded to a group of 8: GQA group 7)",
-                                   "cuda kernel (kv heads repeated 7x: GQA group 7)"},
-                        group_case{12, 1, "cuda kernel (kv heads repeated 3x: GQA group 12)",
-                                   "cuda kernel (kv heads repeated 3x: GQA group 12)"}}) {
+  const std::string padded = "cuda kernel (query heads padded to a group of ";
+  for (const auto& g :
+       {group_case{10, 2, padded + "8, kv heads repeated 2x: GQA group 5)",
+                   "cuda kernel (kv heads repeated 5x: GQA group 5)"},
+        group_case{6, 2, padded + "4: GQA group 3)", "cuda kernel (kv heads repeated 3x: GQA group 3)"},
+        group_case{6, 1, padded + "8, kv heads repeated 2x: GQA group 6)",
+                   "cuda kernel (kv heads repeated 3x: GQA group 6)"},
+        group_case{7, 1, padded + "8, kv heads repeated 2x: GQA group 7)",
+                   "cuda kernel (kv heads repeated 7x: GQA group 7)"},
+        group_case{12, 1, "cuda kernel (kv heads repeated 3x: GQA group 12)",
+                   "cuda kernel (kv heads repeated 3x: GQA group 12)"}}) {
     SCOPED_TRACE("heads " + std::to_string(g.heads) + "/" + std::to_string(g.kv_heads));
     auto o = random_operands(c, g.heads, g.kv_heads, 128, at::kBFloat16, dev, 18);
     const auto path = dflash_attention_path(o.q.options(), g.heads, g.kv_heads, 128, block_size);
