@@ -53,7 +53,8 @@ struct bench_shapes {
   int64_t block = 16;         ///< Bs
 };
 
-bench_shapes shapes_for(const std::string& size) {
+/// `block` > 0: the drafter's block size instead of 16 (bench --block-size).
+bench_shapes shapes_for(const std::string& size, int64_t block = 0) {
   bench_shapes s;
   auto& t = s.target;
   if (size == "8b") {  // Qwen3-8B
@@ -73,6 +74,12 @@ bench_shapes shapes_for(const std::string& size) {
     throw error(errc::bad_input, "unknown bench size '" + size + "' (tiny, 8b, 14b, auto)");
   }
   t.rms_norm_eps = 1e-6; t.rope_theta = 1e6; t.max_position_embeddings = 40960;
+  if (block > 0) {
+    if (block < 2 || block > s.seq)
+      throw error(errc::bad_input, "bench --block-size " + std::to_string(block) + ": a block size from 2 to "
+                                     + std::to_string(s.seq) + " (the size's sequence length)");
+    s.block = block;
+  }
   return s;
 }
 
@@ -341,7 +348,7 @@ void bench_target_forward(const bench_options& o, const at::Device& dev, const s
 /// backward (no optimizer: that is the GPU-engine issue's captured step).
 nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
                                   const std::string& size, at::ScalarType dtype) {
-  auto s = shapes_for(size);
+  auto s = shapes_for(size, o.block);
   const int64_t batch = 1;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
 #ifdef TANDEM_HAVE_CUDA
@@ -439,7 +446,7 @@ nlohmann::json bench_drafter_step(const bench_options& o, const at::Device& dev,
 /// 4 equal documents a row, loss mask on the second half of each.
 nlohmann::json bench_dflash_attention(const bench_options& o, const at::Device& dev,
                                       const std::string& size, at::ScalarType dtype) {
-  auto s = shapes_for(size);
+  auto s = shapes_for(size, o.block);
   const int64_t batch = 1, docs = 4;
   const auto heads = s.target.num_attention_heads, kv_heads = s.target.num_key_value_heads,
              hd = s.target.head_dim;
@@ -527,8 +534,8 @@ nlohmann::json bench_dflash_attention(const bench_options& o, const at::Device& 
 }
 
 /// Shapes of the drafter_step case: the engine's real step at batch 1.
-bench_shapes drafter_step_shapes(const std::string& size) {
-  auto s = shapes_for(size);
+bench_shapes drafter_step_shapes(const std::string& size, int64_t block) {
+  auto s = shapes_for(size, block);
   s.batch = 1;
   if (size == "tiny") {  // launch-bound: many small kernels
     s.target.vocab_size = 4096;
@@ -692,7 +699,7 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
 void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
                                const std::string& size, at::ScalarType dtype,
                                const std::function<void(const std::string&)>& emit) {
-  const auto s = drafter_step_shapes(size);
+  const auto s = drafter_step_shapes(size, o.block);
   const int64_t batch = 1;
   const auto d = s.target.hidden_size;
   const auto taps = default_tap_ids(s.target.num_hidden_layers, 5);
@@ -827,6 +834,10 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
                                 "--size", size, "--device", device_arg,
                                 "--warmup", std::to_string(std::max(o.warmup, 2)),
                                 "--iters", std::to_string(o.iters)};
+  if (o.block > 0) {
+    argv.emplace_back("--block-size");
+    argv.emplace_back(std::to_string(o.block));
+  }
   if (o.reference_script.empty() || !std::filesystem::exists(o.reference_script)) {
     auto j = ref_line();
     j["error"] = "reference script not found: '" + o.reference_script + "'";
@@ -876,7 +887,7 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
 /// (embedding rows aside) plus each row's K and V, over 4.8 TB/s.
 void bench_target_decode(const bench_options& o, const at::Device& dev, const std::string& size,
                          at::ScalarType dtype, const std::function<void(const std::string&)>& emit) {
-  auto s = shapes_for(size);
+  auto s = shapes_for(size, o.block);
   const auto& c = s.target;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
 #ifdef TANDEM_HAVE_CUDA
@@ -1024,7 +1035,7 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
   if (dev.is_cuda() && index >= static_cast<int32_t>(torch::cuda::device_count()))
     throw error(errc::device_unavailable, "bench asked for cuda:" + std::to_string(index));
   const auto size = o.size == "auto" ? (dev.is_cuda() ? "8b" : "tiny") : o.size;
-  (void)shapes_for(size);  // validates
+  (void)shapes_for(size, o.block);  // validates
   const auto dtype = dev.is_cuda() ? at::kBFloat16 : at::kFloat;
   auto cases = o.cases.empty() ? bench_case_names() : o.cases;
   for (const auto& c : cases) {

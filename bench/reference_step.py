@@ -136,7 +136,7 @@ def make_step(name, sh, dev):
     cuda = dev.type == "cuda"
     cdt = torch.bfloat16 if cuda else torch.float32
     V, D, S, N, Bs = sh["V"], sh["D"], sh["S"], sh["N"], sh["Bs"]
-    Q, gamma, mask_id = N * Bs, 7.0, sh["V"] - 1
+    Q, gamma, mask_id = N * Bs, {16: 7.0, 10: 5.0, 8: 4.0}.get(Bs, max(1.0, Bs / 2 - 1)), sh["V"] - 1
     layers, top = make_params(sh, dev, gen)
     params = [t for p in layers for t in p.values()] + list(top.values())
     opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
@@ -233,6 +233,9 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--block-size", type=int, default=0,
+                    help="the drafter's block size Bs (default: the size's, 16); γ as the trainer's "
+                         "default for it (7 at 16, 5 at 10, 4 at 8)")
     ap.add_argument("--variants", default="eager,compiled,flex-compiled",
                     help="comma-separated, of: " + ", ".join(VARIANTS))
     args = ap.parse_args()
@@ -241,7 +244,11 @@ def main():
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     torch.backends.cuda.matmul.allow_tf32 = True
-    sh = SHAPES[args.size]
+    sh = dict(SHAPES[args.size])
+    if args.block_size:
+        if not 2 <= args.block_size <= sh["S"]:
+            ap.error(f"--block-size {args.block_size}: a block size from 2 to {sh['S']}")
+        sh["Bs"] = args.block_size
     best = None
     for name in args.variants.split(","):
         try:

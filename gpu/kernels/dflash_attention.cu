@@ -535,6 +535,15 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
           s[nt][e] = key < len && key <= g ? s[nt][e] : -INFINITY;
           s[nt][2 + e] = key < len && key <= g + 8 ? s[nt][2 + e] : -INFINITY;
         }
+    } else if (sh.own_keys > 0 && sh.own_keys < rows_per_block) {  // key 0 always seen
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool seen = nt * 8 + 2 * t4 + e < sh.own_keys;
+          s[nt][e] = seen ? s[nt][e] : -INFINITY;
+          s[nt][2 + e] = seen ? s[nt][2 + e] : -INFINITY;
+        }
     }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -888,7 +897,8 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
   }
   }
 
-  // Own block: 16 keys, all visible.  Slot of 32 rows per warp: K then V.
+  // Own block: 16 keys, the first own_keys visible (all 16 unless fewer).
+  // Slot of 32 rows per warp: K then V.
   uint32_t pa[4] = {}, da[4] = {};  // Pᵀ and dSᵀ as A operands (keys × queries)
   if (qt.live) {
     uint16_t* const slot = smem + warp * 32 * RS;
@@ -903,11 +913,15 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
     mma_a_mt<false, T, D>(dp, dof, sk + 2 * 16 * RS, off, 0, 16);
     uint16_t* const tp = tr_s + warp * 2 * 16 * TP;  // P, then dS: [16 q][TP]
     uint16_t* const tds = tp + 16 * TP;
+    const int own = sh.own_keys > 0 ? sh.own_keys : rows_per_block;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float p0 = exp2_approx(s[nt][0] * sl2 - lse0), p1 = exp2_approx(s[nt][1] * sl2 - lse0);
-      const float p2 = exp2_approx(s[nt][2] * sl2 - lse1), p3 = exp2_approx(s[nt][3] * sl2 - lse1);
       const int col = nt * 8 + 2 * t4;
+      const bool see0 = col < own, see1 = col + 1 < own;
+      const float p0 = see0 ? exp2_approx(s[nt][0] * sl2 - lse0) : 0.f;
+      const float p1 = see1 ? exp2_approx(s[nt][1] * sl2 - lse0) : 0.f;
+      const float p2 = see0 ? exp2_approx(s[nt][2] * sl2 - lse1) : 0.f;
+      const float p3 = see1 ? exp2_approx(s[nt][3] * sl2 - lse1) : 0.f;
       *reinterpret_cast<uint32_t*>(tp + g * TP + col) = E::pack(p0, p1);
       *reinterpret_cast<uint32_t*>(tp + (g + 8) * TP + col) = E::pack(p2, p3);
       s[nt][0] = p0 * (dp[nt][0] - dl0);
@@ -1701,6 +1715,8 @@ struct run_backward {
 const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
   if (sh.block_size != rows_per_block)
     return "block size is not 16";
+  if (sh.own_keys < 0 || sh.own_keys > rows_per_block)
+    return "own_keys is not 0 to 16";
   if (sh.head_dim != 32 && sh.head_dim != 64 && sh.head_dim != 128)
     return "head_dim is not 32, 64 or 128";
   if (sh.heads <= 0 || sh.kv_heads <= 0 || sh.heads % sh.kv_heads != 0)

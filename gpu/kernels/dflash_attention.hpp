@@ -6,8 +6,8 @@
 ///
 /// Layout, per row b: S context keys, then Q = N·16 block keys; query row
 /// j·16 + r (block j) sees context key c iff keep[b, j] and
-/// ctx_lo[b, j] <= c < ctx_hi[b, j], and block key i iff keep[b, j] and
-/// i / 16 == j.  A block with keep = false sees nothing: its output rows are
+/// ctx_lo[b, j] <= c < ctx_hi[b, j], and block key i iff keep[b, j],
+/// i / 16 == j and i % 16 < own_keys (all 16 unless the shape says fewer).  A block with keep = false sees nothing: its output rows are
 /// 0, its log-sum-exp −inf, and it sends no gradient anywhere.
 ///
 /// Design (FA2-style, fp32 accumulation; on sm_90a at d = 128 with G a
@@ -61,6 +61,11 @@ struct dflash_attention_shape {
   int ctx_len = 0;     ///< S
   int blocks = 0;      ///< N
   int block_size = 0;  ///< Bs: the kernels take 16
+  /// Own-block keys a query row sees: the first own_keys of its block's 16
+  /// (0: all 16).  A drafter with a block size below 16 runs as blocks of 16
+  /// rows, its own rows first (gpu/models/dflash_attention.cpp pads them):
+  /// the padding keys stay unseen and the padding rows' gradients are zero.
+  int own_keys = 0;
   int head_dim = 0;    ///< d: 32, 64 or 128
   float scale = 0;     ///< softmax scale (d^-0.5)
   attn_dtype dtype = attn_dtype::bf16;

@@ -23,6 +23,7 @@ void require(bool ok, const std::string& what) {
 struct attn_dims {
   int64_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, ctx_len = 0, head_dim = 0, blocks = 0,
           block_size = 0;
+  int64_t own_keys = 0;  ///< own-block keys seen (0: all; kernels.own_keys)
 };
 
 std::string sizes_text(const at::Tensor& t) {
@@ -131,6 +132,7 @@ kernels::dflash_attention_shape kernel_shape(const attn_dims& m, double scale,
   sh.ctx_len = static_cast<int>(m.ctx_len);
   sh.blocks = static_cast<int>(m.blocks);
   sh.block_size = static_cast<int>(m.block_size);
+  sh.own_keys = static_cast<int>(m.own_keys);
   sh.head_dim = static_cast<int>(m.head_dim);
   sh.scale = static_cast<float>(scale);
   sh.dtype = dtype == at::kHalf ? kernels::attn_dtype::fp16 : kernels::attn_dtype::bf16;
@@ -210,10 +212,19 @@ std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_
 #endif
 }
 
-/// How the kernels take a GQA group G = heads / kv_heads.  They take 1, 2, 4
-/// and 8 as they are, and run Hopper's wgmma only at a multiple of 4 (sm_90,
-/// head_dim 128); mma.sync elsewhere, ≈ 3× slower a head (docs/bench.md,
-/// thirteenth pass).  Another group becomes one they take in one of two ways:
+/// The form in which the kernels take a drafter's operands.
+///
+/// Blocks: the kernels' blocks are 16 rows.  A smaller block size Bs (DFlash
+/// also trains 8 and 10) runs as blocks of 16 rows, each block's Bs rows
+/// first and zero rows after (`pad_rows`), the kernels told that only the
+/// first Bs own keys are seen (`own_keys`): 16 / Bs the rows, where the
+/// dense-mask path does ≈ 7× the work.  A zero row's output is dropped and
+/// its gradient is zero (dO = 0 there: no dS); the padding keys are unseen.
+///
+/// GQA group G = heads / kv_heads: the kernels take 1, 2, 4 and 8 as they
+/// are, and run Hopper's wgmma only at a multiple of 4 (sm_90, head_dim
+/// 128); mma.sync elsewhere, ≈ 3× slower a head (docs/bench.md, thirteenth
+/// pass).  Another group becomes one they take in one of two ways:
 /// - padded (`pad_to` > 0): each kv head's G query heads are followed by
 ///   pad_to − G heads of zeros (a group of pad_to, 4⌈G/4⌉), then each kv head
 ///   is repeated `repeat` = pad_to / 4 times (a group of 4: at one document
@@ -221,15 +232,17 @@ std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_
 ///   runs: ≤ 1.6× the work (G = 5: 8), measured 1.3–2.8× faster than the
 ///   repeated form for G = 3, 5, 6, 7, while for G = 1 and 2 the kernels'
 ///   own mma.sync forms stay faster than 4× and 2× the work.  A zero query
-///   head's output is dropped and its gradient is zero (dO = 0 there: no dS),
-///   so the padding adds nothing to any gradient.
+///   head adds nothing to any gradient, as a zero row.
 /// - repeated (`pad_to` 0): each kv head repeated `repeat` times, the group
 ///   then G / repeat, the largest of 8, 4, 2, 1 dividing G (no extra work,
 ///   mma.sync unless that group is 4 or 8).
-/// {0, 1}: as they are (or nothing helps).  TANDEM_ATTENTION_VARIANT bit
-/// 1024 takes the repeated form where the padded one would run (A/B).
-struct gqa_form {
+/// TANDEM_ATTENTION_VARIANT bit 1024 takes the repeated form where the
+/// padded one would run (A/B).
+struct kernel_form {
+  bool runs = false;  ///< the kernels take the operands in this form
+  bool pad_rows = false;
   int64_t pad_to = 0, repeat = 1;
+  bool as_is() const { return runs && !pad_rows && pad_to == 0 && repeat == 1; }
 };
 constexpr int gqa_repeat_variant = 1024;
 
@@ -240,23 +253,35 @@ bool wgmma_runs(const at::TensorOptions& o, int64_t head_dim) {
 }
 #endif
 
-gqa_form gqa_form_for_kernel(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
-                             int64_t head_dim, int64_t block_size) {
-  if (kv_heads <= 0 || heads % kv_heads != 0
-      || kernel_unsupported(o, heads, kv_heads, head_dim, block_size).empty())
+kernel_form kernel_form_for(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, int64_t block_size) {
+  if (kv_heads <= 0 || heads % kv_heads != 0)
     return {};
+  kernel_form f;
+  f.pad_rows = block_size >= 1 && block_size < 16;
+  const int64_t rows = f.pad_rows ? 16 : block_size;
+  auto takes = [&](int64_t h, int64_t kv) {
+    return kernel_unsupported(o, h, kv, head_dim, rows).empty();
+  };
+  f.runs = true;
+  if (takes(heads, kv_heads))
+    return f;
   const int64_t group = heads / kv_heads;
 #ifdef TANDEM_HAVE_CUDA
   if (group % 4 != 0 && wgmma_runs(o, head_dim) && !(kernel_variant() & gqa_repeat_variant)) {
     const int64_t pad_to = (group + 3) / 4 * 4;
-    if (kernel_unsupported(o, kv_heads * pad_to, kv_heads * pad_to / 4, head_dim, block_size).empty())
-      return {pad_to, pad_to / 4};
+    if (takes(kv_heads * pad_to, kv_heads * pad_to / 4)) {
+      f.pad_to = pad_to;
+      f.repeat = pad_to / 4;
+      return f;
+    }
   }
 #endif
   for (int64_t taken : {8, 4, 2, 1})
-    if (group % taken == 0 && group != taken
-        && kernel_unsupported(o, heads, heads / taken, head_dim, block_size).empty())
-      return {0, group / taken};
+    if (group % taken == 0 && group != taken && takes(heads, heads / taken)) {
+      f.repeat = group / taken;
+      return f;
+    }
   return {};
 }
 
@@ -286,6 +311,25 @@ at::Tensor drop_padded_heads(const at::Tensor& out, int64_t kv_heads, int64_t gr
     .reshape({b, n, kv_heads, p, d})
     .narrow(3, 0, group)
     .reshape({b, n, kv_heads * group, d})
+    .transpose(1, 2);
+}
+
+/// [B, h, N·Bs, d] → [B, h, N·16, d] over [B, N·16, h, d] memory, each
+/// block's Bs rows followed by 16 − Bs rows of zeros.  Differentiable.
+at::Tensor pad_block_rows(const at::Tensor& t, int64_t blocks) {
+  const auto b = t.size(0), h = t.size(1), bs = t.size(2) / blocks, d = t.size(3);
+  auto u = t.transpose(1, 2).reshape({b, blocks, bs, h, d});
+  return at::constant_pad_nd(u, {0, 0, 0, 0, 0, 16 - bs}).view({b, blocks * 16, h, d}).transpose(1, 2);
+}
+
+/// The inverse for the output: [B, h, N·16, d] → [B, h, N·Bs, d] over
+/// [B, N·Bs, h, d] memory.
+at::Tensor drop_block_rows(const at::Tensor& out, int64_t blocks, int64_t block_size) {
+  const auto b = out.size(0), h = out.size(1), d = out.size(3);
+  return out.transpose(1, 2)
+    .reshape({b, blocks, 16, h, d})
+    .narrow(2, 0, block_size)
+    .reshape({b, blocks * block_size, h, d})
     .transpose(1, 2);
 }
 
@@ -372,14 +416,16 @@ public:
                                                 const at::Tensor& v_ctx, const at::Tensor& k_blk,
                                                 const at::Tensor& v_blk, const at::Tensor& ctx_lo,
                                                 const at::Tensor& ctx_hi, const at::Tensor& keep,
-                                                double scale) {
-    const auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+                                                double scale, int64_t own_keys) {
+    auto m = check_dims(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep);
+    m.own_keys = own_keys;
     auto qr = kernel_ready(q), kcr = kernel_ready(k_ctx), vcr = kernel_ready(v_ctx),
          kbr = kernel_ready(k_blk), vbr = kernel_ready(v_blk);
     auto r = ranges_for_kernel(ctx_lo, ctx_hi, keep);
     auto res = kernel_forward(m, qr, kcr, vcr, kbr, vbr, r, scale);
     ctx->save_for_backward({qr, kcr, vcr, kbr, vbr, r.lo, r.hi, r.keep, res.out, res.lse});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["own_keys"] = own_keys;
     return {res.out};
   }
 
@@ -388,11 +434,12 @@ public:
     const auto s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
     const kernel_ranges r{s[5], s[6], s[7]};
-    const auto m = check_dims(s[0], s[1], s[2], s[3], s[4], r.lo, r.hi, r.keep);
+    auto m = check_dims(s[0], s[1], s[2], s[3], s[4], r.lo, r.hi, r.keep);
+    m.own_keys = ctx->saved_data["own_keys"].toInt();
     auto g = kernel_backward(m, s[0], s[1], s[2], s[3], s[4], r, scale, s[8], s[9],
                              kernel_ready(grads[0]));
     return {g.dq, g.dk_ctx, g.dv_ctx, g.dk_blk, g.dv_blk,
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -443,14 +490,22 @@ std::string dflash_attention_path(const at::TensorOptions& options, int64_t head
   const auto why = kernel_unsupported(options, heads, kv_heads, head_dim, block_size);
   if (why.empty())
     return "cuda kernel";
-  const auto form = gqa_form_for_kernel(options, heads, kv_heads, head_dim, block_size);
-  const auto group = std::to_string(heads / kv_heads);
-  if (form.pad_to > 0)
-    return "cuda kernel (query heads padded to a group of " + std::to_string(form.pad_to)
-           + (form.repeat > 1 ? ", kv heads repeated " + std::to_string(form.repeat) + "x" : std::string())
-           + ": GQA group " + group + ")";
-  if (form.repeat > 1)
-    return "cuda kernel (kv heads repeated " + std::to_string(form.repeat) + "x: GQA group " + group + ")";
+  const auto form = kernel_form_for(options, heads, kv_heads, head_dim, block_size);
+  if (form.runs) {
+    std::string how;
+    if (form.pad_rows)
+      how = "blocks of " + std::to_string(block_size) + " rows padded to 16";
+    const auto group = std::to_string(heads / kv_heads);
+    if (form.pad_to > 0)
+      how += std::string(how.empty() ? "" : "; ") + "query heads padded to a group of "
+             + std::to_string(form.pad_to)
+             + (form.repeat > 1 ? ", kv heads repeated " + std::to_string(form.repeat) + "x" : std::string())
+             + ": GQA group " + group;
+    else if (form.repeat > 1)
+      how += std::string(how.empty() ? "" : "; ") + "kv heads repeated " + std::to_string(form.repeat)
+             + "x: GQA group " + group;
+    return "cuda kernel (" + how + ")";
+  }
   return "sdpa dense mask (" + why + ")";
 }
 
@@ -461,23 +516,30 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
   const auto blocks = ctx_lo.dim() == 2 ? ctx_lo.size(1) : 0;
 #ifdef TANDEM_HAVE_CUDA
   if (kernel_unsupported(q, k_ctx, k_blk, blocks).empty())
-    return dflash_attention_fn::apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep,
-                                      scale)[0];
-  // A GQA group the kernels do not take: its query heads padded or its kv
-  // heads repeated into one they do (gqa_form; a few copies of tens of MB,
-  // where the dense path does ≈ 7× the work).
+    return dflash_attention_fn::apply(q, k_ctx, v_ctx, k_blk, v_blk, ctx_lo, ctx_hi, keep, scale,
+                                      0)[0];
+  // Another block size or GQA group in a form the kernels take (kernel_form:
+  // zero rows or heads, or repeated kv heads; copies of tens of MB, where
+  // the dense path does ≈ 7× the work).
   if (q.dim() == 4 && k_ctx.dim() == 4 && k_blk.dim() == 4 && blocks > 0 && q.size(2) % blocks == 0
       && k_ctx.size(1) > 0 && q.size(1) % k_ctx.size(1) == 0) {
-    const auto kv_heads = k_ctx.size(1);
-    const auto form =
-      gqa_form_for_kernel(q.options(), q.size(1), kv_heads, q.size(3), q.size(2) / blocks);
-    if (form.pad_to > 0 || form.repeat > 1) {
+    const auto kv_heads = k_ctx.size(1), bs = q.size(2) / blocks;
+    const auto form = kernel_form_for(q.options(), q.size(1), kv_heads, q.size(3), bs);
+    if (form.runs && !form.as_is()) {
       const auto r = form.repeat;
       auto q2 = form.pad_to > 0 ? pad_query_heads(q, kv_heads, form.pad_to) : q;
       auto k2 = r > 1 ? repeat_kv_heads(k_ctx, r) : k_ctx, v2 = r > 1 ? repeat_kv_heads(v_ctx, r) : v_ctx;
       auto kb = r > 1 ? repeat_kv_heads(k_blk, r) : k_blk, vb = r > 1 ? repeat_kv_heads(v_blk, r) : v_blk;
+      if (form.pad_rows) {
+        q2 = pad_block_rows(q2, blocks);
+        kb = pad_block_rows(kb, blocks);
+        vb = pad_block_rows(vb, blocks);
+      }
       if (kernel_unsupported(q2, k2, kb, blocks).empty()) {
-        auto out = dflash_attention_fn::apply(q2, k2, v2, kb, vb, ctx_lo, ctx_hi, keep, scale)[0];
+        auto out = dflash_attention_fn::apply(q2, k2, v2, kb, vb, ctx_lo, ctx_hi, keep, scale,
+                                              form.pad_rows ? bs : 0)[0];
+        if (form.pad_rows)
+          out = drop_block_rows(out, blocks, bs);
         return form.pad_to > 0 ? drop_padded_heads(out, kv_heads, q.size(1) / kv_heads) : out;
       }
     }

@@ -47,6 +47,7 @@ struct layout_case {
   at::Tensor ctx_lo, ctx_hi, keep;  ///< [B, N] from make_block_batch
   at::Tensor visible;               ///< [B, 1, Q, S + Q] from make_block_batch
   int64_t ctx_len = 0, blocks = 0;
+  int64_t bs = block_size;          ///< rows a block
 };
 
 /// `docs` documents a row at random cuts; the loss mask covers the last
@@ -54,7 +55,7 @@ struct layout_case {
 /// no context: an empty range); N anchors a row through sample_anchors, so
 /// a row with fewer candidates than N gets padding blocks.
 layout_case objective_layout(int64_t s, int64_t n, int64_t docs, const std::vector<double>& frac,
-                             uint64_t seed) {
+                             uint64_t seed, int64_t bs = block_size) {
   const auto b = static_cast<int64_t>(frac.size());
   auto g = gen(seed);
   auto lengths = at::zeros({b, docs}, at::kLong);
@@ -72,16 +73,16 @@ layout_case objective_layout(int64_t s, int64_t n, int64_t docs, const std::vect
   auto f = at::tensor(frac, at::kDouble).unsqueeze(1);
   auto len = (layout.end - layout.start).to(at::kDouble);
   auto loss_mask = (((idx - layout.start).to(at::kDouble) >= f * len) | (idx == layout.start)).to(at::kByte);
-  auto a = sample_anchors(loss_mask, layout, n, block_size, g);
+  auto a = sample_anchors(loss_mask, layout, n, bs, g);
   auto batch = make_block_batch(at::zeros({b, s}, at::kLong), loss_mask, layout,
-                                at::zeros({b, s, 1}), a, at::zeros({2, 1}), block_size, 1, 7.0);
-  return {batch.inputs.ctx_lo, batch.inputs.ctx_hi, batch.inputs.keep, batch.inputs.visible, s, n};
+                                at::zeros({b, s, 1}), a, at::zeros({2, 1}), bs, 1, 7.0);
+  return {batch.inputs.ctx_lo, batch.inputs.ctx_hi, batch.inputs.keep, batch.inputs.visible, s, n, bs};
 }
 
 /// The mask the reference uses: make_block_batch's `visible` with the rows
 /// of padding blocks cleared (a padding block sees nothing).
 at::Tensor reference_mask(const layout_case& c) {
-  auto rows = c.keep.repeat_interleave(block_size, 1);  // [B, Q]
+  auto rows = c.keep.repeat_interleave(c.bs, 1);  // [B, Q]
   return c.visible & rows.unsqueeze(1).unsqueeze(3);
 }
 
@@ -94,7 +95,7 @@ struct operands {
 operands random_operands(const layout_case& c, int64_t heads, int64_t kv_heads, int64_t d,
                          at::ScalarType dtype, at::Device dev, uint64_t seed) {
   auto g = gen(seed);
-  const auto b = c.ctx_lo.size(0), q_len = c.blocks * block_size;
+  const auto b = c.ctx_lo.size(0), q_len = c.blocks * c.bs;
   auto r = [&](int64_t h, int64_t t) {
     return at::randn({b, t, h, d}, g).to(dev, dtype).transpose(1, 2);
   };
@@ -167,7 +168,7 @@ void expect_close(const attention_result& got, const attention_result& ref, doub
 
 /// Padding rows: output and dq exactly zero.
 void expect_padding_zero(const attention_result& got, const layout_case& c) {
-  auto pad = (~c.keep).repeat_interleave(block_size, 1).to(got.out.device());  // [B, Q]
+  auto pad = (~c.keep).repeat_interleave(c.bs, 1).to(got.out.device());  // [B, Q]
   if (!pad.any().item<bool>())
     return;
   auto rows = got.out.transpose(1, 2).index({pad});  // [rows, H, d]
@@ -382,6 +383,53 @@ TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hoppe
     auto got = ours(o, c, scale);
     ASSERT_EQ(got.out.sizes(), o.q.sizes());
     ASSERT_EQ(got.grads[0].sizes(), o.q.sizes());
+    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
+    expect_padding_zero(got, c);
+    auto again = ours(o, c, scale);
+    EXPECT_TRUE(at::equal(got.out, again.out));
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+  }
+#endif
+}
+
+TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) {
+  // DFlash also trains blocks of 8 and 10: each block runs as 16 rows (its
+  // own rows, then zero rows whose keys the kernels leave unseen), instead
+  // of the dense-mask path.  Output and every gradient against the float32
+  // reference, padding blocks exactly zero, repeatable bit for bit; with a
+  // GQA group of 5 at head_dim 128 (padded heads on sm_90) as well.
+#ifndef TANDEM_HAVE_CUDA
+  GTEST_SKIP() << "SKIPPED: built without CUDA";
+#else
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  const at::Device dev(at::kCUDA, 0);
+  const bool hopper = at::cuda::getDeviceProperties(0)->major == 9;
+  struct bs_case {
+    int64_t bs, heads, kv_heads, d;
+    std::string path;
+  };
+  const std::string g5 = hopper ? "query heads padded to a group of 8, kv heads repeated 2x: GQA group 5"
+                                : "kv heads repeated 5x: GQA group 5";
+  for (const auto& k : {bs_case{8, 8, 2, 64, "cuda kernel (blocks of 8 rows padded to 16)"},
+                        bs_case{10, 8, 2, 128, "cuda kernel (blocks of 10 rows padded to 16)"},
+                        bs_case{1, 4, 1, 64, "cuda kernel (blocks of 1 rows padded to 16)"},
+                        bs_case{10, 10, 2, 128, "cuda kernel (blocks of 10 rows padded to 16; " + g5 + ")"}}) {
+    SCOPED_TRACE("block size " + std::to_string(k.bs) + ", heads " + std::to_string(k.heads) + "/"
+                 + std::to_string(k.kv_heads) + ", d " + std::to_string(k.d));
+    auto c = objective_layout(300, 24, 3, {0.5, 0.93}, 19, k.bs);
+    ASSERT_TRUE(c.keep.logical_not().any().item<bool>()) << "the case has padding blocks";
+    auto o = random_operands(c, k.heads, k.kv_heads, k.d, at::kBFloat16, dev, 20);
+    const auto path = dflash_attention_path(o.q.options(), k.heads, k.kv_heads, k.d, k.bs);
+    std::printf("block size %ld, heads %ld/%ld, head_dim %ld: %s\n", long(k.bs), long(k.heads),
+                long(k.kv_heads), long(k.d), path.c_str());
+    EXPECT_EQ(path, k.path);
+    const double scale = 1.0 / std::sqrt(double(k.d));
+    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
+    auto got = ours(o, c, scale);
+    ASSERT_EQ(got.out.sizes(), o.q.sizes());
+    ASSERT_EQ(got.grads[3].sizes(), o.k_blk.sizes());
     expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
     expect_padding_zero(got, c);
     auto again = ours(o, c, scale);

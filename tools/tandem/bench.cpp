@@ -46,6 +46,10 @@ void add_bench(CLI::App& app, int& exit_code) {
                   "target_forward: rows a forward (default: the size's, 4 at 8b, 2 at tiny; the one-GPU "
                   "pipeline forwards one)")
     ->check(at_least_one);
+  cmd->add_option("--block-size", opts->block,
+                  "drafter_step, drafter_step_eager, dflash_attention, target_decode's speculative cycle: "
+                  "the drafter's block size (default 16; --reference passes it on)")
+    ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   auto device = std::make_shared<std::string>();
   cmd->add_option("--device", *device, "cpu, cuda, cuda:N, auto, or a CUDA ordinal (-1: the CPU); default: "
                                        "cuda:0 if present");
