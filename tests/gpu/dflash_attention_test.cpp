@@ -414,7 +414,7 @@ TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) 
                                 : "kv heads repeated 5x: GQA group 5";
   for (const auto& k : {bs_case{8, 8, 2, 64, "cuda kernel (blocks of 8 rows padded to 16)"},
                         bs_case{10, 8, 2, 128, "cuda kernel (blocks of 10 rows padded to 16)"},
-                        bs_case{1, 4, 1, 64, "cuda kernel (blocks of 1 rows padded to 16)"},
+                        bs_case{2, 4, 1, 64, "cuda kernel (blocks of 2 rows padded to 16)"},
                         bs_case{10, 10, 2, 128, "cuda kernel (blocks of 10 rows padded to 16; " + g5 + ")"}}) {
     SCOPED_TRACE("block size " + std::to_string(k.bs) + ", heads " + std::to_string(k.heads) + "/"
                  + std::to_string(k.kv_heads) + ", d " + std::to_string(k.d));
