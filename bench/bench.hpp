@@ -25,7 +25,7 @@ struct bench_options {
   std::string trace_dir;           ///< also save those runs' Chrome trace there ("": don't)
   int64_t docs = 4;                ///< target_forward: documents a row (equal lengths)
   int64_t rows = 0;                ///< target_forward: rows a forward (0: the size's, 4 at 8b, 2 tiny)
-  int64_t block = 0;               ///< drafter cases (drafter_step, drafter_step_eager, dflash_attention): block size Bs (0: 16)
+  int64_t block = 0;               ///< drafter_step, drafter_step_eager, dflash_attention, target_decode's cycle: block size Bs (0: 16)
 };
 
 /// Names of the cases `run_bench` knows.

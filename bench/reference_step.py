@@ -246,8 +246,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     sh = dict(SHAPES[args.size])
     if args.block_size:
-        if not 2 <= args.block_size <= sh["S"]:
-            ap.error(f"--block-size {args.block_size}: a block size from 2 to {sh['S']}")
+        top = sh["S"] - sh["N"] + 1  # N distinct anchors among S - Bs + 1 starts
+        if not 2 <= args.block_size <= top:
+            ap.error(f"--block-size {args.block_size}: a block size from 2 to {top} at --size {args.size} "
+                     f"(S {sh['S']}, N {sh['N']} anchors)")
         sh["Bs"] = args.block_size
     best = None
     for name in args.variants.split(","):

@@ -1,14 +1,15 @@
 # On the GPU host, repo root, with a packed build (.devbin; ≈ 7 min): GQA groups the attention
 # kernels do not take as they are (Qwen3-14B's 5, and 3, 6, 7), in the two forms the wrapper
-# can give them (gqa_form, gpu/models/dflash_attention.cpp): the query heads padded with zero
-# heads to a group of 4 or 8 (wgmma; the default on sm_90 at head_dim 128) or the kv heads
-# repeated into a smaller group (mma.sync; TANDEM_ATTENTION_VARIANT=1024).
+# can give them (kernel_form, gpu/models/dflash_attention.cpp): the query heads padded with
+# zero heads to a multiple of 4, the kv heads then repeated into groups of 4 (wgmma; the
+# default on sm_90 at head_dim 128; the first version of this script ran groups of 8) or the
+# kv heads repeated into a smaller group (mma.sync; TANDEM_ATTENTION_VARIANT=1024).
 # 1. The new GPU tests (dflash_attention.*) → $OUT/tests.log.
 # 2. The kernels alone (tests/gpu/dflash_attention_harness.py), one layer forward + backward,
 #    S 3072, N 512, d 128, 1 and 4 documents a row, two rounds → $OUT/gqa.log.  Reading:
-#    G5 = 40/40 (repeated) against 64/8 (padded); G3 = 24/24 against 32/8; G6 = 48/24 against
-#    64/8; G7 = 56/56 against 64/8; G2 = 16/8 (native) against 32/8; G1 = 32/32 against 128/32;
-#    64/16 against 64/8 (group 4 or 8 for the same work).
+#    G5 = 40/40 (repeated) against 64/16 (padded, kept) or 64/8; G3 = 24/24 against 32/8;
+#    G6 = 48/24 against 64/16; G7 = 56/56 against 64/16; G2 = 16/8 (native) against 32/8;
+#    G1 = 32/32 against 128/32; 64/16 against 64/8 (group 4 or 8 for the same work).
 # 3. `tandem bench dflash_attention` and `drafter_step` at --size 14b, padded and repeated
 #    interleaved (two rounds), then FlexAttention + torch.compile's step at the same shapes
 #    (NOREF=1: not) → $OUT/step.jsonl.

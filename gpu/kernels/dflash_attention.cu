@@ -507,8 +507,8 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
     len = qt.j < sh.blocks ? a.rows[at] : 0;
   }
 
-  // Phase 0, per warp: Q to registers, then the own block (always visible;
-  // chunked: its first len keys, causally).
+  // Phase 0, per warp: Q to registers, then the own block (its first
+  // own_keys keys, all 16 unless fewer; chunked: its first len keys, causally).
   uint16_t* const slot = smem + warp * 32 * RS;
   if (qt.live) {
     warp_load_rows16<D, RS>(slot, at_row(a.q, b, qt.head, row0), a.q.token, len, lane);
@@ -1575,6 +1575,8 @@ constexpr int fwd_bn = 64;
 ///       then all tile 1s, …) instead of tile-fastest
 ///   512 the wgmma key-major role with a CTA barrier an item instead of a
 ///       full and an empty barrier a stage (dkv_wg_body's MB; two warpgroups)
+///   1024 taken by the caller (gpu/models/dflash_attention.cpp: a GQA group's
+///       repeated form); the kernels ignore it
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1729,6 +1731,17 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
   if (sh.batch < 0 || sh.blocks < 0 || sh.ctx_len < 0 || sh.kv_heads > 65535 || sh.batch > 65535)
     return "shape out of range";
   return nullptr;
+}
+
+bool dflash_attention_uses_wgmma(const dflash_attention_shape& sh, int variant, int device_major) {
+#if defined(TANDEM_KERNELS_SM90A)
+  return device_major == 9 && dflash_attention_unsupported(sh) == nullptr && sh.head_dim == 128
+         && (sh.heads / sh.kv_heads) % 4 == 0 && !(variant & 64)
+         && dkv_wg_smem_bytes(8, sh.blocks) <= 227 * 1024 - 256;
+#else
+  (void)sh; (void)variant; (void)device_major;
+  return false;
+#endif
 }
 
 cudaError_t dflash_attention_forward(const dflash_attention_fwd_args& a, cudaStream_t stream) {

@@ -64,7 +64,9 @@ struct dflash_attention_shape {
   /// Own-block keys a query row sees: the first own_keys of its block's 16
   /// (0: all 16).  A drafter with a block size below 16 runs as blocks of 16
   /// rows, its own rows first (gpu/models/dflash_attention.cpp pads them):
-  /// the padding keys stay unseen and the padding rows' gradients are zero.
+  /// the padding keys stay unseen; the padding rows are computed like any
+  /// other and send zero gradients because their dO is zero (the caller drops
+  /// their output).
   int own_keys = 0;
   int head_dim = 0;    ///< d: 32, 64 or 128
   float scale = 0;     ///< softmax scale (d^-0.5)
@@ -113,6 +115,14 @@ struct dflash_attention_bwd_args {
 /// nullptr when the kernels take `shape`; otherwise why not (for a
 /// "falls back to dense SDPA" message).
 const char* dflash_attention_unsupported(const dflash_attention_shape& shape);
+
+/// Whether the kernels run `shape` through Hopper's wgmma (the forward's
+/// context and both backward roles) with `variant` on a device of compute
+/// capability `device_major`: the build has sm_90a, the device is sm_90,
+/// d = 128, a GQA group of a multiple of 4, variant bit 64 off, and the
+/// key-major role's block list fits its shared memory (shape.blocks; 0 for
+/// "any ordinary count").  Otherwise they run their mma.sync forms.
+bool dflash_attention_uses_wgmma(const dflash_attention_shape& shape, int variant, int device_major);
 
 /// Writes out and lse.  cudaErrorInvalidValue for an unsupported shape or a
 /// misaligned operand; otherwise the launch's error.

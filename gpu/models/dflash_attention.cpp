@@ -228,8 +228,9 @@ std::string kernel_unsupported(const at::TensorOptions& o, int64_t heads, int64_
 /// - padded (`pad_to` > 0): each kv head's G query heads are followed by
 ///   pad_to − G heads of zeros (a group of pad_to, 4⌈G/4⌉), then each kv head
 ///   is repeated `repeat` = pad_to / 4 times (a group of 4: at one document
-///   a row 5% faster than 8 for the same heads, equal at four).  Where wgmma
-///   runs: ≤ 1.6× the work (G = 5: 8), measured 1.3–2.8× faster than the
+///   a row 5% faster than 8 for the same heads, 1–3% slower at four).  Only
+///   where wgmma runs (kernels::dflash_attention_uses_wgmma: ≤ 1.6× the
+///   work, G = 5: 8), where it measured 1.3–2.8× faster than the
 ///   repeated form for G = 3, 5, 6, 7, while for G = 1 and 2 the kernels'
 ///   own mma.sync forms stay faster than 4× and 2× the work.  A zero query
 ///   head adds nothing to any gradient, as a zero row.
@@ -247,14 +248,26 @@ struct kernel_form {
 constexpr int gqa_repeat_variant = 1024;
 
 #ifdef TANDEM_HAVE_CUDA
-bool wgmma_runs(const at::TensorOptions& o, int64_t head_dim) {
-  return o.device().is_cuda() && head_dim == 128
-         && at::cuda::getDeviceProperties(o.device().index())->major == 9;
+/// Whether the kernels run these heads through wgmma on o's device (blocks
+/// a row: 0 when not known, as for dflash_attention_path).
+bool wgmma_runs(const at::TensorOptions& o, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                int64_t blocks) {
+  if (!o.device().is_cuda())
+    return false;
+  attn_dims m;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.block_size = 16;
+  m.blocks = blocks;
+  const auto dtype = c10::typeMetaToScalarType(o.dtype());
+  return kernels::dflash_attention_uses_wgmma(kernel_shape(m, 1.0, dtype), kernel_variant(),
+                                              at::cuda::getDeviceProperties(o.device().index())->major);
 }
 #endif
 
 kernel_form kernel_form_for(const at::TensorOptions& o, int64_t heads, int64_t kv_heads,
-                            int64_t head_dim, int64_t block_size) {
+                            int64_t head_dim, int64_t block_size, int64_t blocks = 0) {
   if (kv_heads <= 0 || heads % kv_heads != 0)
     return {};
   kernel_form f;
@@ -268,13 +281,13 @@ kernel_form kernel_form_for(const at::TensorOptions& o, int64_t heads, int64_t k
     return f;
   const int64_t group = heads / kv_heads;
 #ifdef TANDEM_HAVE_CUDA
-  if (group % 4 != 0 && wgmma_runs(o, head_dim) && !(kernel_variant() & gqa_repeat_variant)) {
-    const int64_t pad_to = (group + 3) / 4 * 4;
-    if (takes(kv_heads * pad_to, kv_heads * pad_to / 4)) {
-      f.pad_to = pad_to;
-      f.repeat = pad_to / 4;
-      return f;
-    }
+  const int64_t pad_to = (group + 3) / 4 * 4;
+  if (group % 4 != 0 && !(kernel_variant() & gqa_repeat_variant)
+      && takes(kv_heads * pad_to, kv_heads * pad_to / 4)
+      && wgmma_runs(o, kv_heads * pad_to, kv_heads * pad_to / 4, head_dim, blocks)) {
+    f.pad_to = pad_to;
+    f.repeat = pad_to / 4;
+    return f;
   }
 #endif
   for (int64_t taken : {8, 4, 2, 1})
@@ -487,8 +500,7 @@ at::Tensor dflash_attention_dense(const at::Tensor& q, const at::Tensor& k_ctx,
 
 std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, int64_t block_size) {
-  const auto why = kernel_unsupported(options, heads, kv_heads, head_dim, block_size);
-  if (why.empty())
+  if (kernel_unsupported(options, heads, kv_heads, head_dim, block_size).empty())
     return "cuda kernel";
   const auto form = kernel_form_for(options, heads, kv_heads, head_dim, block_size);
   if (form.runs) {
@@ -506,7 +518,9 @@ std::string dflash_attention_path(const at::TensorOptions& options, int64_t head
              + "x: GQA group " + group;
     return "cuda kernel (" + how + ")";
   }
-  return "sdpa dense mask (" + why + ")";
+  // Why not, at 16 rows where a smaller block would be padded to them.
+  const auto rows = block_size >= 1 && block_size < 16 ? 16 : block_size;
+  return "sdpa dense mask (" + kernel_unsupported(options, heads, kv_heads, head_dim, rows) + ")";
 }
 
 at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const at::Tensor& v_ctx,
@@ -524,7 +538,7 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
   if (q.dim() == 4 && k_ctx.dim() == 4 && k_blk.dim() == 4 && blocks > 0 && q.size(2) % blocks == 0
       && k_ctx.size(1) > 0 && q.size(1) % k_ctx.size(1) == 0) {
     const auto kv_heads = k_ctx.size(1), bs = q.size(2) / blocks;
-    const auto form = kernel_form_for(q.options(), q.size(1), kv_heads, q.size(3), bs);
+    const auto form = kernel_form_for(q.options(), q.size(1), kv_heads, q.size(3), bs, blocks);
     if (form.runs && !form.as_is()) {
       const auto r = form.repeat;
       auto q2 = form.pad_to > 0 ? pad_query_heads(q, kv_heads, form.pad_to) : q;

@@ -32,9 +32,13 @@ at::Tensor dflash_attention(const at::Tensor& q, const at::Tensor& k_ctx, const 
                             const at::Tensor& keep, double scale);
 
 /// Which path dflash_attention takes for operands of this device and dtype
-/// and these sizes: "cuda kernel", "cuda kernel (query heads padded to a
-/// group of <P>[, kv heads repeated <r>x]: GQA group <G>)", "cuda kernel (kv
-/// heads repeated <r>x: GQA group <G>)", or "sdpa dense mask (<why not>)".
+/// and these sizes: "cuda kernel", "cuda kernel (<form>)" where <form> is
+/// "blocks of <Bs> rows padded to 16", "query heads padded to a group of
+/// <P>[, kv heads repeated <r>x]: GQA group <G>" or "kv heads repeated <r>x:
+/// GQA group <G>" (the first and one of the others joined by "; "), or
+/// "sdpa dense mask (<why not>)".  The choice between padding and repeating
+/// assumes an ordinary block count (dflash_attention itself also checks the
+/// key-major role's shared memory for the call's count).
 std::string dflash_attention_path(const at::TensorOptions& options, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, int64_t block_size);
 

@@ -342,6 +342,17 @@ TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated
   }
 }
 
+namespace {
+
+/// The drafter reads the output as out.transpose(1, 2).reshape({B, Q, H·d})
+/// for o_proj: a view on every path (no copy of the output).
+void expect_output_reshapes_as_a_view(const at::Tensor& out) {
+  const auto flat = out.transpose(1, 2).reshape({out.size(0), out.size(2), out.size(1) * out.size(3)});
+  EXPECT_TRUE(flat.is_alias_of(out)) << "the output's [B, Q, H·d] reshape copied";
+}
+
+} // namespace
+
 TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hopper) {
   // At head_dim 128 on sm_90 a group the kernels do not take (5, 3, 6, 7)
   // gets zero query heads up to a multiple of 4 and its kv heads repeated
@@ -383,6 +394,7 @@ TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hoppe
     auto got = ours(o, c, scale);
     ASSERT_EQ(got.out.sizes(), o.q.sizes());
     ASSERT_EQ(got.grads[0].sizes(), o.q.sizes());
+    expect_output_reshapes_as_a_view(got.out);
     expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
     expect_padding_zero(got, c);
     auto again = ours(o, c, scale);
@@ -398,7 +410,8 @@ TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) 
   // own rows, then zero rows whose keys the kernels leave unseen), instead
   // of the dense-mask path.  Output and every gradient against the float32
   // reference, padding blocks exactly zero, repeatable bit for bit; with a
-  // GQA group of 5 at head_dim 128 (padded heads on sm_90) as well.
+  // GQA group of 5 at head_dim 128 (padded heads on sm_90) as well, that
+  // case also captured in a CUDA graph and replayed to the same bits.
 #ifndef TANDEM_HAVE_CUDA
   GTEST_SKIP() << "SKIPPED: built without CUDA";
 #else
@@ -430,12 +443,44 @@ TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) 
     auto got = ours(o, c, scale);
     ASSERT_EQ(got.out.sizes(), o.q.sizes());
     ASSERT_EQ(got.grads[3].sizes(), o.k_blk.sizes());
+    expect_output_reshapes_as_a_view(got.out);
     expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
     expect_padding_zero(got, c);
     auto again = ours(o, c, scale);
     EXPECT_TRUE(at::equal(got.out, again.out));
     for (size_t i = 0; i < got.grads.size(); ++i)
       EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+    if (k.bs != 10 || k.heads != 10)
+      continue;
+    // Captured in a CUDA graph, as the drafter's whole step is: the padded
+    // forms (rows and, on sm_90, heads) replay to the eager bits.
+    std::vector<at::Tensor> leaves;
+    for (const auto* t : {&o.q, &o.k_ctx, &o.v_ctx, &o.k_blk, &o.v_blk})
+      leaves.push_back(t->detach().requires_grad_(true));
+    auto lo = c.ctx_lo.to(dev), hi = c.ctx_hi.to(dev), keep = c.keep.to(dev);
+    auto run = [&] {
+      auto out = dflash_attention(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], lo, hi, keep, scale);
+      auto grads = torch::autograd::grad({out}, leaves, {o.dout});
+      grads.insert(grads.begin(), out.detach());
+      return grads;
+    };
+    const auto eager = run();
+    auto side = c10::cuda::getStreamFromPool(false, dev.index());
+    std::vector<at::Tensor> captured;
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      (void)run();  // warm-up on the capture stream
+      side.synchronize();
+      graph.capture_begin();
+      captured = run();
+      graph.capture_end();
+      graph.replay();
+      side.synchronize();
+    }
+    ASSERT_EQ(captured.size(), eager.size());
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_TRUE(at::equal(captured[i], eager[i])) << "replayed output/gradient " << i;
   }
 #endif
 }
