@@ -310,6 +310,57 @@ TEST(dflash_attention, cuda_unsupported_operands_fall_back_to_dense) {
   }
 }
 
+namespace {
+
+/// The drafter reads the output as out.transpose(1, 2).reshape({B, Q, H·d})
+/// for o_proj: a view on every path (no copy of the output).
+void expect_output_reshapes_as_a_view(const at::Tensor& out) {
+  const auto flat = out.transpose(1, 2).reshape({out.size(0), out.size(2), out.size(1) * out.size(3)});
+  EXPECT_TRUE(flat.is_alias_of(out)) << "the output's [B, Q, H·d] reshape copied";
+}
+
+#ifdef TANDEM_HAVE_CUDA
+/// run() warmed up on a side stream, captured in a CUDA graph there and the
+/// graph replayed once: what the replay wrote (CUDA builds).
+template <typename F>
+auto replayed_in_a_graph(const at::Device& dev, F run) -> decltype(run()) {
+  auto side = c10::cuda::getStreamFromPool(false, dev.index());
+  decltype(run()) captured;
+  at::cuda::CUDAGraph graph;
+  c10::cuda::CUDAStreamGuard guard(side);
+  (void)run();  // warm-up on the capture stream
+  side.synchronize();
+  graph.capture_begin();
+  captured = run();
+  graph.capture_end();
+  graph.replay();
+  side.synchronize();
+  return captured;
+}
+
+#endif
+
+/// A bf16 kernel path against the float32 reference: every output the
+/// shape of its input, the output's reshape a view, within the bf16
+/// tolerances, padding blocks exactly zero, repeatable bit for bit.
+void expect_kernel_path_matches_reference(const operands& o, const layout_case& c, double scale) {
+  auto ref = reference(o, reference_mask(c), scale, at::kFloat);
+  auto got = ours(o, c, scale);
+  ASSERT_EQ(got.out.sizes(), o.q.sizes());
+  const at::Tensor* inputs[] = {&o.q, &o.k_ctx, &o.v_ctx, &o.k_blk, &o.v_blk};
+  for (size_t i = 0; i < 5; ++i)
+    ASSERT_EQ(got.grads[i].sizes(), inputs[i]->sizes()) << grad_names[i];
+  expect_output_reshapes_as_a_view(got.out);
+  expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
+  expect_padding_zero(got, c);
+  auto again = ours(o, c, scale);
+  EXPECT_TRUE(at::equal(got.out, again.out));
+  for (size_t i = 0; i < got.grads.size(); ++i)
+    EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+}
+
+} // namespace
+
 TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated) {
   // The kernels take GQA groups of 1, 2, 4 and 8; another group (Qwen3-14B's
   // 40/8 = 5) repeats each kv head into one they take instead of falling
@@ -329,29 +380,9 @@ TEST(dflash_attention, cuda_kernel_takes_other_gqa_groups_with_kv_heads_repeated
     const auto path = dflash_attention_path(o.q.options(), g.heads, g.kv_heads, 64, block_size);
     std::printf("heads %ld/%ld: %s\n", long(g.heads), long(g.kv_heads), path.c_str());
     EXPECT_EQ(path.rfind("cuda kernel (kv heads repeated " + std::to_string(g.repeat) + "x", 0), 0u) << path;
-    const double scale = 1.0 / std::sqrt(64.0);
-    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
-    auto got = ours(o, c, scale);
-    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
-    expect_padding_zero(got, c);
-    ASSERT_EQ(got.grads[1].sizes(), o.k_ctx.sizes());
-    auto again = ours(o, c, scale);
-    EXPECT_TRUE(at::equal(got.out, again.out));
-    for (size_t i = 0; i < got.grads.size(); ++i)
-      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+    expect_kernel_path_matches_reference(o, c, 1.0 / std::sqrt(64.0));
   }
 }
-
-namespace {
-
-/// The drafter reads the output as out.transpose(1, 2).reshape({B, Q, H·d})
-/// for o_proj: a view on every path (no copy of the output).
-void expect_output_reshapes_as_a_view(const at::Tensor& out) {
-  const auto flat = out.transpose(1, 2).reshape({out.size(0), out.size(2), out.size(1) * out.size(3)});
-  EXPECT_TRUE(flat.is_alias_of(out)) << "the output's [B, Q, H·d] reshape copied";
-}
-
-} // namespace
 
 TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hopper) {
   // At head_dim 128 on sm_90 a group the kernels do not take (5, 3, 6, 7)
@@ -389,18 +420,7 @@ TEST(dflash_attention, cuda_kernel_pads_query_heads_of_other_gqa_groups_on_hoppe
     const auto path = dflash_attention_path(o.q.options(), g.heads, g.kv_heads, 128, block_size);
     std::printf("heads %ld/%ld, head_dim 128: %s\n", long(g.heads), long(g.kv_heads), path.c_str());
     EXPECT_EQ(path, hopper ? g.hopper_path : g.other_path);
-    const double scale = 1.0 / std::sqrt(128.0);
-    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
-    auto got = ours(o, c, scale);
-    ASSERT_EQ(got.out.sizes(), o.q.sizes());
-    ASSERT_EQ(got.grads[0].sizes(), o.q.sizes());
-    expect_output_reshapes_as_a_view(got.out);
-    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
-    expect_padding_zero(got, c);
-    auto again = ours(o, c, scale);
-    EXPECT_TRUE(at::equal(got.out, again.out));
-    for (size_t i = 0; i < got.grads.size(); ++i)
-      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+    expect_kernel_path_matches_reference(o, c, 1.0 / std::sqrt(128.0));
   }
 #endif
 }
@@ -439,17 +459,7 @@ TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) 
                 long(k.kv_heads), long(k.d), path.c_str());
     EXPECT_EQ(path, k.path);
     const double scale = 1.0 / std::sqrt(double(k.d));
-    auto ref = reference(o, reference_mask(c), scale, at::kFloat);
-    auto got = ours(o, c, scale);
-    ASSERT_EQ(got.out.sizes(), o.q.sizes());
-    ASSERT_EQ(got.grads[3].sizes(), o.k_blk.sizes());
-    expect_output_reshapes_as_a_view(got.out);
-    expect_close(got, ref, bf16_out_rel, bf16_grad_rel);
-    expect_padding_zero(got, c);
-    auto again = ours(o, c, scale);
-    EXPECT_TRUE(at::equal(got.out, again.out));
-    for (size_t i = 0; i < got.grads.size(); ++i)
-      EXPECT_TRUE(at::equal(got.grads[i], again.grads[i])) << "gradient " << i;
+    expect_kernel_path_matches_reference(o, c, scale);
     if (k.bs != 10 || k.heads != 10)
       continue;
     // Captured in a CUDA graph, as the drafter's whole step is: the padded
@@ -465,19 +475,7 @@ TEST(dflash_attention, cuda_kernel_takes_block_sizes_below_16_as_padded_blocks) 
       return grads;
     };
     const auto eager = run();
-    auto side = c10::cuda::getStreamFromPool(false, dev.index());
-    std::vector<at::Tensor> captured;
-    at::cuda::CUDAGraph graph;
-    {
-      c10::cuda::CUDAStreamGuard guard(side);
-      (void)run();  // warm-up on the capture stream
-      side.synchronize();
-      graph.capture_begin();
-      captured = run();
-      graph.capture_end();
-      graph.replay();
-      side.synchronize();
-    }
+    const auto captured = replayed_in_a_graph(dev, run);
     ASSERT_EQ(captured.size(), eager.size());
     for (size_t i = 0; i < eager.size(); ++i)
       EXPECT_TRUE(at::equal(captured[i], eager[i])) << "replayed output/gradient " << i;
@@ -503,19 +501,7 @@ TEST(dflash_attention, cuda_forward_and_backward_replay_in_a_graph) {
     return std::pair{fw, g};
   };
   auto eager = run();
-  auto side = c10::cuda::getStreamFromPool(false, dev.index());
-  std::pair<dflash_attention_result, dflash_attention_grads> captured;
-  at::cuda::CUDAGraph graph;
-  {
-    c10::cuda::CUDAStreamGuard guard(side);
-    (void)run();  // warm-up on the capture stream
-    side.synchronize();
-    graph.capture_begin();
-    captured = run();
-    graph.capture_end();
-    graph.replay();
-    side.synchronize();
-  }
+  const auto captured = replayed_in_a_graph(dev, run);
   EXPECT_TRUE(at::equal(captured.first.out, eager.first.out));
   EXPECT_TRUE(at::equal(captured.first.lse, eager.first.lse));
   EXPECT_TRUE(at::equal(captured.second.dq, eager.second.dq));
