@@ -426,6 +426,14 @@ drafter_actor::behavior_type drafter_behavior(drafter_actor::stateful_pointer<dr
   std::optional<caf::error> failed;
   try {
     st.engine.emplace(opts);
+    // The attention's path: the dense-mask fallback on a GPU is worth a
+    // warning (a shape the kernels do not take: ≈ 7× the attention's work).
+    if (const auto& path = st.engine->info().attention; opts.device >= 0 && path.rfind("sdpa", 0) == 0)
+      spdlog::warn("drafter {}: attention: {}: the dense-mask path, ≈ 7× the work of the CUDA kernels (they "
+                   "take bf16 or fp16, head_dim 32, 64 or 128, block sizes up to 16)",
+                   index, path);
+    else
+      spdlog::info("drafter {}: attention: {}", index, path);
     // "memory:<k>": the restore point in device memory, which must hold
     // update k (coordinator_failures.cpp); else a checkpoint folder.
     if (restore_from.rfind(memory_restore_prefix, 0) == 0)

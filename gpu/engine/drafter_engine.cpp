@@ -28,6 +28,7 @@
 #include "gpu/device/error.hpp"
 #include "gpu/io/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
+#include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/linear.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/nccl/communicator.hpp"
@@ -724,6 +725,9 @@ struct drafter_engine::impl {
       info.parameters += p.numel();
     info.dtype = detail::dtype_name(dtype);
     info.device = device.is_cuda() ? device.index() : -1;
+    info.attention = dflash_attention_path(at::TensorOptions().dtype(dtype).device(device),
+                                           cfg.layer.num_attention_heads, cfg.layer.num_key_value_heads,
+                                           cfg.layer.head_dim, cfg.block_size);
   }
 
   /// The model copy follows the masters (after an update or a restore).

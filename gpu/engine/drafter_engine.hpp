@@ -92,6 +92,9 @@ struct drafter_info {
   int64_t parameters = 0;            ///< trainable
   std::string dtype;                 ///< compute dtype
   int32_t device = -1;
+  /// How its DFlash attention runs (dflash_attention_path): "cuda kernel",
+  /// "cuda kernel (<form>)", or "sdpa dense mask (<why not>)".
+  std::string attention;
 };
 
 /// What one training step did (read back after the step).
