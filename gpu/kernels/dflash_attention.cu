@@ -1210,6 +1210,13 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
          + dkv_wg_stages(warps) * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
 }
 
+/// Whether the wgmma key-major role's shared memory (its block list grows
+/// with the blocks a row) fits an SM: 227 KiB less the kernel's static
+/// shared memory (the count and the stage barriers, 80 bytes; 256 kept).
+__host__ __device__ constexpr bool dkv_wg_fits(int blocks) {
+  return dkv_wg_smem_bytes(8, blocks) <= 227 * 1024 - 256;
+}
+
 /// mbarrier primitives (sm_90), shared::cta scope.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
@@ -1662,9 +1669,7 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
     // CTAs an SM; docs/bench.md); variant bit 7 keeps the query-major role on mma.sync.
     // (The key-major role keeps a block list in shared memory: past ~2700
     // blocks a row it no longer fits, and mma.sync takes over.)
-    // (227 KiB an SM less the kernel's static shared memory: the count and
-    // the stage barriers, 80 bytes; 256 kept for them.)
-    if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_smem_bytes(8, a.shape.blocks) <= 227 * 1024 - 256) {
+    if (group % 4 == 0 && !(a.variant & 64) && dkv_wg_fits(a.shape.blocks)) {
       const bool two = group > 4 || !(a.variant & 1);
       if constexpr (has_variants<T, D>)
         if ((a.variant & 512) && two)
@@ -1737,7 +1742,7 @@ bool dflash_attention_uses_wgmma(const dflash_attention_shape& sh, int variant, 
 #if defined(TANDEM_KERNELS_SM90A)
   return device_major == 9 && dflash_attention_unsupported(sh) == nullptr && sh.head_dim == 128
          && (sh.heads / sh.kv_heads) % 4 == 0 && !(variant & 64)
-         && dkv_wg_smem_bytes(8, sh.blocks) <= 227 * 1024 - 256;
+         && dkv_wg_fits(sh.blocks);
 #else
   (void)sh; (void)variant; (void)device_major;
   return false;
