@@ -317,6 +317,30 @@ __device__ __forceinline__ void mma_c_m(float (&acc)[D / 8][4], const float (&c)
   }
 }
 
+/// mbarrier primitives (sm_90), shared::cta scope.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                 smem_addr(bar))
+               : "memory");
+}
+
+/// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
 // ---- forward -------------------------------------------------------------
 
 /// One context tile of a warp's online softmax: S = Q·Kᵀ over the tile's
@@ -370,12 +394,32 @@ __device__ __forceinline__ void fwd_tile(const uint32_t (&qf)[D / 16][4], uint32
   mma_c_m<Masked, T, D>(o, s, vb, off, vlo, vhi);
 }
 
+/// Pipeline stages of the forward's context loop with stage barriers (MB).
+constexpr int fwd_wg_stages = 4;
+
+/// The forward's shared memory: the warps' phase-0 slots (Q and the own
+/// block's K, then V: 32 rows each), reused by the context pipeline — two
+/// stages of K/V (Wg 1: 1024 bytes of alignment slack; mma.sync: pitch
+/// D + 8), or fwd_wg_stages with stage barriers (Wg 2).
+__host__ __device__ constexpr int fwd_smem_bytes(int d, int warps, int bn, int wg) {
+  const int slots = 2 * (d + 8) * 32 * warps;
+  const int pipe = wg == 2 ? 1024 + fwd_wg_stages * 2 * bn * d * 2 : 2 * (d + 8) * 4 * bn;
+  return slots > pipe ? slots : pipe;
+}
+
 /// The context part of the forward with wgmma (sm_90a, d = 128, G a multiple
 /// of 4): each warpgroup is 4 heads of one block (warp w = head rows 16w..,
 /// so the warp's Q fragments are the A operand as loaded), over 64-key tiles
-/// of the CTA's union (double-buffered): S = Q·Kᵀ, the online softmax as in
-/// fwd_tile, O += P·V.  The warp's o fragments are the accumulator's.
-template <typename T, int W>
+/// of the CTA's union: S = Q·Kᵀ, the online softmax as in fwd_tile,
+/// O += P·V.  The warp's o fragments are the accumulator's.
+///
+/// Without MB: two stages and a CTA barrier a tile (one warpgroup a CTA,
+/// three CTAs an SM).  With MB (several warpgroups — blocks, or the halves of
+/// a group of 8 — sharing each K/V tile): fwd_wg_stages stages, each with a
+/// full and an empty mbarrier as in dkv_wg_body, so that the warpgroups need
+/// not run in lockstep; a thread refills a stage at the end of its tile, once
+/// every thread is done with the tile that used it last.
+template <typename T, int W, bool MB>
 __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, const query_tile& qt,
                                            int b, int kvh, uint16_t* smem_raw,
                                            const uint32_t (&qf)[8][4], float sl2,
@@ -383,14 +427,22 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
                                            float& l1) {
 #if defined(TANDEM_HAS_WGMMA)
   constexpr int D = 128, BN = 64, TILE = BN * D * 2;
+  constexpr int NS = MB ? fwd_wg_stages : 2, AHEAD = NS - 1;
+  static_assert(!MB || NS >= 3, "stage barriers announce the next tile early");
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [2 stages][K, V][TILE]
+  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [NS stages][K, V][TILE]
   const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
-  auto load = [&](int start, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
+  __shared__ alignas(8) uint64_t full_b[NS], empty_b[NS];  // MB
+  auto load = [&](int t, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
+    if (t >= tiles) {
+      cp_async_commit();  // an empty group keeps the count per tile
+      return;
+    }
+    const int start = qt.u_lo + t * BN;
     const int c = (tid & 15) * 8;
     for (int r = tid >> 4; r < BN; r += W * 2) {
       const bool ok = start + r < qt.u_hi;
@@ -402,83 +454,125 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
     cp_async_commit();
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(o);
-  if (tiles > 0)
-    load(qt.u_lo, 0);
-  for (int t = 0; t < tiles; ++t) {
-    const int start = qt.u_lo + t * BN;
-    if (t + 1 < tiles) {
-      load(start + BN, (t + 1) & 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    wg::fence_proxy_async();
-    __syncthreads();
-    const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
-    if (qt.live && vlo < vhi) {  // warpgroup-uniform: one block
-      const uint32_t kb = base + (t & 1) * 2 * TILE, vb = kb + TILE;
-      float s[32];
-      wg::fence();
+  // One tile for this warpgroup's block: keys [vlo, vhi) of it are visible.
+  auto compute = [&](uint32_t kb, int vlo, int vhi) {
+    const uint32_t vb = kb + TILE;
+    float s[32];
+    wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wg::mma_rs_n64<bf>(s, qf[ks], wg::desc_k(kb, BN, ks), ks);
-      wg::commit();
-      wg::wait<0>();
-      const bool full = vlo == 0 && vhi == BN;
-      float mx0 = -INFINITY, mx1 = -INFINITY;
+    for (int ks = 0; ks < D / 16; ++ks)
+      wg::mma_rs_n64<bf>(s, qf[ks], wg::desc_k(kb, BN, ks), ks);
+    wg::commit();
+    wg::wait<0>();
+    const bool full = vlo == 0 && vhi == BN;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
+    for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!full) {
-            const int key = 8 * i + 2 * t4 + e;
-            const bool ok = key >= vlo && key < vhi;
-            s[4 * i + e] = ok ? s[4 * i + e] : -INFINITY;
-            s[4 * i + 2 + e] = ok ? s[4 * i + 2 + e] : -INFINITY;
-          }
-          mx0 = fmaxf(mx0, s[4 * i + e]);
-          mx1 = fmaxf(mx1, s[4 * i + 2 + e]);
+      for (int e = 0; e < 2; ++e) {
+        if (!full) {
+          const int key = 8 * i + 2 * t4 + e;
+          const bool ok = key >= vlo && key < vhi;
+          s[4 * i + e] = ok ? s[4 * i + e] : -INFINITY;
+          s[4 * i + 2 + e] = ok ? s[4 * i + 2 + e] : -INFINITY;
         }
-      const float mn0 = fmaxf(m0, quad_max(mx0) * sl2), mn1 = fmaxf(m1, quad_max(mx1) * sl2);
-      const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
-      m0 = mn0;
-      m1 = mn1;
-      float rs0 = 0, rs1 = 0;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) {
-        s[4 * i + 0] = exp2_approx(fmaf(s[4 * i + 0], sl2, -mn0));
-        s[4 * i + 1] = exp2_approx(fmaf(s[4 * i + 1], sl2, -mn0));
-        s[4 * i + 2] = exp2_approx(fmaf(s[4 * i + 2], sl2, -mn1));
-        s[4 * i + 3] = exp2_approx(fmaf(s[4 * i + 3], sl2, -mn1));
-        rs0 += s[4 * i + 0] + s[4 * i + 1];
-        rs1 += s[4 * i + 2] + s[4 * i + 3];
+        mx0 = fmaxf(mx0, s[4 * i + e]);
+        mx1 = fmaxf(mx1, s[4 * i + 2 + e]);
       }
-      l0 = l0 * al0 + rs0;
-      l1 = l1 * al1 + rs1;
+    const float mn0 = fmaxf(m0, quad_max(mx0) * sl2), mn1 = fmaxf(m1, quad_max(mx1) * sl2);
+    const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    float rs0 = 0, rs1 = 0;
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        acc[4 * i + 0] *= al0; acc[4 * i + 1] *= al0;
-        acc[4 * i + 2] *= al1; acc[4 * i + 3] *= al1;
-      }
-      uint32_t pa[BN / 16][4];
-#pragma unroll
-      for (int kq = 0; kq < BN / 16; ++kq)
-        a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, pa[kq]);
-      wg::fence();
-#pragma unroll
-      for (int kq = 0; kq < BN / 16; ++kq)
-        wg::mma_rs_n128_tb<bf>(acc, pa[kq], wg::desc_n(vb, BN, kq), 1);
-      wg::commit();
-      wg::wait<0>();
+    for (int i = 0; i < BN / 8; ++i) {
+      s[4 * i + 0] = exp2_approx(fmaf(s[4 * i + 0], sl2, -mn0));
+      s[4 * i + 1] = exp2_approx(fmaf(s[4 * i + 1], sl2, -mn0));
+      s[4 * i + 2] = exp2_approx(fmaf(s[4 * i + 2], sl2, -mn1));
+      s[4 * i + 3] = exp2_approx(fmaf(s[4 * i + 3], sl2, -mn1));
+      rs0 += s[4 * i + 0] + s[4 * i + 1];
+      rs1 += s[4 * i + 2] + s[4 * i + 3];
     }
-    __syncthreads();
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      acc[4 * i + 0] *= al0; acc[4 * i + 1] *= al0;
+      acc[4 * i + 2] *= al1; acc[4 * i + 3] *= al1;
+    }
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < BN / 16; ++kq)
+      a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, pa[kq]);
+    wg::fence();
+#pragma unroll
+    for (int kq = 0; kq < BN / 16; ++kq)
+      wg::mma_rs_n128_tb<bf>(acc, pa[kq], wg::desc_n(vb, BN, kq), 1);
+    wg::commit();
+    wg::wait<0>();
+  };
+  if constexpr (MB) {
+    if (tid < NS) {
+      mbar_init(&full_b[tid], W * 32);
+      mbar_init(&empty_b[tid], W * 32);
+    }
+    __syncthreads();  // the barriers' initialisation
+    // cp.async groups: one per tile (empty past the end), so tile t has
+    // landed once at most AHEAD - 1 newer groups are pending.
+    for (int i = 0; i < AHEAD; ++i)
+      load(i, i);
+    cp_async_wait<AHEAD - 1>();
+    wg::fence_proxy_async();
+    if (tiles > 0)
+      mbar_arrive(&full_b[0]);
+    for (int t = 0; t < tiles; ++t) {
+      const int buf = t % NS;
+      // Announce tile t + 1, then wait for everyone's copies of tile t.
+      if (t + 1 < tiles) {
+        cp_async_wait<AHEAD - 2>();
+        wg::fence_proxy_async();
+        mbar_arrive(&full_b[(t + 1) % NS]);
+      }
+      mbar_wait(&full_b[buf], static_cast<uint32_t>((t / NS) & 1));
+      const int start = qt.u_lo + t * BN;
+      const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+      if (qt.live && vlo < vhi)  // warpgroup-uniform: one block
+        compute(base + buf * 2 * TILE, vlo, vhi);
+      mbar_arrive(&empty_b[buf]);
+      // Refill the stage tile t - 1 used, once everyone is done with it.
+      const int next = t + AHEAD;
+      if (next < tiles && next >= NS)
+        mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
+      load(next, next % NS);
+    }
+    cp_async_wait<0>();
+  } else {
+    if (tiles > 0)
+      load(0, 0);
+    for (int t = 0; t < tiles; ++t) {
+      const int start = qt.u_lo + t * BN;
+      if (t + 1 < tiles) {
+        load(t + 1, (t + 1) & 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      wg::fence_proxy_async();
+      __syncthreads();
+      const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
+      if (qt.live && vlo < vhi)  // warpgroup-uniform: one block
+        compute(base + (t & 1) * 2 * TILE, vlo, vhi);
+      __syncthreads();
+    }
   }
 #endif  // fwd_kernel keeps the mma.sync loop where wgmma is not compiled
 }
 
-/// 12 / W blocks an SM: 3 of 4 warps fit 168 registers a thread (a few
-/// bytes spill; docs/bench.md, "Notes from the attention kernel's development").
-template <typename T, int D, int W, int BN, bool Wg>
+/// 12 / W blocks an SM: 3 of 4 warps (or 1 of 12) fit 168 registers a thread
+/// (a few bytes spill; docs/bench.md, "Notes from the attention kernel's
+/// development").  Wg: 0 mma.sync, 1 wgmma for the context, 2 wgmma with
+/// stage barriers (several warpgroups sharing each K/V tile).
+template <typename T, int D, int W, int BN, int Wg>
 __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attention_fwd_args a) {
   constexpr int RS = D + 8, KS = D / 16, DT = D / 8;
   using E = elem<T>;
@@ -568,8 +662,8 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
   __syncthreads();  // slots are free: the context pipeline reuses them
 
   // Context: the union of the CTA's ranges, BN keys a tile, double-buffered.
-  if constexpr (Wg && D == 128 && wg::compiled) {
-    fwd_ctx_wg<T, W>(a, qt, b, kvh, smem, qf, sl2, o, m0, m1, l0, l1);
+  if constexpr (Wg != 0 && D == 128 && wg::compiled) {
+    fwd_ctx_wg<T, W, Wg == 2>(a, qt, b, kvh, smem, qf, sl2, o, m0, m1, l0, l1);
   } else {
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
@@ -1217,30 +1311,6 @@ __host__ __device__ constexpr bool dkv_wg_fits(int blocks) {
   return dkv_wg_smem_bytes(8, blocks) <= 227 * 1024 - 256;
 }
 
-/// mbarrier primitives (sm_90), shared::cta scope.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                 smem_addr(bar))
-               : "memory");
-}
-
-/// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-
 /// One CTA of 128 context keys, two warpgroups of 64 (dK/dV in registers):
 /// for each block whose range meets them, in order, and each group of 4
 /// heads of the GQA group (one pipeline stage), the warpgroup computes
@@ -1584,6 +1654,10 @@ constexpr int fwd_bn = 64;
 ///       full and an empty barrier a stage (dkv_wg_body's MB; two warpgroups)
 ///   1024 taken by the caller (gpu/models/dflash_attention.cpp: a GQA group's
 ///       repeated form); the kernels ignore it
+///   2048 the forward's former wgmma form: one block a CTA (G = 4, three
+///       CTAs an SM) and a CTA barrier a tile, instead of the staged form
+///       (several warpgroups a CTA sharing each K/V tile; forward_typed)
+///   4096 the staged forward with two blocks a CTA at G = 4 (8 warps), not three
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1602,26 +1676,57 @@ int backward_warps(int group, int variant) {
 template <typename T, int D>
 constexpr bool has_variants = std::is_same_v<T, __nv_bfloat16> && D == 128;
 
+/// Wg: 0 mma.sync, 1 wgmma for the context, 2 wgmma with stage barriers.
 template <typename T, int D, int W>
-cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stream) {
+cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stream, int wg) {
   const auto& sh = a.shape;
   const int per_cta = W / (sh.heads / sh.kv_heads);
   const dim3 grid((sh.blocks + per_cta - 1) / per_cta, sh.kv_heads, sh.batch);
-  const size_t smem = size_t{2} * (D + 8) * std::max(4 * fwd_bn, 32 * W);
-  // wgmma for the context (d = 128, G a multiple of 4; variant bit 6: mma.sync)
-  const bool wg = (sh.heads / sh.kv_heads) % 4 == 0 && !(a.variant & 64);
-  static_assert(2 * (D + 8) * 4 * fwd_bn >= 1024 + 4 * 64 * 128 * 2 || D != 128);
-  if constexpr (D == 128)
-    if (wg)
-      return launch(fwd_kernel<T, D, W, fwd_bn, true>, grid, W * 32, smem, stream, a);
-  return launch(fwd_kernel<T, D, W, fwd_bn, false>, grid, W * 32, smem, stream, a);
+  const size_t smem = fwd_smem_bytes(D, W, fwd_bn, wg);
+  if constexpr (D == 128 && W != 4) {
+    if (wg == 2)
+      return launch(fwd_kernel<T, D, W, fwd_bn, 2>, grid, W * 32, smem, stream, a);
+    if constexpr (W != 12)
+      if (wg == 1)
+        return launch(fwd_kernel<T, D, W, fwd_bn, 1>, grid, W * 32, smem, stream, a);
+  }
+  if constexpr (W != 12)
+    return launch(fwd_kernel<T, D, W, fwd_bn, 0>, grid, W * 32, smem, stream, a);
+  return cudaErrorInvalidValue;
 }
 
+/// Whether the current device runs this build's sm_90a code: the forward's
+/// staged form is for wgmma (on another device its 12-warp CTA would run
+/// the mma.sync loop, which takes 4-warp CTAs best).
+bool sm90a_device() {
+#if defined(TANDEM_KERNELS_SM90A)
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess
+         && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
+         && major == 9;
+#else
+  return false;
+#endif
+}
+
+/// The forward's form.  Default with wgmma (d = 128, G 4 or 8): the staged
+/// context loop, several warpgroups a CTA sharing each K/V tile — three
+/// blocks a CTA at G = 4 (12 warps; bit 4096: two, 8 warps), a G = 8 block's
+/// two warpgroups (docs/bench.md, fourteenth pass).  Bit 2048: the former
+/// form (one block a CTA, a CTA barrier a tile).
 template <typename T, int D>
 cudaError_t forward_typed(const dflash_attention_fwd_args& a, cudaStream_t stream) {
   const int group = a.shape.heads / a.shape.kv_heads;
-  const int w = forward_warps(group, has_variants<T, D> ? a.variant : 0);
-  return w == 4 ? forward_config<T, D, 4>(a, stream) : forward_config<T, D, 8>(a, stream);
+  const int variant = has_variants<T, D> ? a.variant : 0;
+  // wgmma for the context (d = 128, G a multiple of 4; variant bit 6: mma.sync)
+  const bool wg = D == 128 && group % 4 == 0 && !(a.variant & 64);
+  if constexpr (D == 128)
+    if (wg && !(variant & 2048) && (group == 4 || group == 8) && sm90a_device())
+      return group == 4 && !(variant & 4096) ? forward_config<T, D, 12>(a, stream, 2)
+                                             : forward_config<T, D, 8>(a, stream, 2);
+  const int w = forward_warps(group, variant);
+  return w == 4 ? forward_config<T, D, 4>(a, stream, wg ? 1 : 0)
+                : forward_config<T, D, 8>(a, stream, wg ? 1 : 0);
 }
 
 /// delta, then both roles in one launch (variant bit 1: separate launches;

@@ -166,9 +166,9 @@ int kernel_variant() {
     char* end = nullptr;
     const long x = std::strtol(env, &end, 10);
     const std::string text = env;
-    if (*end != '\0' || x < 0 || x >= 2048)
+    if (*end != '\0' || x < 0 || x >= 8192)
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
-                                     + "' is not an integer of the kernels' variant bits (0 to 2047)");
+                                     + "' is not an integer of the kernels' variant bits (0 to 8191)");
     if (x & (16 | 32))
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
                                      + "': bits 16 and 32 skip part of the backward (incomplete gradients; "
@@ -177,6 +177,11 @@ int kernel_variant() {
   }();
   return v;
 }
+
+/// The bits that choose the forward's form (mma.sync everywhere, the former
+/// wgmma form, two blocks a CTA): the target's chunked attention takes these
+/// of TANDEM_ATTENTION_VARIANT too, so `tandem bench target_forward` can A/B them.
+constexpr int forward_variant_bits = 64 | 2048 | 4096;
 
 void check_launch(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -694,6 +699,7 @@ at::Tensor causal_chunked_attention(const at::Tensor& q, const at::Tensor& k, co
   a.row0 = chunks.row0.data_ptr<int32_t>();
   a.rows = chunks.rows.data_ptr<int32_t>();
   a.q_rows = static_cast<int>(s);
+  a.variant = kernel_variant() & forward_variant_bits;  // A/B of the forward's forms
   check_launch(kernels::dflash_attention_forward(a, at::cuda::getCurrentCUDAStream()), "chunked forward");
   return out;
 #else

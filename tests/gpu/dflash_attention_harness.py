@@ -234,8 +234,12 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # bits 4 / 5 (with 1) skip the key-major / query-major role (timing only), bit 6 mma.sync
 # everywhere instead of wgmma (d 128, G a multiple of 4), bit 7 the query-major role with mma.sync,
 # bit 8 the one-launch backward's key-major CTAs longest first, bit 9 the key-major role with
-# a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before).
-VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64]
+# a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before),
+# bit 11 the forward's former wgmma form (one block a CTA, a CTA barrier a tile) instead of
+# the staged one (stage barriers, three blocks a CTA sharing each K/V tile at G 4; at G 8 a
+# block's two warpgroups), bit 12 the staged forward with two blocks a CTA.
+VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64,
+            2048, 4096]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
@@ -322,6 +326,10 @@ def run_checks():
     ok &= check("G1 d32 S300 N20", 2, 4, 4, 300, 20, 32, 2, 3)
     ok &= check("G8 d128 S513 N33", 1, 16, 2, 513, 33, 128, 4, 2)
     ok &= check("G8 d128 S513 N33 variant 64", 1, 16, 2, 513, 33, 128, 4, 2, variant=64)
+    ok &= check("G8 d128 S513 N33 variant 2048", 1, 16, 2, 513, 33, 128, 4, 2, variant=2048)
+    for v in (2048, 4096):
+        ok &= check(f"G4 d128 unsorted anchors variant {v}", 2, 8, 2, 700, 40, 128, 3, 4,
+                    sorted_anchors=False, variant=v)
     ok &= check("G2 d64 unsorted anchors", 2, 4, 2, 700, 40, 64, 3, 4, sorted_anchors=False)
     ok &= check("no context S=16 N3", 1, 4, 1, 16, 3, 64, 1, 0)
     return ok

@@ -55,11 +55,13 @@ def load(name, shim, sources):
     folder = _folder(name)
     lib = folder / f"lib{name}.so"
     stamp = folder / "sources.sha256"
-    digest = _digest(shim, sources)
+    # The build's sm_90a define (gpu/CMakeLists.txt): host code then picks the wgmma forms.
+    flags = ["-gencode=arch=compute_90a,code=sm_90a", "-DTANDEM_KERNELS_SM90A=1"]
+    digest = _digest(shim + "\n// " + " ".join(flags), sources)
     if not lib.exists() or not stamp.exists() or stamp.read_text() != digest:
         (folder / "shim.cu").write_text(shim)
         cmd = [nvcc(), "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC",
-               "-gencode=arch=compute_90a,code=sm_90a", "-cudart", "static", f"-I{ROOT}",
+               *flags, "-cudart", "static", f"-I{ROOT}",
                str(folder / "shim.cu"), *[str(s) for s in sources], "-o", str(lib)]
         print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
