@@ -6,7 +6,9 @@
 # PART=1 (≈ 3 min): the kernels' parity checks with every variant (harness), the target's
 #   chunked mode against fp32 and FlashAttention-2 with each form, then both harnesses timed,
 #   1 and 4 documents a row (and G 8: 64/8 heads), two rounds → $OUT/fwd_checks.log, fwd_ab.log.
-# PART=2 (≈ 6 min): the GPU tests (tools/gpu-host/tests.sh), both forms at G 8 (harness), then `tandem bench drafter_step`
+# PART=2 (≈ 7 min): the GPU tests (tools/gpu-host/tests.sh), the harness's checks, both forward
+#   forms at G 8 and 4 (harness; the run of the fourteenth pass also timed gpu/dev/dq_stages.patch
+#   as variant 8192), then `tandem bench drafter_step`
 #   (8B shapes) at variants 2048 (before) and 0 interleaved, two rounds → $OUT/fwd_step.jsonl.
 # PART=3 (≈ 5 min): `tandem bench target_forward` at 2048 and 0, two rounds, then the Python
 #   references (FlexAttention + torch.compile step; compiled transformers target) → fwd_ref.jsonl.
@@ -31,6 +33,7 @@ case "${PART:-1}" in
 2)
   nvidia-smi --query-gpu=name,power.limit --format=csv | tee $OUT/fwd_tests.log
   bash tools/gpu-host/tests.sh 2>&1 | tail -15 | tee -a $OUT/fwd_tests.log
+  (cd tests/gpu && python dflash_attention_harness.py 2>&1 | grep -E "FAIL|ALL|rror") | tee -a $OUT/fwd_tests.log
   for d in 1 4; do  # G 8: the staged form is its two warpgroups of one block
     (cd tests/gpu && python dflash_attention_harness.py --bench --no-checks --no-dense --docs $d \
       --variants 2048,0 --heads 64/8,32/8 2>&1 | grep -E "^bench|kernel v|rror" | sed "s/^/d$d /")

@@ -15,11 +15,14 @@
 /// wgmma.cuh: a warpgroup = 4 heads of one block = 64 query rows, or 64
 /// context keys in the key-major role, K/V and Q/dO tiles in 128-byte-
 /// swizzled shared memory; elsewhere mma.sync m16n8k16 + ldmatrix):
-/// - forward: a CTA of 4 warps takes 16-row query tiles that share a kv
-///   head (warp = one (block, q head); at G = 4 one block's 4 heads); own
-///   block first, then the union of the CTA's context ranges in 64-key
-///   tiles double-buffered in shared memory (cp.async), online softmax;
-///   writes O (bf16/fp16) and the fp32 LSE.  Tiles wholly inside a range
+/// - forward: a CTA takes 16-row query tiles that share a kv head (warp =
+///   one (block, q head)); own block first, then the union of the CTA's
+///   context ranges in 64-key tiles in shared memory (cp.async), online
+///   softmax; writes O (bf16/fp16) and the fp32 LSE.  With wgmma (sm_90
+///   devices) the context is staged: at G = 4 three blocks a CTA (12 warps)
+///   share each K/V tile over four stages with a full and an empty mbarrier
+///   each, so that their warpgroups need not run in lockstep (at G = 8 one
+///   block's two warpgroups); elsewhere 4 warps a CTA, two stages.  Tiles wholly inside a range
 ///   (all but its ends) skip the per-key visibility tests, here and in the
 ///   backward's query-major role.
 /// - backward: delta = rowsum(dO∘O) in a small kernel, then one launch of
