@@ -406,6 +406,8 @@ __host__ __device__ constexpr int fwd_smem_bytes(int d, int warps, int bn, int w
   const int pipe = wg == 2 ? 1024 + fwd_wg_stages * 2 * bn * d * 2 : 2 * (d + 8) * 4 * bn;
   return slots > pipe ? slots : pipe;
 }
+static_assert(fwd_smem_bytes(128, 4, 64, 1) >= 1024 + 2 * 2 * 64 * 128 * 2,
+              "the unstaged wgmma forward's two stages fit the mma.sync layout's bytes");
 
 /// The context part of the forward with wgmma (sm_90a, d = 128, G a multiple
 /// of 4): each warpgroup is 4 heads of one block (warp w = head rows 16w..,
@@ -417,8 +419,9 @@ __host__ __device__ constexpr int fwd_smem_bytes(int d, int warps, int bn, int w
 /// three CTAs an SM).  With MB (several warpgroups — blocks, or the halves of
 /// a group of 8 — sharing each K/V tile): fwd_wg_stages stages, each with a
 /// full and an empty mbarrier as in dkv_wg_body, so that the warpgroups need
-/// not run in lockstep; a thread refills a stage at the end of its tile, once
-/// every thread is done with the tile that used it last.
+/// not wait for each other every tile (they stay within about a tile of each
+/// other); a thread refills a stage at the end of its tile, once every
+/// thread is done with the tile that used it last.
 template <typename T, int W, bool MB>
 __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, const query_tile& qt,
                                            int b, int kvh, uint16_t* smem_raw,
@@ -568,7 +571,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
 #endif  // fwd_kernel keeps the mma.sync loop where wgmma is not compiled
 }
 
-/// 12 / W blocks an SM: 3 of 4 warps (or 1 of 12) fit 168 registers a thread
+/// 12 / W blocks an SM: 3 of 4 warps (or 1 of 12, or 1 of 8) fit 168 registers a thread
 /// (a few bytes spill; docs/bench.md, "Notes from the attention kernel's
 /// development").  Wg: 0 mma.sync, 1 wgmma for the context, 2 wgmma with
 /// stage barriers (several warpgroups sharing each K/V tile).
@@ -1640,6 +1643,7 @@ constexpr int fwd_bn = 64;
 /// `variant` bits (benchmarks, tests/gpu/dflash_attention_harness.py; 0 is
 /// the tuned default):
 ///   1  swap the warp counts below (forward 8, backward 4)   bf16, d = 128 only
+///      (the forward's: where it is not staged, e.g. with 2048)
 ///   2  backward roles as separate launches
 ///   4  one head per key-major pipeline stage
 ///   8  64-key tiles in the query-major backward             bf16, d = 128 only
@@ -1683,9 +1687,10 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
   const int per_cta = W / (sh.heads / sh.kv_heads);
   const dim3 grid((sh.blocks + per_cta - 1) / per_cta, sh.kv_heads, sh.batch);
   const size_t smem = fwd_smem_bytes(D, W, fwd_bn, wg);
-  if constexpr (D == 128 && W != 4) {
-    if (wg == 2)
-      return launch(fwd_kernel<T, D, W, fwd_bn, 2>, grid, W * 32, smem, stream, a);
+  if constexpr (D == 128) {
+    if constexpr (W != 4)  // staged: several warpgroups a CTA
+      if (wg == 2)
+        return launch(fwd_kernel<T, D, W, fwd_bn, 2>, grid, W * 32, smem, stream, a);
     if constexpr (W != 12)
       if (wg == 1)
         return launch(fwd_kernel<T, D, W, fwd_bn, 1>, grid, W * 32, smem, stream, a);

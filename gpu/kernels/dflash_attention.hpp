@@ -18,11 +18,12 @@
 /// - forward: a CTA takes 16-row query tiles that share a kv head (warp =
 ///   one (block, q head)); own block first, then the union of the CTA's
 ///   context ranges in 64-key tiles in shared memory (cp.async), online
-///   softmax; writes O (bf16/fp16) and the fp32 LSE.  With wgmma (sm_90
-///   devices) the context is staged: at G = 4 three blocks a CTA (12 warps)
-///   share each K/V tile over four stages with a full and an empty mbarrier
-///   each, so that their warpgroups need not run in lockstep (at G = 8 one
-///   block's two warpgroups); elsewhere 4 warps a CTA, two stages.  Tiles wholly inside a range
+///   softmax; writes O (bf16/fp16) and the fp32 LSE.  With wgmma (an sm_90a
+///   build on an sm_90 device, G = 4 or 8) the context is staged: at G = 4
+///   three blocks a CTA (12 warps) share each K/V tile over four stages with
+///   a full and an empty mbarrier each, so that their warpgroups need not
+///   wait for each other every tile (at G = 8 one block's two warpgroups);
+///   elsewhere one block a CTA (4 warps, 8 at G = 8), two stages.  Tiles wholly inside a range
 ///   (all but its ends) skip the per-key visibility tests, here and in the
 ///   backward's query-major role.
 /// - backward: delta = rowsum(dO∘O) in a small kernel, then one launch of
