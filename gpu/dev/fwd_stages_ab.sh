@@ -57,17 +57,18 @@ case "${PART:-1}" in
 4)
   # The corrected A/B (after the dispatch fix: before it, 2048 at G 4 ran the mma.sync forward):
   # both harnesses timed, then drafter_step, the former form (2048) and the staged one
-  # interleaved → $OUT/fwd_fix.log, $OUT/fwd_fix.jsonl (≈ 5 min).
+  # interleaved → $OUT/fwd_fix.log, $OUT/fwd_fix.jsonl (≈ 5 min; ROUNDS=1 STEP=0: the
+  # harnesses once, ≈ 2.5 min).
   nvidia-smi --query-gpu=name,power.limit --format=csv | tee $OUT/fwd_fix.log
-  for r in 1 2; do for d in 1 4; do
+  for r in $(seq ${ROUNDS:-2}); do for d in 1 4; do
     (cd tests/gpu && python dflash_attention_harness.py --bench --no-checks --no-dense --docs $d \
       --variants 2048,0,2048,0 --heads 32/8 2>&1 | grep -E "kernel v|rror" | sed "s/^/r$r d$d /")
   done; done | tee -a $OUT/fwd_fix.log
-  for r in 1 2; do
-    python gpu/dev/target_attention_harness.py --no-checks --docs 1,4 --variants 2048,0 2>&1 \
+  for r in $(seq ${ROUNDS:-2}); do
+    python gpu/dev/target_attention_harness.py --no-checks --docs 1,4 --variants 2048,0,2048,0 2>&1 \
       | grep -E "chunked|rror" | sed "s/^/r$r target /"
   done | tee -a $OUT/fwd_fix.log
-  for v in 2048 0 2048 0; do
+  [ "${STEP:-1}" = 1 ] && for v in 2048 0 2048 0; do
     echo "== variant $v" | tee -a $OUT/fwd_fix.jsonl
     TANDEM_ATTENTION_VARIANT=$v timeout 100 build/bin/tandem bench drafter_step --size 8b --warmup 3 --iters 10 2>&1 \
       | grep '^{' | tee -a $OUT/fwd_fix.jsonl | show
