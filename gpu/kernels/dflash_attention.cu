@@ -1687,6 +1687,9 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
   const int per_cta = W / (sh.heads / sh.kv_heads);
   const dim3 grid((sh.blocks + per_cta - 1) / per_cta, sh.kv_heads, sh.batch);
   const size_t smem = fwd_smem_bytes(D, W, fwd_bn, wg);
+  // The form asked for or an error, never another form: a silent fallback
+  // once had an A/B time the mma.sync forward for the former wgmma one
+  // (docs/bench.md, fourteenth pass).
   if constexpr (D == 128) {
     if constexpr (W != 4)  // staged: several warpgroups a CTA
       if (wg == 2)
@@ -1696,8 +1699,9 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
         return launch(fwd_kernel<T, D, W, fwd_bn, 1>, grid, W * 32, smem, stream, a);
   }
   if constexpr (W != 12)
-    return launch(fwd_kernel<T, D, W, fwd_bn, 0>, grid, W * 32, smem, stream, a);
-  return cudaErrorInvalidValue;
+    if (wg == 0)
+      return launch(fwd_kernel<T, D, W, fwd_bn, 0>, grid, W * 32, smem, stream, a);
+  return cudaErrorNotSupported;
 }
 
 /// Whether the current device runs this build's sm_90a code: the forward's
