@@ -317,6 +317,23 @@ __device__ __forceinline__ void mma_c_m(float (&acc)[D / 8][4], const float (&c)
   }
 }
 
+/// acc (a warpgroup's 64 × 128 fp32 accumulator) += C·M, issued and
+/// committed (the caller waits): C = 64 × 64 fp32 C fragments (per warp
+/// float[8][4]), rounded to T as register A operands; M the 64-row tile at
+/// shared address `m`, its rows 128-byte swizzled (wg::desc_n).
+template <typename T>
+__device__ __forceinline__ void wg_acc_c_m(float (&acc)[64], const float (&c)[32], uint32_t m) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kq = 0; kq < 4; ++kq)
+    a_of<T>(reinterpret_cast<const float (&)[8][4]>(c), kq, a[kq]);
+  wg::fence();
+#pragma unroll
+  for (int kq = 0; kq < 4; ++kq)
+    wg::mma_rs_n128_tb<std::is_same_v<T, __nv_bfloat16>>(acc, a[kq], wg::desc_n(m, 64, kq), 1);
+  wg::commit();
+}
+
 /// mbarrier primitives (sm_90), shared::cta scope.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
@@ -503,15 +520,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
       acc[4 * i + 0] *= al0; acc[4 * i + 1] *= al0;
       acc[4 * i + 2] *= al1; acc[4 * i + 3] *= al1;
     }
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kq = 0; kq < BN / 16; ++kq)
-      a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, pa[kq]);
-    wg::fence();
-#pragma unroll
-    for (int kq = 0; kq < BN / 16; ++kq)
-      wg::mma_rs_n128_tb<bf>(acc, pa[kq], wg::desc_n(vb, BN, kq), 1);
-    wg::commit();
+    wg_acc_c_m<T>(acc, s, vb);  // O += P·V
     wg::wait<0>();
   };
   if constexpr (MB) {
@@ -896,15 +905,7 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
           s[4 * i + e] = p0 * (dp[4 * i + e] - dl0);
           s[4 * i + 2 + e] = p1 * (dp[4 * i + 2 + e] - dl1);
         }
-      uint32_t da[BN / 16][4];
-#pragma unroll
-      for (int kq = 0; kq < BN / 16; ++kq)
-        a_of<T>(reinterpret_cast<const float (&)[BN / 8][4]>(s), kq, da[kq]);
-      wg::fence();
-#pragma unroll
-      for (int kq = 0; kq < BN / 16; ++kq)
-        wg::mma_rs_n128_tb<bf>(acc, da[kq], wg::desc_n(kb, BN, kq), 1);
-      wg::commit();
+      wg_acc_c_m<T>(acc, s, kb);  // dQ += dS·K
       wg::wait<0>();
     }
   }
@@ -1500,15 +1501,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
         st[4 * i + e] = ok0 ? exp2_approx(st[4 * i + e] * sl2 - l2) : 0.0f;
         st[4 * i + 2 + e] = ok1 ? exp2_approx(st[4 * i + 2 + e] * sl2 - l2) : 0.0f;
       }
-    uint32_t pa[4][4], da[4][4];
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq)
-      a_of<T>(reinterpret_cast<const float (&)[8][4]>(st), kq, pa[kq]);
-    wg::fence();
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq)
-      wg::mma_rs_n128_tb<bf>(dv, pa[kq], wg::desc_n(dob, HC * 16, kq), 1);
-    wg::commit();
+    wg_acc_c_m<T>(dv, st, dob);  // dV += Pᵀ·dO
     wg::wait<1>();  // dPᵀ (dV may still run)
 #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -1519,15 +1512,8 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
         dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
         dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
       }
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq)
-      a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), kq, da[kq]);
-    wg::fence();
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq)
-      wg::mma_rs_n128_tb<bf>(dk, da[kq], wg::desc_n(qb, HC * 16, kq), 1);
-    wg::commit();
-    wg::wait<0>();  // the stage and pa/da are free again
+    wg_acc_c_m<T>(dk, dpt, qb);  // dK += dSᵀ·Q
+    wg::wait<0>();  // the stage and the A operands' registers are free again
     if constexpr (MB)
       mbar_arrive(&empty_b[buf]);
   }
