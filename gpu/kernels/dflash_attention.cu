@@ -1690,18 +1690,26 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
   return cudaErrorNotSupported;
 }
 
-/// Whether the current device runs this build's sm_90a code: the forward's
-/// staged form is for wgmma (on another device its 12-warp CTA would run
-/// the mma.sync loop, which takes 4-warp CTAs best).
-bool sm90a_device() {
+/// Whether a device of compute capability `major` runs this build's sm_90a
+/// code (the wgmma forms; the build compiles it in when its architectures
+/// name 90a: gpu/CMakeLists.txt).
+bool sm90a_code(int device_major) {
 #if defined(TANDEM_KERNELS_SM90A)
+  return device_major == 9;
+#else
+  (void)device_major;
+  return false;
+#endif
+}
+
+/// sm90a_code for the current device: the forward's staged form is for
+/// wgmma (on another device its 12-warp CTA would run the mma.sync loop,
+/// which takes 4-warp CTAs best).
+bool sm90a_device() {
   int dev = 0, major = 0;
   return cudaGetDevice(&dev) == cudaSuccess
          && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
-         && major == 9;
-#else
-  return false;
-#endif
+         && sm90a_code(major);
 }
 
 /// The forward's form.  Default with wgmma (d = 128, G 4 or 8): the staged
@@ -1839,14 +1847,9 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
 }
 
 bool dflash_attention_uses_wgmma(const dflash_attention_shape& sh, int variant, int device_major) {
-#if defined(TANDEM_KERNELS_SM90A)
-  return device_major == 9 && dflash_attention_unsupported(sh) == nullptr && sh.head_dim == 128
-         && (sh.heads / sh.kv_heads) % 4 == 0 && !(variant & 64)
+  return sm90a_code(device_major) && dflash_attention_unsupported(sh) == nullptr
+         && sh.head_dim == 128 && (sh.heads / sh.kv_heads) % 4 == 0 && !(variant & 64)
          && dkv_wg_fits(sh.blocks);
-#else
-  (void)sh; (void)variant; (void)device_major;
-  return false;
-#endif
 }
 
 cudaError_t dflash_attention_forward(const dflash_attention_fwd_args& a, cudaStream_t stream) {
