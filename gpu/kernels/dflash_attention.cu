@@ -358,6 +358,27 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+/// Copies context keys start .. start + 64 of K and V (rows past `end`
+/// zero-filled, nothing read for them) into the [K, V] tiles ([64][128],
+/// 128-byte swizzled) of the stage at shared address `stage`, all W·32
+/// threads of the CTA (thread: chunk c of rows tid / 16, + 2W, …); one
+/// cp.async group.  The wgmma context loops' copy.
+template <int W>
+__device__ __forceinline__ void wg_load_kv_tile(uint32_t stage, const uint16_t* kc,
+                                                const uint16_t* vc, int64_t k_stride,
+                                                int64_t v_stride, int start, int end, int tid) {
+  constexpr int BN = 64, TILE = BN * 128 * 2;
+  const int c = (tid & 15) * 8;
+  for (int r = tid >> 4; r < BN; r += W * 2) {
+    const bool ok = start + r < end;
+    const int64_t row = ok ? start + r : 0;
+    const uint32_t dst = stage + wg::sw128(BN, r, c);
+    cp_async16(dst, kc + row * k_stride + c, ok);
+    cp_async16(dst + TILE, vc + row * v_stride + c, ok);
+  }
+  cp_async_commit();
+}
+
 // ---- forward -------------------------------------------------------------
 
 /// One context tile of a warp's online softmax: S = Q·Kᵀ over the tile's
@@ -457,21 +478,13 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
   __shared__ alignas(8) uint64_t full_b[NS], empty_b[NS];  // MB
-  auto load = [&](int t, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
+  auto load = [&](int t, int buf) {
     if (t >= tiles) {
       cp_async_commit();  // an empty group keeps the count per tile
       return;
     }
-    const int start = qt.u_lo + t * BN;
-    const int c = (tid & 15) * 8;
-    for (int r = tid >> 4; r < BN; r += W * 2) {
-      const bool ok = start + r < qt.u_hi;
-      const int64_t row = ok ? start + r : 0;
-      const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
-      cp_async16(dst, kc + row * a.k_ctx.token + c, ok);
-      cp_async16(dst + TILE, vc + row * a.v_ctx.token + c, ok);
-    }
-    cp_async_commit();
+    wg_load_kv_tile<W>(base + buf * 2 * TILE, kc, vc, a.k_ctx.token, a.v_ctx.token,
+                       qt.u_lo + t * BN, qt.u_hi, tid);
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(o);
   // One tile for this warpgroup's block: keys [vlo, vhi) of it are visible.
@@ -848,16 +861,9 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
   const uint16_t* const vc = at_row(a.v_ctx, b, kvh, 0);
-  auto load = [&](int start, int buf) {  // thread: chunk c of rows tid / 16, + 2W, …
-    const int c = (tid & 15) * 8;
-    for (int r = tid >> 4; r < BN; r += W * 2) {
-      const bool ok = start + r < qt.u_hi;
-      const int64_t row = ok ? start + r : 0;
-      const uint32_t dst = base + buf * 2 * TILE + wg::sw128(BN, r, c);
-      cp_async16(dst, kc + row * a.k_ctx.token + c, ok);
-      cp_async16(dst + TILE, vc + row * a.v_ctx.token + c, ok);
-    }
-    cp_async_commit();
+  auto load = [&](int start, int buf) {
+    wg_load_kv_tile<W>(base + buf * 2 * TILE, kc, vc, a.k_ctx.token, a.v_ctx.token, start,
+                       qt.u_hi, tid);
   };
   float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
   // Three stages, two tiles in flight: one barrier a tile (tile t's, after
