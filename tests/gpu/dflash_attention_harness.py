@@ -237,9 +237,11 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before),
 # bit 11 the forward's former wgmma form (one block a CTA, a CTA barrier a tile) instead of
 # the staged one (stage barriers, three blocks a CTA sharing each K/V tile at G 4; at G 8 a
-# block's two warpgroups), bit 12 the staged forward with two blocks a CTA.
+# block's two warpgroups), bit 12 the staged forward with two blocks a CTA, bit 13 the staged
+# forward in FlashAttention-3's order (tile t's S issued before the last tile's P·V; two blocks
+# a CTA at G 4), bit 14 the key-major role's items loaded by TMA (one thread issues them).
 VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64,
-            2048, 4096]
+            2048, 4096, 8192, 16384, 2 | 16 | 16384]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
@@ -327,7 +329,8 @@ def run_checks():
     ok &= check("G8 d128 S513 N33", 1, 16, 2, 513, 33, 128, 4, 2)
     ok &= check("G8 d128 S513 N33 variant 64", 1, 16, 2, 513, 33, 128, 4, 2, variant=64)
     ok &= check("G8 d128 S513 N33 variant 2048", 1, 16, 2, 513, 33, 128, 4, 2, variant=2048)
-    for v in (2048, 4096):
+    ok &= check("G8 d128 S513 N33 variant 8192", 1, 16, 2, 513, 33, 128, 4, 2, variant=8192)
+    for v in (2048, 4096, 8192, 16384):
         ok &= check(f"G4 d128 unsorted anchors variant {v}", 2, 8, 2, 700, 40, 128, 3, 4,
                     sorted_anchors=False, variant=v)
     ok &= check("G2 d64 unsorted anchors", 2, 4, 2, 700, 40, 64, 3, 4, sorted_anchors=False)
