@@ -684,9 +684,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
         wg::wait<0>();
         mbar_arrive(&empty_b[pend]);
       }
-      cp_async_wait<0>();
-      return;
-    }
+    } else {
     for (int t = 0; t < tiles; ++t) {
       const int buf = t % NS;
       // Announce tile t + 1, then wait for everyone's copies of tile t.
@@ -706,6 +704,7 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
       if (next < tiles && next >= NS)
         mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
       load(next, next % NS);
+    }
     }
     cp_async_wait<0>();
   } else {
@@ -1856,7 +1855,8 @@ constexpr int fwd_bn = 64;
 ///        warpgroup: tile t's S issued before the last tile's P·V
 ///        (fwd_ctx_wg's PIPE; 8 warps a CTA: two blocks at G = 4)
 ///   16384 the wgmma key-major role's items loaded by TMA, issued by one
-///        thread (dkv_wg_body's TMA; two warpgroups)
+///        thread (dkv_wg_body's TMA; two warpgroups with stage barriers: with
+///        bit 0 at G = 4 or with 512 the backward returns cudaErrorNotSupported)
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1936,8 +1936,11 @@ cudaError_t forward_typed(const dflash_attention_fwd_args& a, cudaStream_t strea
   const int variant = has_variants<T, D> ? a.variant : 0;
   // wgmma for the context (d = 128, G a multiple of 4; variant bit 6: mma.sync)
   const bool wg = D == 128 && group % 4 == 0 && !(a.variant & 64);
+  const bool staged = wg && !(variant & 2048) && (group == 4 || group == 8) && sm90a_device();
+  if ((variant & 8192) && !staged)  // FlashAttention-3's order is a staged form only
+    return cudaErrorNotSupported;
   if constexpr (D == 128)
-    if (wg && !(variant & 2048) && (group == 4 || group == 8) && sm90a_device())
+    if (staged)
       return group == 4 && !(variant & (4096 | 8192))
                ? forward_config<T, D, 12>(a, stream, 2)
                : forward_config<T, D, 8>(a, stream, variant & 8192 ? 3 : 2);
@@ -2060,8 +2063,12 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
         if ((a.variant & 512) && two)
           return backward_config<T, D, 8, 32, wg_both | wg_cta>(a, stream);
       if constexpr (has_variants<T, D>)
-        if ((a.variant & 16384) && two)
-          return backward_config<T, D, 8, 32, wg_both | wg_tma>(a, stream);
+        if (a.variant & 16384) {  // TMA loads: two warpgroups with stage barriers only
+          if (!two || (a.variant & 512))
+            return cudaErrorNotSupported;
+          return a.variant & 128 ? backward_config<T, D, 8, 32, wg_dkv | wg_tma>(a, stream)
+                                 : backward_config<T, D, 8, 32, wg_both | wg_tma>(a, stream);
+        }
       if constexpr (has_variants<T, D>)
         if (a.variant & 128)
           return two ? backward_config<T, D, 8, 32, wg_dkv>(a, stream)
