@@ -5,7 +5,10 @@
 # (variant 18) and the staged forward (variant 0).  Per kernel: the details page (speed of
 # light, warp states, scheduler, memory) and the 40 SASS instructions with the most stall
 # samples, with their reasons → $OUT/prof_<name>.txt (≈ 3 min).  ncu keeps the clocks as
-# they are (--clock-control none; METHOD.md).
+# they are (--clock-control none; METHOD.md).  Not yet run in this form (--set full, the
+# source page); the fifteenth pass's profile of the key-major role (docs/bench.md) ran with
+# the sections SpeedOfLight, WarpStateStats, SchedulerStats, ComputeWorkloadAnalysis and
+# MemoryWorkloadAnalysis and took ≈ 10 s.
 OUT=${OUT:-/tmp}
 export NCCL_NVLS_ENABLE=0
 cd tests/gpu
@@ -37,7 +40,6 @@ if samp:
 PY
 }
 prof dkv 'bwd_dkv_kernel' 34
-prof dkvtma 'bwd_dkv_kernel' $((34 | 16384))
 prof fwd 'fwd_kernel' 0
 prof dq 'bwd_dq_kernel' 18
 ls -la $OUT

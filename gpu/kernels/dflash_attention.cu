@@ -23,8 +23,6 @@
 #include <climits>
 #include <type_traits>
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -360,41 +358,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-/// The phase's arrival of this thread, expecting `bytes` more of
-/// asynchronous (TMA) transactions on the barrier.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-/// Makes the barriers' initialisation visible to the asynchronous proxy
-/// (the TMA units' completions), before the CTA barrier that follows it.
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
-/// TMA tile loads: the box of `map` at the coordinates (innermost first)
-/// into shared memory at `dst`, completing `bytes` on `bar`.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1, int c2, int c3) {
-  asm volatile(
-    "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-    " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-    "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-    "r"(smem_addr(bar))
-    : "memory");
-}
-
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1) {
-  asm volatile(
-    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-    " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-    "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-    : "memory");
-}
-
 /// Copies context keys start .. start + 64 of K and V (rows past `end`
 /// zero-filled, nothing read for them) into the [K, V] tiles ([64][128],
 /// 128-byte swizzled) of the stage at shared address `stage`, all W·32
@@ -478,7 +441,7 @@ constexpr int fwd_wg_stages = 4;
 /// D + 8), or fwd_wg_stages with stage barriers (Wg 2).
 __host__ __device__ constexpr int fwd_smem_bytes(int d, int warps, int bn, int wg) {
   const int slots = 2 * (d + 8) * 32 * warps;
-  const int pipe = wg >= 2 ? 1024 + fwd_wg_stages * 2 * bn * d * 2 : 2 * (d + 8) * 4 * bn;
+  const int pipe = wg == 2 ? 1024 + fwd_wg_stages * 2 * bn * d * 2 : 2 * (d + 8) * 4 * bn;
   return slots > pipe ? slots : pipe;
 }
 static_assert(fwd_smem_bytes(128, 4, 64, 1) >= 1024 + 2 * 2 * 64 * 128 * 2,
@@ -497,7 +460,7 @@ static_assert(fwd_smem_bytes(128, 4, 64, 1) >= 1024 + 2 * 2 * 64 * 128 * 2,
 /// not wait for each other every tile (they stay within about a tile of each
 /// other); a thread refills a stage at the end of its tile, once every
 /// thread is done with the tile that used it last.
-template <typename T, int W, bool MB, bool PIPE = false>
+template <typename T, int W, bool MB>
 __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, const query_tile& qt,
                                            int b, int kvh, uint16_t* smem_raw,
                                            const uint32_t (&qf)[8][4], float sl2,
@@ -587,104 +550,6 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
     wg::fence_proxy_async();
     if (tiles > 0)
       mbar_arrive(&full_b[0]);
-    if constexpr (PIPE) {
-      // FlashAttention-3's order inside a warpgroup: S of tile t is issued,
-      // then P·V of the last visible tile (its P kept as A operands in pf;
-      // zeros, over this tile's V, before the first), so the exponentials
-      // of tile t run while that P·V is in the tensor cores; both retire in
-      // the iteration.  A stage is released once its P·V is done.
-      uint32_t pf[4][4] = {};
-      int pend = -1;  // stage whose P·V is pending (its P in pf)
-      auto pv = [&](int stage) {
-        wg::fence();
-#pragma unroll
-        for (int kq = 0; kq < 4; ++kq)
-          wg::mma_rs_n128_tb<bf>(acc, pf[kq], wg::desc_n(base + stage * 2 * TILE + TILE, 64, kq),
-                                 1);
-        wg::commit();
-      };
-      for (int t = 0; t < tiles; ++t) {
-        const int buf = t % NS;
-        if (t + 1 < tiles) {
-          cp_async_wait<AHEAD - 2>();
-          wg::fence_proxy_async();
-          mbar_arrive(&full_b[(t + 1) % NS]);
-        }
-        mbar_wait(&full_b[buf], static_cast<uint32_t>((t / NS) & 1));
-        const int start = qt.u_lo + t * BN;
-        const int vlo = max(qt.range.lo - start, 0), vhi = min(qt.range.hi - start, BN);
-        if (qt.live && vlo < vhi) {  // warpgroup-uniform: one block
-          const uint32_t kb = base + buf * 2 * TILE;
-          float s[32];
-          wg::fence();
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks)
-            wg::mma_rs_n64<bf>(s, qf[ks], wg::desc_k(kb, BN, ks), ks);
-          wg::commit();
-          pv(pend >= 0 ? pend : buf);
-          wg::wait<1>();  // S (the P·V may still run)
-          const bool full = vlo == 0 && vhi == BN;
-          float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-          for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (!full) {
-                const int key = 8 * i + 2 * t4 + e;
-                const bool ok = key >= vlo && key < vhi;
-                s[4 * i + e] = ok ? s[4 * i + e] : -INFINITY;
-                s[4 * i + 2 + e] = ok ? s[4 * i + 2 + e] : -INFINITY;
-              }
-              mx0 = fmaxf(mx0, s[4 * i + e]);
-              mx1 = fmaxf(mx1, s[4 * i + 2 + e]);
-            }
-          const float mn0 = fmaxf(m0, quad_max(mx0) * sl2), mn1 = fmaxf(m1, quad_max(mx1) * sl2);
-          const float al0 = exp2_approx(m0 - mn0), al1 = exp2_approx(m1 - mn1);
-          m0 = mn0;
-          m1 = mn1;
-          float rs0 = 0, rs1 = 0;
-#pragma unroll
-          for (int i = 0; i < BN / 8; ++i) {
-            s[4 * i + 0] = exp2_approx(fmaf(s[4 * i + 0], sl2, -mn0));
-            s[4 * i + 1] = exp2_approx(fmaf(s[4 * i + 1], sl2, -mn0));
-            s[4 * i + 2] = exp2_approx(fmaf(s[4 * i + 2], sl2, -mn1));
-            s[4 * i + 3] = exp2_approx(fmaf(s[4 * i + 3], sl2, -mn1));
-            rs0 += s[4 * i + 0] + s[4 * i + 1];
-            rs1 += s[4 * i + 2] + s[4 * i + 3];
-          }
-          l0 = l0 * al0 + rs0;
-          l1 = l1 * al1 + rs1;
-          wg::wait<0>();  // the pending P·V: its stage is free, acc may be scaled
-          if (pend >= 0)
-            mbar_arrive(&empty_b[pend]);
-#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            acc[4 * i + 0] *= al0; acc[4 * i + 1] *= al0;
-            acc[4 * i + 2] *= al1; acc[4 * i + 3] *= al1;
-          }
-#pragma unroll
-          for (int kq = 0; kq < 4; ++kq)
-            a_of<T>(reinterpret_cast<const float (&)[8][4]>(s), kq, pf[kq]);
-          pend = buf;
-        } else if (pend >= 0) {  // past the block's range: its last P·V
-          pv(pend);
-          wg::wait<0>();
-          mbar_arrive(&empty_b[pend]);
-          pend = -1;
-        }
-        if (pend != buf)  // this thread is done with the tile's stage
-          mbar_arrive(&empty_b[buf]);
-        const int next = t + AHEAD;
-        if (next < tiles && next >= NS)
-          mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
-        load(next, next % NS);
-      }
-      if (pend >= 0) {
-        pv(pend);
-        wg::wait<0>();
-        mbar_arrive(&empty_b[pend]);
-      }
-    } else {
     for (int t = 0; t < tiles; ++t) {
       const int buf = t % NS;
       // Announce tile t + 1, then wait for everyone's copies of tile t.
@@ -704,7 +569,6 @@ __device__ __forceinline__ void fwd_ctx_wg(const dflash_attention_fwd_args& a, c
       if (next < tiles && next >= NS)
         mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
       load(next, next % NS);
-    }
     }
     cp_async_wait<0>();
   } else {
@@ -824,7 +688,7 @@ __global__ void __launch_bounds__(W * 32, 12 / W) fwd_kernel(const dflash_attent
 
   // Context: the union of the CTA's ranges, BN keys a tile, double-buffered.
   if constexpr (Wg != 0 && D == 128 && wg::compiled) {
-    fwd_ctx_wg<T, W, Wg >= 2, Wg == 3>(a, qt, b, kvh, smem, qf, sl2, o, m0, m1, l0, l1);
+    fwd_ctx_wg<T, W, Wg == 2>(a, qt, b, kvh, smem, qf, sl2, o, m0, m1, l0, l1);
   } else {
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
   const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
@@ -974,7 +838,7 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
 /// wgmma in the backward roles, bits: 1 key-major, 2 query-major context
 /// (d = 128, W = 8, G a multiple of 4, sm_90a); 4: the key-major role with
 /// a CTA barrier an item even with two warpgroups (variant bit 9).
-enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3, wg_cta = 4, wg_tma = 8 };
+enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3, wg_cta = 4 };
 
 /// The context part of the query-major backward with wgmma (sm_90a, d = 128,
 /// G a multiple of 4, 8 warps): each warpgroup is 4 heads of one block (64
@@ -1450,13 +1314,6 @@ __host__ __device__ constexpr int dkv_wg_smem_bytes(int warps, int blocks) {
          + dkv_wg_stages(warps) * 4 * 2 * 16 * 4 + 3 * 4 * blocks;
 }
 
-/// TMA descriptors of the key-major role's per-item operands (variant bit
-/// 14): Q and dO as [B][H][Q][d] boxes of 4 heads × 16 rows × 64 columns,
-/// lse and delta as [B·H][Q] boxes of 4 × 16.
-struct dkv_maps {
-  CUtensorMap q, dout, lse, delta;
-};
-
 /// Whether the wgmma key-major role's shared memory (its block list grows
 /// with the blocks a row) fits an SM: 227 KiB less the kernel's static
 /// shared memory (the count and the stage barriers, 80 bytes; 256 kept).
@@ -1486,19 +1343,12 @@ __host__ __device__ constexpr bool dkv_wg_fits(int blocks) {
 /// is refilled once both warpgroups released it, which keeps them within one
 /// item of each other.  Without MB (one warpgroup, two stages: variant bit
 /// 0; or variant bit 9), a CTA barrier an item.
-///
-/// TMA (variant bit 14, with MB): thread 0 loads each item's stage with four
-/// TMA tile copies (Q and dO, two 64-column panels each, 128-byte swizzled
-/// as wg::sw128) and two of lse and delta, completing on the stage's full
-/// barrier (dkv_maps); no other thread copies, waits for its copies or
-/// fences them.
-template <typename T, int W, bool MB, bool TMA = false>
-__device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, const dkv_maps& m,
-                                            int tile, int kvh, int b, uint16_t* smem_raw) {
+template <typename T, int W, bool MB>
+__device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, int tile, int kvh,
+                                            int b, uint16_t* smem_raw) {
 #if defined(TANDEM_HAS_WGMMA)
   static_assert(W % 4 == 0, "whole warpgroups");
   static_assert(!MB || dkv_wg_stages(W) >= 3, "stage barriers announce the next item early");
-  static_assert(!TMA || MB, "TMA loads complete on the stage barriers");
   constexpr int D = 128, HC = 4, KEYS = 64, TILE = 16384;  // bytes of a [64][128] tile
   constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
   using E = elem<T>;
@@ -1536,10 +1386,8 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   }
   if constexpr (MB)
     if (tid < NS) {
-      mbar_init(&full_b[tid], TMA ? 1 : W * 32);
+      mbar_init(&full_b[tid], W * 32);
       mbar_init(&empty_b[tid], W * 32);
-      if constexpr (TMA)
-        mbar_init_fence();
     }
 
   // This warpgroup's 64 keys of K and V (zero past S), once.
@@ -1563,24 +1411,6 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   const int items = count_s * parts;
 
   auto load_item = [&](int it, int buf) {
-    if constexpr (TMA) {  // thread 0 only
-      if (it >= items)
-        return;
-      const int jj = list_s[it / parts], head0 = kvh * group + (it % parts) * HC;
-      const int row0 = jj * rows_per_block;
-      uint64_t* const bar = &full_b[buf];
-      mbar_expect_tx(bar, 2 * TILE + HC * 2 * 16 * 4);
-      const uint32_t q_dst = smem_addr(st_s + buf * 2 * TILE);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {  // 64-column panels: rows × 128 bytes each
-        tma_load_4d(q_dst + p * HC * 16 * 128, &m.q, bar, 64 * p, row0, head0, b);
-        tma_load_4d(q_dst + TILE + p * HC * 16 * 128, &m.dout, bar, 64 * p, row0, head0, b);
-      }
-      const uint32_t l_dst = smem_addr(ld_s + buf * 128);  // [lse, delta][4 heads][16]
-      tma_load_2d(l_dst, &m.lse, bar, row0, b * sh.heads + head0);
-      tma_load_2d(l_dst + HC * 16 * 4, &m.delta, bar, row0, b * sh.heads + head0);
-      return;
-    }
     if (it >= items) {
       cp_async_commit();  // an empty group keeps the count per item
       return;
@@ -1615,18 +1445,9 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   float dk[64] = {}, dv[64] = {};
   // cp.async groups: K/V, then one per item (empty past the end), so item
   // `it` has landed once at most AHEAD - 1 newer groups are pending.
-  if constexpr (TMA) {  // (the block list and the barriers are ready: CTA barrier above)
-    if (tid == 0)
-      for (int i = 0; i < AHEAD; ++i)
-        load_item(i, i);
-    cp_async_wait<0>();  // K/V
-    wg::fence_proxy_async();
-    __syncthreads();  // everyone's K/V
-  } else {
   for (int i = 0; i < AHEAD; ++i)
     load_item(i, i);
-  }
-  if constexpr (MB && !TMA) {
+  if constexpr (MB) {
     cp_async_wait<AHEAD - 1>();  // K/V and item 0
     wg::fence_proxy_async();
     __syncthreads();  // everyone's K/V
@@ -1635,9 +1456,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
   }
   for (int it = 0; it < items; ++it) {
     const int buf = it % NS;
-    if constexpr (TMA) {
-      mbar_wait(&full_b[buf], static_cast<uint32_t>((it / NS) & 1));
-    } else if constexpr (MB) {
+    if constexpr (MB) {
       // Announce item it + 1, then wait for everyone's copies of item it.
       if (it + 1 < items) {
         cp_async_wait<AHEAD - 2>();
@@ -1670,22 +1489,10 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     // item it - 1 used (free since the CTA barrier; with MB, once both
     // warpgroups released it; docs/bench.md).
     const int next = it + AHEAD;
-    if constexpr (TMA) {
-      if (tid == 0 && next < items) {
-        if (next >= NS)
-          mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
-        load_item(next, next % NS);
-      }
-      __syncwarp();
-    } else {
-      if constexpr (MB)
-        if (next < items && next >= NS)
-          mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
-      load_item(next, next % NS);
-    }
-    // lse and delta of head n / 16, row n % 16: [4 heads][lse, delta][16],
-    // or with TMA [lse, delta][4 heads][16].
-    constexpr int LH = TMA ? 16 : 32, LD = TMA ? HC * 16 : 16;
+    if constexpr (MB)
+      if (next < items && next >= NS)
+        mbar_wait(&empty_b[next % NS], static_cast<uint32_t>((next / NS - 1) & 1));
+    load_item(next, next % NS);
     const float* const lse = ld_s + buf * 128;
     const bool ok0 = krow0 >= r.lo && krow0 < r.hi;
     const bool ok1 = krow0 + 8 >= r.lo && krow0 + 8 < r.hi;
@@ -1696,7 +1503,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int n = 8 * i + 2 * t4 + e;
-        const float l2 = lse[(n >> 4) * LH + (n & 15)] * log2e;
+        const float l2 = lse[(n >> 4) * 32 + (n & 15)] * log2e;
         st[4 * i + e] = ok0 ? exp2_approx(st[4 * i + e] * sl2 - l2) : 0.0f;
         st[4 * i + 2 + e] = ok1 ? exp2_approx(st[4 * i + 2 + e] * sl2 - l2) : 0.0f;
       }
@@ -1707,7 +1514,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int n = 8 * i + 2 * t4 + e;
-        const float dl = lse[(n >> 4) * LH + LD + (n & 15)];
+        const float dl = lse[(n >> 4) * 32 + 16 + (n & 15)];
         dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
         dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
       }
@@ -1748,12 +1555,10 @@ struct bwd_grid {
 
 /// The key-major role: with wgmma (Wg & wg_dkv) or mma.sync.
 template <typename T, int D, int W, int Wg>
-__device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, const dkv_maps& m,
-                                         int tile, int kvh, int b, uint16_t* smem,
-                                         const bwd_grid& grid) {
+__device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, int tile, int kvh,
+                                         int b, uint16_t* smem, const bwd_grid& grid) {
   if constexpr ((Wg & wg_dkv) && D == 128 && W % 4 == 0)
-    dkv_wg_body<T, W, W == 8 && !(Wg & wg_cta), W == 8 && (Wg & wg_tma) != 0>(a, m, tile, kvh,
-                                                                                b, smem);
+    dkv_wg_body<T, W, W == 8 && !(Wg & wg_cta)>(a, tile, kvh, b, smem);
   else
     dkv_body<T, D, W>(a, tile, kvh, b, smem, grid.hc);
 }
@@ -1763,8 +1568,7 @@ __device__ __forceinline__ void dkv_role(const dflash_attention_bwd_args& a, con
 
 template <typename T, int D, int W, int BN, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W)
-  bwd_fused_kernel(const dflash_attention_bwd_args a, const bwd_grid grid,
-                   const __grid_constant__ dkv_maps m) {
+  bwd_fused_kernel(const dflash_attention_bwd_args a, const bwd_grid grid) {
   extern __shared__ __align__(16) uint16_t smem[];
   const int kv = a.shape.kv_heads;
   int id = blockIdx.x;
@@ -1776,7 +1580,7 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
     const bool lpt = (a.variant & 256) != 0;
     const int tile = lpt ? id / rows : id % grid.dkv_tiles;
     const int rest = lpt ? id % rows : id / grid.dkv_tiles;
-    dkv_role<T, D, W, Wg>(a, m, tile, rest % kv, rest / kv, smem, grid);
+    dkv_role<T, D, W, Wg>(a, tile, rest % kv, rest / kv, smem, grid);
   } else {
     id -= dkv_ctas;
     dq_body<T, D, W, BN, Wg>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv,
@@ -1793,10 +1597,9 @@ __global__ void __launch_bounds__(W * 32, 8 / W) bwd_dq_kernel(const dflash_atte
 
 template <typename T, int D, int W, int Wg>
 __global__ void __launch_bounds__(W * 32, 8 / W)
-  bwd_dkv_kernel(const dflash_attention_bwd_args a, const bwd_grid grid,
-                 const __grid_constant__ dkv_maps m) {
+  bwd_dkv_kernel(const dflash_attention_bwd_args a, const bwd_grid grid) {
   extern __shared__ __align__(16) uint16_t smem[];
-  dkv_role<T, D, W, Wg>(a, m, blockIdx.x, blockIdx.y, blockIdx.z, smem, grid);
+  dkv_role<T, D, W, Wg>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem, grid);
 }
 
 // ---- host side -----------------------------------------------------------
@@ -1851,12 +1654,6 @@ constexpr int fwd_bn = 64;
 ///       CTAs an SM) and a CTA barrier a tile, instead of the staged form
 ///       (several warpgroups a CTA sharing each K/V tile; forward_typed)
 ///   4096 the staged forward with two blocks a CTA at G = 4 (8 warps), not three
-///   8192 the staged forward in FlashAttention-3's order inside a
-///        warpgroup: tile t's S issued before the last tile's P·V
-///        (fwd_ctx_wg's PIPE; 8 warps a CTA: two blocks at G = 4)
-///   16384 the wgmma key-major role's items loaded by TMA, issued by one
-///        thread (dkv_wg_body's TMA; two warpgroups with stage barriers: with
-///        bit 0 at G = 4 or with 512 the backward returns cudaErrorNotSupported)
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1886,13 +1683,9 @@ cudaError_t forward_config(const dflash_attention_fwd_args& a, cudaStream_t stre
   // once had an A/B time the mma.sync forward for the former wgmma one
   // (docs/bench.md, fourteenth pass).
   if constexpr (D == 128) {
-    if constexpr (W != 4) {  // staged: several warpgroups a CTA
+    if constexpr (W != 4)  // staged: several warpgroups a CTA
       if (wg == 2)
         return launch(fwd_kernel<T, D, W, fwd_bn, 2>, grid, W * 32, smem, stream, a);
-      if constexpr (W == 8)  // (12 warps lack the registers: ptxas serialises it)
-        if (wg == 3)
-          return launch(fwd_kernel<T, D, W, fwd_bn, 3>, grid, W * 32, smem, stream, a);
-    }
     if constexpr (W != 12)
       if (wg == 1)
         return launch(fwd_kernel<T, D, W, fwd_bn, 1>, grid, W * 32, smem, stream, a);
@@ -1936,76 +1729,13 @@ cudaError_t forward_typed(const dflash_attention_fwd_args& a, cudaStream_t strea
   const int variant = has_variants<T, D> ? a.variant : 0;
   // wgmma for the context (d = 128, G a multiple of 4; variant bit 6: mma.sync)
   const bool wg = D == 128 && group % 4 == 0 && !(a.variant & 64);
-  const bool staged = wg && !(variant & 2048) && (group == 4 || group == 8) && sm90a_device();
-  if ((variant & 8192) && !staged)  // FlashAttention-3's order is a staged form only
-    return cudaErrorNotSupported;
   if constexpr (D == 128)
-    if (staged)
-      return group == 4 && !(variant & (4096 | 8192))
-               ? forward_config<T, D, 12>(a, stream, 2)
-               : forward_config<T, D, 8>(a, stream, variant & 8192 ? 3 : 2);
+    if (wg && !(variant & 2048) && (group == 4 || group == 8) && sm90a_device())
+      return group == 4 && !(variant & 4096) ? forward_config<T, D, 12>(a, stream, 2)
+                                             : forward_config<T, D, 8>(a, stream, 2);
   const int w = forward_warps(group, variant);
   return w == 4 ? forward_config<T, D, 4>(a, stream, wg ? 1 : 0)
                 : forward_config<T, D, 8>(a, stream, wg ? 1 : 0);
-}
-
-/// The driver's cuTensorMapEncodeTiled (through the runtime: no link to
-/// libcuda), or null where the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const auto fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                            &q) == cudaSuccess
-               && q == cudaDriverEntryPointSuccess
-             ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
-             : nullptr;
-  }();
-  return fn;
-}
-
-/// A [B][H][Q][d] operand (16-bit elements) as boxes of 4 heads × 16 rows ×
-/// 64 columns, 128-byte swizzled.
-bool qd_map(CUtensorMap& map, const attn_in& t, const dflash_attention_shape& sh, int64_t q_len) {
-  const cuuint64_t dims[4] = {128, static_cast<cuuint64_t>(q_len),
-                              static_cast<cuuint64_t>(sh.heads), static_cast<cuuint64_t>(sh.batch)};
-  // (A dimension of one takes any stride: only coordinate 0 is read, and
-  // the encoder refuses 0, which a broadcast batch of one may have.)
-  const auto stride = [](int64_t elems, int size) {
-    return static_cast<cuuint64_t>(size == 1 ? 16 : elems * 2);
-  };
-  const cuuint64_t strides[3] = {stride(t.token, 2), stride(t.head, sh.heads),
-                                 stride(t.batch, sh.batch)};
-  const cuuint32_t box[4] = {64, rows_per_block, 4, 1}, step[4] = {1, 1, 1, 1};
-  const auto type = sh.dtype == attn_dtype::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return tensor_map_encoder()(&map, type, 4, const_cast<void*>(t.data), dims, strides, box, step,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-/// A [B·H][Q] float row (lse, delta) as boxes of 4 heads × 16 rows.
-bool row_map(CUtensorMap& map, const float* p, const dflash_attention_shape& sh, int64_t q_len) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(q_len),
-                              static_cast<cuuint64_t>(sh.batch) * sh.heads};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(q_len) * 4};
-  const cuuint32_t box[2] = {rows_per_block, 4}, step[2] = {1, 1};
-  return tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(p),
-                              dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-/// The key-major role's TMA descriptors, or cudaErrorNotSupported where the
-/// driver cannot make them (no other form is launched in their place).
-cudaError_t make_dkv_maps(dkv_maps& m, const dflash_attention_bwd_args& a) {
-  const auto& sh = a.shape;
-  const int64_t q_len = int64_t{sh.blocks} * rows_per_block;
-  const bool ok = tensor_map_encoder() != nullptr && qd_map(m.q, a.q, sh, q_len)
-                  && qd_map(m.dout, a.dout, sh, q_len) && row_map(m.lse, a.lse, sh, q_len)
-                  && row_map(m.delta, a.delta, sh, q_len);
-  return ok ? cudaSuccess : cudaErrorNotSupported;
 }
 
 /// delta, then both roles in one launch (variant bit 1: separate launches;
@@ -2023,10 +1753,6 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
   const size_t dkv_smem =
     (Wg & wg_dkv) ? dkv_wg_smem_bytes(W, sh.blocks) : dkv_smem_bytes(D, sh.blocks);
   const int64_t rows = int64_t{sh.batch} * sh.heads * sh.blocks * rows_per_block;
-  dkv_maps maps{};
-  if constexpr ((Wg & wg_tma) != 0)
-    if (auto e = make_dkv_maps(maps, a); e != cudaSuccess)
-      return e;
   if (auto e = launch(delta_kernel<T, D>, dim3(static_cast<unsigned>((rows + 31) / 32)), 256, 0,
                       stream, a);
       e != cudaSuccess)
@@ -2034,7 +1760,7 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
   if (!(a.variant & 2)) {
     const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
     return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
-                  std::max(dq_smem, dkv_smem), stream, a, grid, maps);
+                  std::max(dq_smem, dkv_smem), stream, a, grid);
   }
   if (!(a.variant & 32)) {
     const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
@@ -2044,7 +1770,7 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
   }
   if (!(a.variant & 16)) {
     const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
-    return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid, maps);
+    return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
   }
   return cudaSuccess;
 }
@@ -2062,13 +1788,6 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
       if constexpr (has_variants<T, D>)
         if ((a.variant & 512) && two)
           return backward_config<T, D, 8, 32, wg_both | wg_cta>(a, stream);
-      if constexpr (has_variants<T, D>)
-        if (a.variant & 16384) {  // TMA loads: two warpgroups with stage barriers only
-          if (!two || (a.variant & 512))
-            return cudaErrorNotSupported;
-          return a.variant & 128 ? backward_config<T, D, 8, 32, wg_dkv | wg_tma>(a, stream)
-                                 : backward_config<T, D, 8, 32, wg_both | wg_tma>(a, stream);
-        }
       if constexpr (has_variants<T, D>)
         if (a.variant & 128)
           return two ? backward_config<T, D, 8, 32, wg_dkv>(a, stream)

@@ -166,9 +166,9 @@ int kernel_variant() {
     char* end = nullptr;
     const long x = std::strtol(env, &end, 10);
     const std::string text = env;
-    if (*end != '\0' || x < 0 || x >= 32768)
+    if (*end != '\0' || x < 0 || x >= 8192)
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
-                                     + "' is not an integer of the kernels' variant bits (0 to 32767)");
+                                     + "' is not an integer of the kernels' variant bits (0 to 8191)");
     if (x & (16 | 32))
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
                                      + "': bits 16 and 32 skip part of the backward (incomplete gradients; "
@@ -181,7 +181,7 @@ int kernel_variant() {
 /// The bits that choose the forward's form (mma.sync everywhere, the former
 /// wgmma form, two blocks a CTA): the target's chunked attention takes these
 /// of TANDEM_ATTENTION_VARIANT too, so `tandem bench target_forward` can A/B them.
-constexpr int forward_variant_bits = 64 | 2048 | 4096 | 8192;
+constexpr int forward_variant_bits = 64 | 2048 | 4096;
 
 void check_launch(cudaError_t e, const char* what) {
   if (e != cudaSuccess)

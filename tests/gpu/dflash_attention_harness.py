@@ -237,11 +237,9 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before),
 # bit 11 the forward's former wgmma form (one block a CTA, a CTA barrier a tile) instead of
 # the staged one (stage barriers, three blocks a CTA sharing each K/V tile at G 4; at G 8 a
-# block's two warpgroups), bit 12 the staged forward with two blocks a CTA, bit 13 the staged
-# forward in FlashAttention-3's order (tile t's S issued before the last tile's P·V; two blocks
-# a CTA at G 4), bit 14 the key-major role's items loaded by TMA (one thread issues them).
+# block's two warpgroups), bit 12 the staged forward with two blocks a CTA.
 VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64,
-            2048, 4096, 8192, 16384, 2 | 16 | 16384]
+            2048, 4096]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
@@ -313,12 +311,7 @@ def check_graph():
     torch.cuda.synchronize()
     ok = all(torch.equal(a, b) for a, b in zip(eager, captured))
     print(f"[{'PASS' if ok else 'FAIL'}] CUDA graph capture + replay bit-equal to eager", flush=True)
-    # The key-major role's TMA loads (variant 16384) move the same bytes into the same
-    # layout as its cp.async ones: the same gradients bit for bit.
-    tma = kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, eager[0], eager[1], dout, 16384)
-    same = all(torch.equal(a, b) for a, b in zip(eager[2:], tma))
-    print(f"[{'PASS' if same else 'FAIL'}] key-major TMA loads (16384) bit-equal to cp.async", flush=True)
-    return ok and same
+    return ok
 
 
 def run_checks():
@@ -334,8 +327,7 @@ def run_checks():
     ok &= check("G8 d128 S513 N33", 1, 16, 2, 513, 33, 128, 4, 2)
     ok &= check("G8 d128 S513 N33 variant 64", 1, 16, 2, 513, 33, 128, 4, 2, variant=64)
     ok &= check("G8 d128 S513 N33 variant 2048", 1, 16, 2, 513, 33, 128, 4, 2, variant=2048)
-    ok &= check("G8 d128 S513 N33 variant 8192", 1, 16, 2, 513, 33, 128, 4, 2, variant=8192)
-    for v in (2048, 4096, 8192, 16384):
+    for v in (2048, 4096):
         ok &= check(f"G4 d128 unsorted anchors variant {v}", 2, 8, 2, 700, 40, 128, 3, 4,
                     sorted_anchors=False, variant=v)
     ok &= check("G2 d64 unsorted anchors", 2, 4, 2, 700, 40, 64, 3, 4, sorted_anchors=False)
