@@ -179,6 +179,18 @@ def run_checks(rows):
     ok &= check("unaligned stride", 100, 999, torch.bfloat16, stride_pad=3, gen=gen)
     ok &= check("tiny V", 50, 5, torch.float32, gen=gen)
     ok &= check("one CTA per row", 300, 151936, torch.bfloat16, ctas=100000, gen=gen)
+    ok &= check("aligned rows with a tail", 200, 151939, torch.bfloat16, stride_pad=5, gen=gen)
+    ok &= check("unaligned qwen3 vocab", 40, 151936, torch.bfloat16, stride_pad=3, gen=gen)
+    ok &= check("fewer rows than CTAs", 5, 151936, torch.bfloat16, gen=gen)
+    ok &= check("7 CTAs", 100, 151936, torch.bfloat16, ctas=7, gen=gen)
+    # forward only: the training call's loss, hits and lse bits
+    x, y, w, mask = make_case(64, 151936, torch.bfloat16, gen)
+    a = kernel(x.clone(), y, w, mask)
+    f = kernel(x.clone(), y, w, mask, write_grad=False)
+    same = all(torch.equal(u, v) for u, v in zip(a, f))
+    print(f"[{'PASS' if same else 'FAIL'}] forward only: loss, hits and lse bit-equal to the training call's",
+          flush=True)
+    ok &= same
     # determinism and CUDA-graph capture: replay bit-equal to eager
     x, y, w, mask = make_case(256, 151936, torch.bfloat16, gen)
     b0 = x.clone(); l0, h0, _ = kernel(b0, y, w, mask)

@@ -55,12 +55,13 @@ extern "C" int tandem_rms_fwd(const int64_t* a, float eps, void* stream) {
   return int(rms_norm_forward(f, (cudaStream_t)stream));
 }
 
-// a: rows, dim, dtype, x, w, rstd, dy, dx, dw, partials
+// a: rows, dim, dtype, x, w, rstd, dy, dx, dw, partials, dx_add
 extern "C" int tandem_rms_bwd(const int64_t* a, void* stream) {
   rms_norm_bwd_args f;
   f.rows = a[0]; f.dim = int(a[1]); f.dtype = dt(a[2]);
   f.x = (const void*)a[3]; f.weight = (const void*)a[4]; f.rstd = (const float*)a[5];
   f.dy = (const void*)a[6]; f.dx = (void*)a[7]; f.dweight = (void*)a[8]; f.partials = (float*)a[9];
+  f.dx_add = (const void*)a[10];
   return int(rms_norm_backward(f, (cudaStream_t)stream));
 }
 
@@ -85,12 +86,14 @@ extern "C" int tandem_rope(const int64_t* a, void* stream) {
 
 
 _lib = None
+_old = None  # --old FILE: the kernels of another norm_rope.cu, for the bench's A/B
+SOURCE = ROOT / "gpu/kernels/norm_rope.cu"
 
 
-def lib():
+def lib(name="norm_rope", source=None):
     global _lib
-    if _lib is None:
-        _lib = kernel_lib.load("norm_rope", SHIM, [ROOT / "gpu/kernels/norm_rope.cu"])
+    if _lib is None or source is not None:
+        _lib = kernel_lib.load(name, SHIM, [source or SOURCE])
         _lib.tandem_rms_fwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_void_p]
         _lib.tandem_rms_bwd.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
         _lib.tandem_rope.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
@@ -130,11 +133,14 @@ def fused_norm_fwd(x, w, eps, save=True):
     return y, rstd
 
 
-def fused_norm_bwd(x, w, rstd, dy, want_dw=True):
+def fused_norm_bwd(x, w, rstd, dy, want_dw=True, add=None, dx=None):
+    """add: the other use's gradient, summed into dx before its rounding (dx_add); dx: where
+    to write (may be `add` itself, as the model's residual does)."""
     D = x.shape[-1]
     xc, dyc = x.contiguous(), dy.contiguous()
     rows = xc.numel() // D
-    dx = torch.empty_like(xc)
+    if dx is None:
+        dx = torch.empty_like(xc)
     dw = torch.empty_like(w) if want_dw else None
     parts = None
     if want_dw:
@@ -142,7 +148,8 @@ def fused_norm_bwd(x, w, rstd, dy, want_dw=True):
         parts = torch.empty(p, D, dtype=torch.float32, device=x.device)
     check_rc(lib().tandem_rms_bwd(arr([rows, D, DT[x.dtype], xc.data_ptr(), w.data_ptr(), rstd.data_ptr(),
                                        dyc.data_ptr(), dx.data_ptr(), dw.data_ptr() if want_dw else 0,
-                                       parts.data_ptr() if want_dw else 0]), stream()))
+                                       parts.data_ptr() if want_dw else 0,
+                                       add.data_ptr() if add is not None else 0]), stream()))
     return dx, dw
 
 
@@ -230,6 +237,27 @@ def check_norm(name, shape, dtype, eps=1e-6, noncontig=False, want_dw=True):
     return ok
 
 
+def check_norm_add(D, dtype, rows=600):
+    """dx_add: dx = norm's dx + add with one rounding, into a fresh tensor and in place over add."""
+    gen = torch.Generator().manual_seed(D)
+    x = (torch.randn(rows, D, generator=gen) * 3).to("cuda", dtype)
+    w = (1 + 0.1 * torch.randn(D, generator=gen)).to("cuda", dtype)
+    dy = torch.randn(rows, D, generator=gen).to("cuda", dtype)
+    add = torch.randn(rows, D, generator=gen).to("cuda", dtype)
+    _, rstd = fused_norm_fwd(x, w, 1e-6)
+    dx, dw = fused_norm_bwd(x, w, rstd, dy, add=add)
+    inplace = add.clone()
+    dx2, dw2 = fused_norm_bwd(x, w, rstd, dy, add=inplace, dx=inplace)
+    xr = x.detach().double().requires_grad_(True)
+    wr = w.detach().double().requires_grad_(True)
+    rms_norm_composite(xr, wr, 1e-6).backward(dy.double())
+    e = rel(dx, xr.grad + add.double())
+    ok = e < TOL[dtype][1] and torch.equal(dx, dx2) and torch.equal(dw, dw2) and rel(dw, wr.grad) < TOL[dtype][1]
+    print(f"[{'PASS' if ok else 'FAIL'}] rms_norm dx_add D {D} {str(dtype)[6:]}: dx + add {e:.2e}, "
+          f"in place over add bit-equal {torch.equal(dx, dx2)}", flush=True)
+    return ok
+
+
 def check_rope(name, B, H, T, d, dtype, bthd=True, broadcast=False):
     gen = torch.Generator().manual_seed(7)
     if bthd:  # the model's layout: [B, T, H, d] memory seen as [B, H, T, d]
@@ -268,6 +296,11 @@ def run_checks():
     ok &= check_norm("D 40", (999, 40), torch.bfloat16)
     ok &= check_norm("D 1024", (513, 1024), torch.bfloat16)
     ok &= check_norm("D 64", (4099, 64), torch.float32)
+    # two chunks a thread in fp32 (D 2048), a row with idle lanes (D 3000), dx_add
+    ok &= check_norm("D 2048 fp32", (1000, 2048), torch.float32)
+    ok &= check_norm("D 3000", (700, 3000), torch.bfloat16)
+    for dt, D in ((torch.bfloat16, 4096), (torch.float32, 2048), (torch.bfloat16, 1024)):
+        ok &= check_norm_add(D, dt)
     for dt in (torch.bfloat16, torch.float32, torch.float16):
         ok &= check_rope("bthd", 2, 8, 300, 128, dt)
     ok &= check_rope("contiguous", 2, 4, 100, 128, torch.bfloat16, bthd=False)
@@ -349,6 +382,27 @@ def bench():
     gb = 5 * x.numel() * 2 / 1e9
     print(f"  rms_norm fwd+bwd [8192, 4096] bf16: composite {tc:.3f}  fused {tf:.3f}  "
           f"({tc / tf:.1f}x, {gb / tf * 1e3:.0f} GB/s)", flush=True)
+    # the drafter's hidden-size backward alone, as the step runs it: dweight and the residual's
+    # gradient summed in place (reads x, dy, add; writes dx: 4 × 64 MiB)
+    _, r = fused_norm_fwd(x, w, 1e-6)
+    acc = torch.randn_like(dy)
+    forms = [("this", SOURCE)] + ([("old", _old)] if _old else [])
+    if _old:  # whether the two give the same bits (a change meant to keep the math)
+        outs, add0 = [], torch.randn_like(dy)
+        for name, src in forms:
+            lib("norm_rope" if name == "this" else "norm_rope_old", src)
+            outs.append(fused_norm_bwd(x, w, r, dy, add=add0))
+        print(f"  rms_norm bwd + dx_add, this source against the old: dx bit-equal "
+              f"{torch.equal(outs[0][0], outs[1][0])}, dw bit-equal {torch.equal(outs[0][1], outs[1][1])}",
+              flush=True)
+    for rnd in range(2):
+        for name, src in forms:
+            lib("norm_rope" if name == "this" else "norm_rope_old", src)
+            tb = timed(lambda: fused_norm_bwd(x, w, r, dy, add=acc, dx=acc))
+            gb = 4 * x.numel() * 2 / 1e9
+            print(f"  rms_norm bwd + dx_add [8192, 4096] bf16 ({name} source, round {rnd + 1}): {tb:.3f} "
+                  f"({gb / tb * 1e3:.0f} GB/s)", flush=True)
+    lib("norm_rope", SOURCE)
     # RoPE [4, 32, 3072, 128] in the model's layout
     xr = torch.randn(4, 3072, 32, 128, generator=gen).to("cuda", torch.bfloat16).transpose(1, 2)
     pos = torch.arange(3072, device="cuda").unsqueeze(0).expand(4, 3072)
@@ -383,7 +437,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", action="store_true")
     p.add_argument("--bench", action="store_true")
+    p.add_argument("--old", metavar="FILE", help="another norm_rope.cu (e.g. `git show REV:gpu/kernels/"
+                   "norm_rope.cu > F`): --bench times its hidden-size backward beside this one's")
     args = p.parse_args()
+    global _old
+    _old = pathlib.Path(args.old).resolve() if args.old else None
     if args.build:
         lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
