@@ -60,12 +60,14 @@ extern "C" int tandem_ce_grad(const int64_t* a, void* stream) {
 
 
 _lib = None
+_old = None  # --old FILE: another ce_grad.cu, for the bench's A/B
+SOURCE = ROOT / "gpu/kernels/ce_grad.cu"
 
 
-def lib():
+def lib(name="ce_grad", source=None):
     global _lib
-    if _lib is None:
-        _lib = kernel_lib.load("ce_grad", SHIM, [ROOT / "gpu/kernels/ce_grad.cu"])
+    if _lib is None or source is not None:
+        _lib = kernel_lib.load(name, SHIM, [source or SOURCE])
         _lib.tandem_ce_grad.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
         _lib.tandem_ce_grad.restype = ctypes.c_int
     return _lib
@@ -227,12 +229,28 @@ def bench(rows, V):
     print(f"bench [{rows}, {V}] bf16 (median ms ± MAD; GB/s counts 2 reads + 1 write of the logits)", flush=True)
     tc, mc = timed(lambda: composite(x, y, w, mask))
     print(f"  composite elementwise: {tc:.3f} ± {mc:.3f}", flush=True)
-    for ctas in (0, 132, 264, 396, 100000):
-        tk, mk = timed(lambda: kernel(work, y, w, mask, ctas=ctas))
-        print(f"  kernel ctas={ctas or 'default'}: {tk:.3f} ± {mk:.3f}  ({tc / tk:.1f}x, "
-              f"{3 * nbytes / tk / 1e6:.0f} GB/s)", flush=True)
-    tf, mf = timed(lambda: kernel(work, y, w, mask, write_grad=False))
-    print(f"  kernel forward only: {tf:.3f} ± {mf:.3f} ({nbytes / tf / 1e6:.0f} GB/s)", flush=True)
+    forms = [("this", SOURCE)] + ([("old", _old)] if _old else [])
+    if _old:  # how close the two are on the same logits
+        outs = []
+        for name, src in forms:
+            lib("ce_grad" if name == "this" else "ce_grad_old", src)
+            b = x.clone()
+            outs.append((b,) + kernel(b, y, w, mask))
+        (g0, l0, h0, s0), (g1, l1, h1, s1) = outs
+        print(f"  this source against the old: gradient bit-equal {(g0 == g1).float().mean().item() * 100:.3f}%, "
+              f"hits equal {torch.equal(h0, h1)}, lse max rel diff "
+              f"{((s0 - s1).abs() / s1.abs()).max().item():.1e}, loss sum rel diff "
+              f"{abs(l0.sum().item() - l1.sum().item()) / abs(l1.sum().item()):.1e}", flush=True)
+    for rnd in range(2 if _old else 1):
+        for name, src in forms:
+            lib("ce_grad" if name == "this" else "ce_grad_old", src)
+            for ctas in ((0,) if _old else (0, 132, 264, 396, 100000)):
+                tk, mk = timed(lambda: kernel(work, y, w, mask, ctas=ctas))
+                tf, _ = timed(lambda: kernel(work, y, w, mask, write_grad=False))
+                print(f"  kernel ({name} source) ctas={ctas or 'default'}: {tk:.3f} ± {mk:.3f}  ({tc / tk:.1f}x, "
+                      f"{3 * nbytes / tk / 1e6:.0f} GB/s); forward only {tf:.3f} ({nbytes / tf / 1e6:.0f} GB/s)",
+                      flush=True)
+    lib("ce_grad", SOURCE)
     out = torch.empty_like(x)
     tcp, _ = timed(lambda: out.copy_(x))
     print(f"  copy ceiling: {2 * nbytes / tcp / 1e6:.0f} GB/s", flush=True)
@@ -249,7 +267,11 @@ def main():
     p.add_argument("--bench", action="store_true")
     p.add_argument("--rows", type=int, default=300)
     p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--old", metavar="FILE", help="another ce_grad.cu (e.g. `git show REV:gpu/kernels/"
+                   "ce_grad.cu > F`): --bench compares it and times it beside this one, interleaved")
     args = p.parse_args()
+    global _old
+    _old = pathlib.Path(args.old).resolve() if args.old else None
     if args.build:
         lib()  # builds (or reuses, when the sources are unchanged) and loads
         return 0
