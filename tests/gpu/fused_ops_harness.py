@@ -386,18 +386,18 @@ def bench():
     # gradient summed in place (reads x, dy, add; writes dx: 4 × 64 MiB)
     _, r = fused_norm_fwd(x, w, 1e-6)
     acc = torch.randn_like(dy)
-    forms = [("this", SOURCE)] + ([("old", _old)] if _old else [])
+    forms = kernel_lib.forms("norm_rope", SOURCE, _old)
     if _old:  # whether the two give the same bits (a change meant to keep the math)
         outs, add0 = [], torch.randn_like(dy)
-        for name, src in forms:
-            lib("norm_rope" if name == "this" else "norm_rope_old", src)
+        for name, lib_name, src in forms:
+            lib(lib_name, src)
             outs.append(fused_norm_bwd(x, w, r, dy, add=add0))
         print(f"  rms_norm bwd + dx_add, this source against the old: dx bit-equal "
               f"{torch.equal(outs[0][0], outs[1][0])}, dw bit-equal {torch.equal(outs[0][1], outs[1][1])}",
               flush=True)
     for rnd in range(2):
-        for name, src in forms:
-            lib("norm_rope" if name == "this" else "norm_rope_old", src)
+        for name, lib_name, src in forms:
+            lib(lib_name, src)
             tb = timed(lambda: fused_norm_bwd(x, w, r, dy, add=acc, dx=acc))
             gb = 4 * x.numel() * 2 / 1e9
             print(f"  rms_norm bwd + dx_add [8192, 4096] bf16 ({name} source, round {rnd + 1}): {tb:.3f} "

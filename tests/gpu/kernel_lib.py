@@ -67,3 +67,9 @@ def load(name, shim, sources):
         subprocess.run(cmd, check=True)
         stamp.write_text(digest)
     return ctypes.CDLL(str(lib))
+
+
+def forms(name, source, old=None):
+    """The (label, library name, source) of each form a harness's --bench --old compares:
+    this source, then `old` (another version of the same .cu file) under its own library."""
+    return [("this", name, source)] + ([("old", f"{name}_old", old)] if old else [])
