@@ -1674,16 +1674,18 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
         dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
         dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
       }
-    if constexpr ((F & wg_ds) != 0) {
-      uint32_t af[4][4];  // dSᵀ as A operands: af[h] = head h's 16 queries
+    uint32_t af[4][4];  // dSᵀ as A operands: af[h] = head h's 16 queries
 #pragma unroll
-      for (int h = 0; h < 4; ++h)
-        a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), h, af[h]);
-      wg_acc_a_m<T>(dk, af, qb);  // dK += dSᵀ·Q
-      // dS for the query-major role: the tile of 64 keys (k step wi: this
-      // warp's 16) × head h's 16 rows; af[h] holds the 8 × 8 quarters
-      // (keys, queries) 00, 10, 01, 11, its transpose's A operand is their
-      // transposes in the order 00, 01, 10, 11.
+    for (int h = 0; h < 4; ++h)
+      a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), h, af[h]);
+    wg_acc_a_m<T>(dk, af, qb);  // dK += dSᵀ·Q
+    wg::wait<0>();  // the stage and the A operands' registers are free again
+    if constexpr ((F & wg_ds) != 0) {
+      // dS for the query-major role (read after the wait: a wgmma's A
+      // registers are not to be touched while it runs): the tile of 64 keys
+      // (k step wi: this warp's 16) × head h's 16 rows; af[h] holds the 8 × 8
+      // quarters (keys, queries) 00, 10, 01, 11, its transpose's A operand
+      // is their transposes in the order 00, 01, 10, 11.
       const int t64 = wkey0 / 64;
       if (t64 * 64 < r.hi && t64 * 64 + 64 > r.lo) {
         const int gi = it0 + it;
@@ -1697,10 +1699,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
           dst[h * 32] = make_uint4(movmatrix_t(af[h][0]), movmatrix_t(af[h][2]),
                                    movmatrix_t(af[h][1]), movmatrix_t(af[h][3]));
       }
-    } else {
-      wg_acc_c_m<T>(dk, dpt, qb);  // dK += dSᵀ·Q
     }
-    wg::wait<0>();  // the stage and the A operands' registers are free again
     if constexpr (MB)
       mbar_arrive(&empty_b[buf]);
   }
@@ -2008,23 +2007,24 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
       return e;
     const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
     return launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
+  } else {
+    if (!(a.variant & 2)) {
+      const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
+      return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
+                    std::max(dq_smem, dkv_smem), stream, a, grid);
+    }
+    if (!(a.variant & 32)) {
+      const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
+      if (auto e = launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
+          e != cudaSuccess)
+        return e;
+    }
+    if (!(a.variant & 16)) {
+      const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
+      return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
+    }
+    return cudaSuccess;
   }
-  if (!(a.variant & 2)) {
-    const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
-    return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
-                  std::max(dq_smem, dkv_smem), stream, a, grid);
-  }
-  if (!(a.variant & 32)) {
-    const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
-    if (auto e = launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
-        e != cudaSuccess)
-      return e;
-  }
-  if (!(a.variant & 16)) {
-    const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
-    return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
-  }
-  return cudaSuccess;
 }
 
 /// Whether the backward takes the stored-dS form (variant bit 8192; its
@@ -2145,7 +2145,8 @@ cudaError_t dflash_attention_backward(const dflash_attention_bwd_args& a, cudaSt
   if (dflash_attention_unsupported(a.shape) != nullptr || !in_ok(a.q) || !in_ok(a.k_ctx)
       || !in_ok(a.v_ctx) || !in_ok(a.k_blk) || !in_ok(a.v_blk) || !in_ok(a.out) || !in_ok(a.dout)
       || !out_ok(a.dq) || !out_ok(a.dk_ctx) || !out_ok(a.dv_ctx) || !out_ok(a.dk_blk)
-      || !out_ok(a.dv_blk) || !aligned16(a.lse) || !aligned16(a.delta))
+      || !out_ok(a.dv_blk) || !aligned16(a.lse) || !aligned16(a.delta)
+      || (a.workspace != nullptr && !aligned16(a.workspace)))
     return cudaErrorInvalidValue;
   return dispatch<run_backward>(a, stream);
 }
