@@ -1,7 +1,8 @@
-# A/B of the attention backward's stored-dS form (gpu/kernels/dflash_attention.cu,
-# variant bits 8192 and 16384) in the whole step, on the GPU host after
-# tools/gpu-host/pack, repo root: `tandem bench drafter_step --size 8b` with
-# TANDEM_ATTENTION_VARIANT=$NEW_VARIANT (default 24576: the form with its halves)
+# A/B of the attention backward's stored-dS form (gpu/dev/stored_ds.patch, dropped:
+# docs/bench.md, seventeenth pass; variant bits 8192 and 16384) in the whole step, on
+# the GPU host after `git apply gpu/dev/stored_ds.patch` and tools/gpu-host/pack, repo
+# root: `tandem bench drafter_step --size 8b` with TANDEM_ATTENTION_VARIANT=$NEW_VARIANT
+# (default 24576: the form with its halves)
 # against 0, the same binary, interleaved over ROUNDS (gpu/dev/step_ab_rounds.sh).
 # ≈ 1 min a line.  The kernels alone: tests/gpu/dflash_attention_harness.py --bench
 # --no-checks --docs 1 --variants 0,8192,24576.

@@ -70,14 +70,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "memory");
 }
 
-/// The transpose of an 8 × 8 16-bit matrix held as mma fragments (lane
-/// 4g + t4: row g, columns 2t4..+1), in the same form.
-__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
 /// 2^x; exactly +0 for −inf.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
@@ -325,28 +317,21 @@ __device__ __forceinline__ void mma_c_m(float (&acc)[D / 8][4], const float (&c)
   }
 }
 
-/// acc (a warpgroup's 64 × 128 fp32 accumulator) += A·M, issued and
-/// committed (the caller waits): A = 64 × 64 as register A operands, a[kq]
-/// its columns 16·kq..16·kq + 15; M the 64-row tile at shared address `m`,
-/// its rows 128-byte swizzled (wg::desc_n).
-template <typename T>
-__device__ __forceinline__ void wg_acc_a_m(float (&acc)[64], const uint32_t (&a)[4][4], uint32_t m) {
-  wg::fence();
-#pragma unroll
-  for (int kq = 0; kq < 4; ++kq)
-    wg::mma_rs_n128_tb<std::is_same_v<T, __nv_bfloat16>>(acc, a[kq], wg::desc_n(m, 64, kq), 1);
-  wg::commit();
-}
-
-/// wg_acc_a_m of C = 64 × 64 fp32 C fragments (per warp float[8][4]),
-/// rounded to T.
+/// acc (a warpgroup's 64 × 128 fp32 accumulator) += C·M, issued and
+/// committed (the caller waits): C = 64 × 64 fp32 C fragments (per warp
+/// float[8][4]), rounded to T as register A operands; M the 64-row tile at
+/// shared address `m`, its rows 128-byte swizzled (wg::desc_n).
 template <typename T>
 __device__ __forceinline__ void wg_acc_c_m(float (&acc)[64], const float (&c)[32], uint32_t m) {
   uint32_t a[4][4];
 #pragma unroll
   for (int kq = 0; kq < 4; ++kq)
     a_of<T>(reinterpret_cast<const float (&)[8][4]>(c), kq, a[kq]);
-  wg_acc_a_m<T>(acc, a, m);
+  wg::fence();
+#pragma unroll
+  for (int kq = 0; kq < 4; ++kq)
+    wg::mma_rs_n128_tb<std::is_same_v<T, __nv_bfloat16>>(acc, a[kq], wg::desc_n(m, 64, kq), 1);
+  wg::commit();
 }
 
 /// mbarrier primitives (sm_90), shared::cta scope.
@@ -798,58 +783,6 @@ __global__ void __launch_bounds__(256) delta_kernel(const dflash_attention_bwd_a
     a.delta[row] = acc;
 }
 
-// ---- backward, the stored-dS form's workspace ---------------------------
-
-/// The stored-dS form (wgmma, d = 128, G a multiple of 4; variant bit 8192):
-/// the key-major role keeps the dS it rounds to T for its dK product in a
-/// workspace, and the query-major role's context part becomes one product,
-/// dQ = Σ dS·K, instead of recomputing S and dP (three).  A dS tile is the
-/// 64 context keys of one key-major warpgroup (aligned: keys 64t..64t + 63)
-/// × the 64 query rows of 4 heads of one block (a "part" of its GQA group),
-/// 8 KiB, stored as the query-major warpgroup's register A operands:
-/// [k step: 16 keys][warp: head of the part][lane][4 registers], so that
-/// each of its threads reads 16 bytes a k step, a warp 512 contiguous bytes.
-/// Tiles are indexed [row][kv head][part][block][t] over every aligned tile
-/// of S (those outside a block's range are never written or read): the
-/// worst case, as the ranges are device data a captured graph cannot size.
-///
-/// With halves (bit 16384), each key tile's block list is split between two
-/// CTAs whose fp32 dK/dV partials meet in the workspace: the CTA that
-/// finishes second (a counter a tile) adds the other's partial to its own and
-/// writes the result; a + b == b + a in fp32, so the sums are the same bits
-/// whichever finishes first.
-constexpr int64_t ds_tile_bytes = 64 * 64 * 2;
-
-__host__ __device__ constexpr int ds_key_tiles(int ctx_len) {
-  return (ctx_len + 63) / 64;
-}
-
-__host__ __device__ constexpr int64_t ds_bytes(const dflash_attention_shape& sh) {
-  return int64_t{sh.batch} * (sh.heads / 4) * sh.blocks * ds_key_tiles(sh.ctx_len) * ds_tile_bytes;
-}
-
-/// Key-major CTAs of 128 keys (two warpgroups) a (row, kv head).
-__host__ __device__ constexpr int64_t ds_pairs(const dflash_attention_shape& sh) {
-  return int64_t{sh.batch} * sh.kv_heads * ((sh.ctx_len + 127) / 128);
-}
-
-/// A key-major CTA's fp32 dK and dV: 256 threads × 128 floats.
-constexpr int64_t ds_partial_bytes = 256 * 128 * 4;
-
-__host__ __device__ constexpr int64_t ds_workspace_bytes(const dflash_attention_shape& sh,
-                                                         bool halves) {
-  return ds_bytes(sh) + (halves ? ds_pairs(sh) * (2 * ds_partial_bytes + 16) : 0);
-}
-
-/// Tile t of (row b, kv head kvh, part, block j), in ds_tile_bytes units.
-__device__ __forceinline__ int64_t ds_tile_index(const dflash_attention_shape& sh, int b, int kvh,
-                                                 int part, int j, int t) {
-  const int parts = sh.heads / sh.kv_heads / 4;
-  return (((int64_t{b} * sh.kv_heads + kvh) * parts + part) * sh.blocks + j)
-           * ds_key_tiles(sh.ctx_len)
-         + t;
-}
-
 // ---- backward, query-major: dQ and the own block's dK/dV -----------------
 
 /// Bytes at the front of the dq role's shared memory: the K/V pipeline,
@@ -904,10 +837,8 @@ __device__ __forceinline__ void dq_tile(const uint32_t (&qf)[D / 16][4],
 
 /// wgmma in the backward roles, bits: 1 key-major, 2 query-major context
 /// (d = 128, W = 8, G a multiple of 4, sm_90a); 4: the key-major role with
-/// a CTA barrier an item even with two warpgroups (variant bit 9); 8: the
-/// stored-dS form (both roles, two launches; variant bit 13); 16: with it,
-/// each key tile's blocks over two CTAs (variant bit 14).
-enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3, wg_cta = 4, wg_ds = 8, wg_halves = 16 };
+/// a CTA barrier an item even with two warpgroups (variant bit 9).
+enum : int { wg_none = 0, wg_dkv = 1, wg_dq = 2, wg_both = 3, wg_cta = 4 };
 
 /// The context part of the query-major backward with wgmma (sm_90a, d = 128,
 /// G a multiple of 4, 8 warps): each warpgroup is 4 heads of one block (64
@@ -988,78 +919,6 @@ __device__ __forceinline__ void dq_ctx_wg(const dflash_attention_bwd_args& a, co
 #endif  // dq_body keeps the mma.sync loop where wgmma is not compiled
 }
 
-/// The context part of the query-major backward in the stored-dS form (see
-/// ds_tile_bytes): each warpgroup is 4 heads of one block, as in dq_ctx_wg;
-/// over the 64-aligned key tiles of the CTA's union (K in shared memory, three
-/// stages, two tiles in flight), each warpgroup whose block's range meets the
-/// tile copies its dS tile beside K and adds dQ += dS·K (unscaled).
-template <typename T, int W>
-__device__ __forceinline__ void dq_ctx_ds(const dflash_attention_bwd_args& a, const query_tile& qt,
-                                          int b, int kvh, uint16_t* smem_raw, float (&dq)[16][4]) {
-#if defined(TANDEM_HAS_WGMMA)
-  constexpr int BN = 64, TILE = BN * 128 * 2, DS = static_cast<int>(ds_tile_bytes);
-  constexpr int STAGE = TILE + (W / 4) * DS, NS = 3;
-  const auto& sh = a.shape;
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = raw + ((1024u - (raw & 1023u)) & 1023u);  // [NS][K, dS of each warpgroup]
-  const int tid = threadIdx.x, wgi = tid >> 7, wtid = tid & 127;
-  const int t_first = qt.u_lo / BN;
-  const int tiles = qt.u_hi > qt.u_lo ? (qt.u_hi + BN - 1) / BN - t_first : 0;
-  // This warpgroup's tiles (warpgroup-uniform: one block, one part).
-  const bool any = qt.live && qt.range.lo < qt.range.hi;
-  const int my0 = any ? qt.range.lo / BN : 0, my1 = any ? (qt.range.hi + BN - 1) / BN : 0;
-  const unsigned char* const ds =
-    static_cast<const unsigned char*>(a.workspace)
-    + (any ? ds_tile_index(sh, b, kvh, qt.hh / 4, qt.j, 0) * ds_tile_bytes : 0);
-  const uint16_t* const kc = at_row(a.k_ctx, b, kvh, 0);
-  auto load = [&](int t, int buf) {
-    const int tt = t_first + t, start = tt * BN;
-    const uint32_t stage = base + buf * STAGE;
-    const int c = (tid & 15) * 8;
-    for (int r = tid >> 4; r < BN; r += W * 2) {
-      const bool ok = start + r < sh.ctx_len;
-      cp_async16(stage + wg::sw128(BN, r, c), kc + (ok ? start + r : 0) * a.k_ctx.token + c, ok);
-    }
-    const bool mine = tt >= my0 && tt < my1;
-    const unsigned char* const src = ds + (mine ? int64_t{tt} * ds_tile_bytes : 0);
-    const uint32_t dst = stage + TILE + wgi * DS;
-#pragma unroll
-    for (int i = 0; i < DS / 16 / 128; ++i)
-      cp_async16(dst + (i * 128 + wtid) * 16, src + (i * 128 + wtid) * 16, mine);
-    cp_async_commit();
-  };
-  float (&acc)[64] = reinterpret_cast<float (&)[64]>(dq);
-  const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
-  for (int i = 0; i < 2 && i < tiles; ++i)
-    load(i, i);
-  for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles)
-      cp_async_wait<1>();
-    else
-      cp_async_wait<0>();
-    wg::fence_proxy_async();
-    __syncthreads();
-    if (t + 2 < tiles)
-      load(t + 2, (t + 2) % NS);
-    const int tt = t_first + t;
-    if (tt >= my0 && tt < my1) {  // warpgroup-uniform: one block
-      const uint32_t kb = base + (t % NS) * STAGE;
-      const uint32_t fb = kb + TILE + wgi * DS + (warp_in_wg * 32 + lane) * 16;
-      uint32_t af[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(af[ks][0]), "=r"(af[ks][1]), "=r"(af[ks][2]), "=r"(af[ks][3])
-                     : "r"(fb + ks * 4 * 32 * 16)
-                     : "memory");
-      wg_acc_a_m<T>(acc, af, kb);  // dQ += dS·K
-      wg::wait<0>();
-    }
-  }
-  __syncthreads();  // the last stage read everywhere before the caller reuses the memory
-#endif
-}
-
 /// One CTA of query tiles (as in the forward): dQ over every visible key,
 /// and Σ over the GQA group of the own block's dK/dV in a fixed order.
 template <typename T, int D, int W, int BN, int Wg>
@@ -1109,9 +968,7 @@ __device__ __forceinline__ void dq_body(const dflash_attention_bwd_args& a, int 
   }
 
   float dq[DT][4] = {};
-  if constexpr ((Wg & wg_ds) && D == 128 && W % 4 == 0 && wg::compiled) {
-    dq_ctx_ds<T, W>(a, qt, b, kvh, smem, dq);
-  } else if constexpr ((Wg & wg_dq) && D == 128 && W % 4 == 0 && wg::compiled) {
+  if constexpr ((Wg & wg_dq) && D == 128 && W % 4 == 0 && wg::compiled) {
     dq_ctx_wg<T, W>(a, qt, b, kvh, smem, qf, dof, lse0, lse1, dl0, dl1, sl2, dq);
   } else {
   const int tiles = (qt.u_hi - qt.u_lo + BN - 1) / BN;
@@ -1486,16 +1343,9 @@ __host__ __device__ constexpr bool dkv_wg_fits(int blocks) {
 /// is refilled once both warpgroups released it, which keeps them within one
 /// item of each other.  Without MB (one warpgroup, two stages: variant bit
 /// 0; or variant bit 9), a CTA barrier an item.
-///
-/// F (wg_ds, wg_halves): the stored-dS form's additions (see ds_tile_bytes):
-/// each item's dSᵀ, rounded as for dK, is transposed in registers and stored
-/// as the query-major role's A operands; with halves, this CTA takes half
-/// `half` of the tile's items, and the tile's dK/dV are summed through the
-/// workspace (`pair`: the tile's index among ds_pairs).
-template <typename T, int W, bool MB, int F = 0>
+template <typename T, int W, bool MB>
 __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, int tile, int kvh,
-                                            int b, uint16_t* smem_raw, int half = 0,
-                                            int64_t pair = 0) {
+                                            int b, uint16_t* smem_raw) {
 #if defined(TANDEM_HAS_WGMMA)
   static_assert(W % 4 == 0, "whole warpgroups");
   static_assert(!MB || dkv_wg_stages(W) >= 3, "stage barriers announce the next item early");
@@ -1558,20 +1408,14 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
     cp_async_commit();
   }
   __syncthreads();  // the block list (and the barriers' initialisation)
-  // Items it0 .. it0 + items - 1 of the tile's count_s · parts.
-  int it0 = 0, items = count_s * parts;
-  if constexpr ((F & wg_halves) != 0) {
-    const int mid = items / 2;
-    it0 = half ? mid : 0;
-    items = half ? items - mid : mid;
-  }
+  const int items = count_s * parts;
 
   auto load_item = [&](int it, int buf) {
     if (it >= items) {
       cp_async_commit();  // an empty group keeps the count per item
       return;
     }
-    const int jj = list_s[(it0 + it) / parts], head0 = kvh * group + ((it0 + it) % parts) * HC;
+    const int jj = list_s[it / parts], head0 = kvh * group + (it % parts) * HC;
     const int64_t row0 = int64_t{jj} * rows_per_block;
     // Thread: 16-byte chunk c of rows qr, qr + W·2, … of each head; head hh
     // sits 16 rows (2048 bytes) after head hh − 1 in the swizzled tile.
@@ -1625,7 +1469,7 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
       wg::fence_proxy_async();
       __syncthreads();  // item it landed everywhere; item it - 1's stage is free
     }
-    const struct { int lo, hi; } r = {lo_s[(it0 + it) / parts], hi_s[(it0 + it) / parts]};
+    const struct { int lo, hi; } r = {lo_s[it / parts], hi_s[it / parts]};
     const uint32_t qb = smem_addr(st_s + buf * 2 * TILE), dob = qb + TILE;
     float st[32], dpt[32];
     if constexpr (MB)  // fresh each item: no copies of the last item's (registers)
@@ -1674,67 +1518,12 @@ __device__ __forceinline__ void dkv_wg_body(const dflash_attention_bwd_args& a, 
         dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - dl);
         dpt[4 * i + 2 + e] = st[4 * i + 2 + e] * (dpt[4 * i + 2 + e] - dl);
       }
-    uint32_t af[4][4];  // dSᵀ as A operands: af[h] = head h's 16 queries
-#pragma unroll
-    for (int h = 0; h < 4; ++h)
-      a_of<T>(reinterpret_cast<const float (&)[8][4]>(dpt), h, af[h]);
-    wg_acc_a_m<T>(dk, af, qb);  // dK += dSᵀ·Q
+    wg_acc_c_m<T>(dk, dpt, qb);  // dK += dSᵀ·Q
     wg::wait<0>();  // the stage and the A operands' registers are free again
-    if constexpr ((F & wg_ds) != 0) {
-      // dS for the query-major role (read after the wait: a wgmma's A
-      // registers are not to be touched while it runs): the tile of 64 keys
-      // (k step wi: this warp's 16) × head h's 16 rows; af[h] holds the 8 × 8
-      // quarters (keys, queries) 00, 10, 01, 11, its transpose's A operand
-      // is their transposes in the order 00, 01, 10, 11.
-      const int t64 = wkey0 / 64;
-      if (t64 * 64 < r.hi && t64 * 64 + 64 > r.lo) {
-        const int gi = it0 + it;
-        uint4* const dst =
-          reinterpret_cast<uint4*>(static_cast<unsigned char*>(a.workspace)
-                                   + ds_tile_index(sh, b, kvh, gi % parts, list_s[gi / parts], t64)
-                                       * ds_tile_bytes)
-          + wi * 4 * 32 + lane;
-#pragma unroll
-        for (int h = 0; h < 4; ++h)
-          dst[h * 32] = make_uint4(movmatrix_t(af[h][0]), movmatrix_t(af[h][2]),
-                                   movmatrix_t(af[h][1]), movmatrix_t(af[h][3]));
-      }
-    }
     if constexpr (MB)
       mbar_arrive(&empty_b[buf]);
   }
   cp_async_wait<0>();
-
-  if constexpr ((F & wg_halves) != 0) {
-    // Both halves leave their partial; the second to finish sums.
-    static_assert(W * 32 * 128 * 4 == ds_partial_bytes, "a partial: 256 threads × 128 floats");
-    float4* const parts_base =
-      reinterpret_cast<float4*>(static_cast<unsigned char*>(a.workspace) + ds_bytes(sh));
-    float4* const mine = parts_base + (pair * 2 + half) * (W * 32 * 32) + tid;
-    const float4* const other = parts_base + (pair * 2 + (half ^ 1)) * (W * 32 * 32) + tid;
-    unsigned* const counter = reinterpret_cast<unsigned*>(
-      static_cast<unsigned char*>(a.workspace) + ds_bytes(sh) + ds_pairs(sh) * 2 * ds_partial_bytes) + pair;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      mine[i * W * 32] = make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
-      mine[(16 + i) * W * 32] = make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]);
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned arrived_s;
-    if (tid == 0)
-      arrived_s = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (arrived_s == 0)
-      return;  // the other half writes the tile
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float4 k = __ldcg(other + i * W * 32), v = __ldcg(other + (16 + i) * W * 32);
-      dk[4 * i] += k.x, dk[4 * i + 1] += k.y, dk[4 * i + 2] += k.z, dk[4 * i + 3] += k.w;
-      dv[4 * i] += v.x, dv[4 * i + 1] += v.y, dv[4 * i + 2] += v.z, dv[4 * i + 3] += v.w;
-    }
-  }
 
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -1797,22 +1586,6 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
     dq_body<T, D, W, BN, Wg>(a, id % grid.dq_ctas, (id / grid.dq_ctas) % kv,
                              id / grid.dq_ctas / kv, smem);
   }
-}
-
-/// The stored-dS form's key-major launch (wgmma, 8 warps): CTAs longest
-/// first (every (row, kv head)'s tile 0, then every tile 1, …); with halves
-/// two CTAs a tile, side by side.
-template <typename T, int Wg>
-__global__ void __launch_bounds__(256, 1)
-  bwd_dkv_ds_kernel(const dflash_attention_bwd_args a, const bwd_grid grid) {
-  extern __shared__ __align__(16) uint16_t smem[];
-  constexpr bool halves = (Wg & wg_halves) != 0;
-  const int id = static_cast<int>(blockIdx.x), pair = halves ? id / 2 : id;
-  const int rows = a.shape.kv_heads * a.shape.batch, tile = pair / rows, rest = pair % rows;
-  const int kvh = rest % a.shape.kv_heads, b = rest / a.shape.kv_heads;
-  const int64_t index = (int64_t{b} * a.shape.kv_heads + kvh) * grid.dkv_tiles + tile;
-  dkv_wg_body<T, 8, true, Wg & (wg_ds | wg_halves)>(a, tile, kvh, b, smem, halves ? id % 2 : 0,
-                                                    index);
 }
 
 /// The roles as separate launches (benchmark variant).
@@ -1881,12 +1654,6 @@ constexpr int fwd_bn = 64;
 ///       CTAs an SM) and a CTA barrier a tile, instead of the staged form
 ///       (several warpgroups a CTA sharing each K/V tile; forward_typed)
 ///   4096 the staged forward with two blocks a CTA at G = 4 (8 warps), not three
-///   8192 the stored-dS backward (wgmma, two warpgroups, sm_90a; needs the
-///       caller's workspace, dflash_attention_backward_workspace): the
-///       key-major role keeps each dS tile, the query-major role's context
-///       part reads it (dQ = Σ dS·K, one product for three); two launches
-///   16384 with 8192: each key tile's block list over two CTAs, their fp32
-///       dK/dV partials summed by whichever finishes second
 /// With wgmma the backward takes 8 warps a CTA, bit 0 4 (G = 4 only).
 ///
 /// Warps per CTA for mma.sync, a multiple of the group size (whole blocks
@@ -1990,48 +1757,22 @@ cudaError_t backward_config(const dflash_attention_bwd_args& a, cudaStream_t str
                       stream, a);
       e != cudaSuccess)
     return e;
-  if constexpr ((Wg & wg_ds) != 0 && D == 128 && W == 8) {
-    // The stored-dS form: the key-major role (storing dS), then the
-    // query-major one (reading it).
-    constexpr bool halves = (Wg & wg_halves) != 0;
-    if (halves)
-      if (auto e = cudaMemsetAsync(static_cast<unsigned char*>(a.workspace) + ds_bytes(sh)
-                                     + ds_pairs(sh) * 2 * ds_partial_bytes,
-                                   0, ds_pairs(sh) * 4, stream);
-          e != cudaSuccess)
-        return e;
-    const int64_t dkv_ctas = ds_pairs(sh) * (halves ? 2 : 1);
-    if (auto e = launch(bwd_dkv_ds_kernel<T, Wg>, dim3(static_cast<unsigned>(dkv_ctas)), W * 32,
-                        dkv_smem, stream, a, grid);
+  if (!(a.variant & 2)) {
+    const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
+    return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
+                  std::max(dq_smem, dkv_smem), stream, a, grid);
+  }
+  if (!(a.variant & 32)) {
+    const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
+    if (auto e = launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
         e != cudaSuccess)
       return e;
-    const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
-    return launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
-  } else {
-    if (!(a.variant & 2)) {
-      const int64_t ctas = (int64_t{grid.dkv_tiles} + grid.dq_ctas) * sh.kv_heads * sh.batch;
-      return launch(bwd_fused_kernel<T, D, W, BN, Wg>, dim3(static_cast<unsigned>(ctas)), W * 32,
-                    std::max(dq_smem, dkv_smem), stream, a, grid);
-    }
-    if (!(a.variant & 32)) {
-      const dim3 g(grid.dq_ctas, sh.kv_heads, sh.batch);
-      if (auto e = launch(bwd_dq_kernel<T, D, W, BN, Wg>, g, W * 32, dq_smem, stream, a);
-          e != cudaSuccess)
-        return e;
-    }
-    if (!(a.variant & 16)) {
-      const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
-      return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
-    }
-    return cudaSuccess;
   }
-}
-
-/// Whether the backward takes the stored-dS form (variant bit 8192; its
-/// halves: bit 16384), given that it runs on wgmma with two warpgroups.
-bool stored_ds(const dflash_attention_shape& sh, int variant) {
-  return (variant & 8192) != 0 && !(variant & (1 | 2 | 128 | 512)) && sh.head_dim == 128
-         && (sh.heads / sh.kv_heads) % 4 == 0;
+  if (!(a.variant & 16)) {
+    const dim3 g(grid.dkv_tiles, sh.kv_heads, sh.batch);
+    return launch(bwd_dkv_kernel<T, D, W, Wg>, g, W * 32, dkv_smem, stream, a, grid);
+  }
+  return cudaSuccess;
 }
 
 template <typename T, int D>
@@ -2047,13 +1788,6 @@ cudaError_t backward_typed(const dflash_attention_bwd_args& a, cudaStream_t stre
       if constexpr (has_variants<T, D>)
         if ((a.variant & 512) && two)
           return backward_config<T, D, 8, 32, wg_both | wg_cta>(a, stream);
-      if constexpr (D == 128)
-        if (stored_ds(a.shape, a.variant) && two && sm90a_device()) {
-          if (a.workspace == nullptr)
-            return cudaErrorInvalidValue;  // dflash_attention_backward_workspace bytes
-          return (a.variant & 16384) ? backward_config<T, D, 8, 32, wg_both | wg_ds | wg_halves>(a, stream)
-                                     : backward_config<T, D, 8, 32, wg_both | wg_ds>(a, stream);
-        }
       if constexpr (has_variants<T, D>)
         if (a.variant & 128)
           return two ? backward_config<T, D, 8, 32, wg_dkv>(a, stream)
@@ -2118,14 +1852,6 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& sh) {
   return nullptr;
 }
 
-size_t dflash_attention_backward_workspace(const dflash_attention_shape& sh, int variant,
-                                           int device_major) {
-  if (!dflash_attention_uses_wgmma(sh, variant, device_major) || !stored_ds(sh, variant))
-    return 0;
-  // Never 0 once the form runs (an empty shape still takes a pointer).
-  return static_cast<size_t>(std::max<int64_t>(ds_workspace_bytes(sh, (variant & 16384) != 0), 16));
-}
-
 bool dflash_attention_uses_wgmma(const dflash_attention_shape& sh, int variant, int device_major) {
   return sm90a_code(device_major) && dflash_attention_unsupported(sh) == nullptr
          && sh.head_dim == 128 && (sh.heads / sh.kv_heads) % 4 == 0 && !(variant & 64)
@@ -2145,8 +1871,7 @@ cudaError_t dflash_attention_backward(const dflash_attention_bwd_args& a, cudaSt
   if (dflash_attention_unsupported(a.shape) != nullptr || !in_ok(a.q) || !in_ok(a.k_ctx)
       || !in_ok(a.v_ctx) || !in_ok(a.k_blk) || !in_ok(a.v_blk) || !in_ok(a.out) || !in_ok(a.dout)
       || !out_ok(a.dq) || !out_ok(a.dk_ctx) || !out_ok(a.dv_ctx) || !out_ok(a.dk_blk)
-      || !out_ok(a.dv_blk) || !aligned16(a.lse) || !aligned16(a.delta)
-      || (a.workspace != nullptr && !aligned16(a.workspace)))
+      || !out_ok(a.dv_blk) || !aligned16(a.lse) || !aligned16(a.delta))
     return cudaErrorInvalidValue;
   return dispatch<run_backward>(a, stream);
 }

@@ -37,7 +37,6 @@
 /// Anchors need not be sorted for correctness; sorted anchors make each
 /// key tile's list of blocks a contiguous run and the CTAs' unions tight.
 
-#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -115,9 +114,6 @@ struct dflash_attention_bwd_args {
   attn_out dk_ctx, dv_ctx;                ///< [B, Hkv, S, d]
   attn_out dk_blk, dv_blk;                ///< [B, Hkv, Q, d]
   int variant = 0;                        ///< as in the forward
-  /// dflash_attention_backward_workspace bytes, 16-byte aligned (null when
-  /// that is 0): the stored-dS form's dS tiles (and partial sums).
-  void* workspace = nullptr;
 };
 
 /// nullptr when the kernels take `shape`; otherwise why not (for a
@@ -131,14 +127,6 @@ const char* dflash_attention_unsupported(const dflash_attention_shape& shape);
 /// key-major role's block list fits its shared memory (shape.blocks; 0 for
 /// "any ordinary count").  Otherwise they run their mma.sync forms.
 bool dflash_attention_uses_wgmma(const dflash_attention_shape& shape, int variant, int device_major);
-
-/// Bytes of workspace the backward needs for `shape` and `variant` on a
-/// device of compute capability `device_major` (0: none).  The stored-dS
-/// form (variant bit 8192) keeps every block's dS over its context range,
-/// sized for the worst case (every block seeing all S keys): B · H/4 · N ·
-/// ceil(S/64) · 8 KiB.
-size_t dflash_attention_backward_workspace(const dflash_attention_shape& shape, int variant,
-                                           int device_major);
 
 /// Writes out and lse.  cudaErrorInvalidValue for an unsupported shape or a
 /// misaligned operand; otherwise the launch's error.

@@ -166,9 +166,9 @@ int kernel_variant() {
     char* end = nullptr;
     const long x = std::strtol(env, &end, 10);
     const std::string text = env;
-    if (*end != '\0' || x < 0 || x >= 32768)
+    if (*end != '\0' || x < 0 || x >= 8192)
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
-                                     + "' is not an integer of the kernels' variant bits (0 to 32767)");
+                                     + "' is not an integer of the kernels' variant bits (0 to 8191)");
     if (x & (16 | 32))
       throw error(errc::bad_input, "TANDEM_ATTENTION_VARIANT='" + text
                                      + "': bits 16 and 32 skip part of the backward (incomplete gradients; "
@@ -406,15 +406,6 @@ dflash_attention_grads kernel_backward(const attn_dims& m, const at::Tensor& q,
   kernels::dflash_attention_bwd_args a;
   a.shape = kernel_shape(m, scale, q.scalar_type());
   a.variant = kernel_variant();
-  // The stored-dS form's dS tiles (variant bit 8192): freed after the call,
-  // so each layer's backward reuses the same memory.
-  const size_t ws_bytes = kernels::dflash_attention_backward_workspace(
-    a.shape, a.variant, at::cuda::getDeviceProperties(q.device().index())->major);
-  at::Tensor workspace;
-  if (ws_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws_bytes)}, o.dtype(at::kByte));
-    a.workspace = workspace.data_ptr();
-  }
   a.q = in_view(q);
   a.k_ctx = in_view(k_ctx);
   a.v_ctx = in_view(v_ctx);

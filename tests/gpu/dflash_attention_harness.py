@@ -63,16 +63,7 @@ extern "C" int tandem_attn_fwd(const int64_t* a, float scale, void* stream) {
   return int(dflash_attention_forward(f, static_cast<cudaStream_t>(stream)));
 }
 
-// a: shape[9]; the bytes of workspace the backward takes on the current device
-extern "C" int64_t tandem_attn_bwd_workspace(const int64_t* a, float scale) {
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return int64_t(dflash_attention_backward_workspace(shape_at(a, scale), int(a[8]), major));
-}
-
-// a: shape[9], q, kc, vc, kb, vb, out, dout (4 each), lse, ranges[3], delta, dq, dkc, dvc, dkb, dvb,
-// workspace
+// a: shape[9], q, kc, vc, kb, vb, out, dout (4 each), lse, ranges[3], delta, dq, dkc, dvc, dkb, dvb
 extern "C" int tandem_attn_bwd(const int64_t* a, float scale, void* stream) {
   dflash_attention_bwd_args f;
   f.shape = shape_at(a, scale); f.variant = int(a[8]);
@@ -82,7 +73,6 @@ extern "C" int tandem_attn_bwd(const int64_t* a, float scale, void* stream) {
   f.delta = reinterpret_cast<float*>(a[41]);
   f.dq = out_at(a + 42); f.dk_ctx = out_at(a + 46); f.dv_ctx = out_at(a + 50);
   f.dk_blk = out_at(a + 54); f.dv_blk = out_at(a + 58);
-  f.workspace = reinterpret_cast<void*>(a[62]);
   return int(dflash_attention_backward(f, static_cast<cudaStream_t>(stream)));
 }
 '''
@@ -102,8 +92,6 @@ def lib():
         for f in (_lib.tandem_attn_fwd, _lib.tandem_attn_bwd):
             f.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_void_p]
             f.restype = ctypes.c_int
-        _lib.tandem_attn_bwd_workspace.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float]
-        _lib.tandem_attn_bwd_workspace.restype = ctypes.c_int64
     return _lib
 
 
@@ -151,17 +139,13 @@ def kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout, variant=0
     dvc = empty_bqhd(B, Hkv, S, d, q.dtype, q.device)
     dkb = empty_bqhd(B, Hkv, Q, d, q.dtype, q.device)
     dvb = empty_bqhd(B, Hkv, Q, d, q.dtype, q.device)
-    sh = shape_args(q, kc, variant)
-    ws_bytes = lib().tandem_attn_bwd_workspace((ctypes.c_int64 * len(sh))(*sh), ctypes.c_float(scale))
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=q.device)
     if poison:
         for t in (delta, dq, dkc, dvc, dkb, dvb):
             t.fill_(float("nan"))
-        ws.fill_(0xFF)  # NaN in bf16/fp16, and counters that must be cleared
-    args = sh + view4(q) + view4(kc) + view4(vc) + view4(kb) + view4(vb) \
+    args = shape_args(q, kc, variant) + view4(q) + view4(kc) + view4(vc) + view4(kb) + view4(vb) \
         + view4(out) + view4(dout) + [lse.data_ptr(), lo.data_ptr(), hi.data_ptr(), keep.data_ptr(),
                                       delta.data_ptr()] \
-        + view4(dq) + view4(dkc) + view4(dvc) + view4(dkb) + view4(dvb) + [ws.data_ptr() if ws_bytes else 0]
+        + view4(dq) + view4(dkc) + view4(dvc) + view4(dkb) + view4(dvb)
     call(lib().tandem_attn_bwd, args, scale)
     return dq, dkc, dvc, dkb, dvb
 
@@ -253,11 +237,9 @@ TOL = {"out": 1e-2, "lse": 1e-3, "grad": 2e-2}
 # a CTA barrier an item instead of a full and an empty barrier a stage (the scheme before),
 # bit 11 the forward's former wgmma form (one block a CTA, a CTA barrier a tile) instead of
 # the staged one (stage barriers, three blocks a CTA sharing each K/V tile at G 4; at G 8 a
-# block's two warpgroups), bit 12 the staged forward with two blocks a CTA, bit 13 the
-# stored-dS backward (the key-major role keeps dS, the query-major one reads it: two launches),
-# bit 14 with it each key tile's blocks over two CTAs.
+# block's two warpgroups), bit 12 the staged forward with two blocks a CTA.
 VARIANTS = [0, 1, 2, 4, 8, 2 | 16, 2 | 32, 64, 128, 256, 512, 2 | 512, 2 | 16 | 64, 2 | 32 | 64, 2 | 4 | 32 | 64,
-            2048, 4096, 8192, 8192 | 16384]
+            2048, 4096]
 
 
 def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant=0,
@@ -304,7 +286,7 @@ def check(name, B, H, Hkv, S, N, d, docs, padding, dtype=torch.bfloat16, variant
     return not fails
 
 
-def check_graph(variant=0):
+def check_graph():
     """Forward + backward captured in one CUDA graph, replayed: bit-equal to eager."""
     gen = torch.Generator().manual_seed(3)
     q, kc, vc, kb, vb = make_inputs(2, 8, 2, 1000, 64, 128, torch.bfloat16, gen, "cuda")
@@ -313,8 +295,8 @@ def check_graph(variant=0):
     scale = 128 ** -0.5
 
     def step():
-        out, lse = kernel_fwd(q, kc, vc, kb, vb, lo, hi, keep, scale, variant)
-        return (out, lse) + kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout, variant)
+        out, lse = kernel_fwd(q, kc, vc, kb, vb, lo, hi, keep, scale)
+        return (out, lse) + kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout)
 
     eager = step()
     side = torch.cuda.Stream()
@@ -328,15 +310,13 @@ def check_graph(variant=0):
     graph.replay()
     torch.cuda.synchronize()
     ok = all(torch.equal(a, b) for a, b in zip(eager, captured))
-    print(f"[{'PASS' if ok else 'FAIL'}] CUDA graph capture + replay bit-equal to eager (variant {variant})",
-          flush=True)
+    print(f"[{'PASS' if ok else 'FAIL'}] CUDA graph capture + replay bit-equal to eager", flush=True)
     return ok
 
 
 def run_checks():
     ok = True
     ok &= check_graph()
-    ok &= check_graph(8192 | 16384)
     ok &= check("small B1 H4/2 d64 S77 N6 (1 padding)", 1, 4, 2, 77, 6, 64, 2, 1)
     ok &= check("mid B2 H8/2 d128 S1000 N64 (3 docs, 5 padding)", 2, 8, 2, 1000, 64, 128, 3, 5)
     for v in VARIANTS[1:]:
@@ -347,11 +327,7 @@ def run_checks():
     ok &= check("G8 d128 S513 N33", 1, 16, 2, 513, 33, 128, 4, 2)
     ok &= check("G8 d128 S513 N33 variant 64", 1, 16, 2, 513, 33, 128, 4, 2, variant=64)
     ok &= check("G8 d128 S513 N33 variant 2048", 1, 16, 2, 513, 33, 128, 4, 2, variant=2048)
-    for v in (8192, 8192 | 16384):
-        ok &= check(f"G8 d128 S513 N33 variant {v}", 1, 16, 2, 513, 33, 128, 4, 2, variant=v)
-        ok &= check(f"mid fp16 variant {v}", 2, 8, 2, 1000, 64, 128, 3, 5, dtype=torch.float16, variant=v)
-        ok &= check(f"G4 d128 S64 N5 one key tile variant {v}", 1, 8, 2, 64, 5, 128, 1, 1, variant=v)
-    for v in (2048, 4096, 8192 | 16384):
+    for v in (2048, 4096):
         ok &= check(f"G4 d128 unsorted anchors variant {v}", 2, 8, 2, 700, 40, 128, 3, 4,
                     sorted_anchors=False, variant=v)
     ok &= check("G2 d64 unsorted anchors", 2, 4, 2, 700, 40, 64, 3, 4, sorted_anchors=False)
