@@ -1,4 +1,4 @@
-# A/B of gpu/dev/adamw_f32.patch (written, not yet run): on the GPU host, built with the
+# A/B of gpu/dev/adamw_f32.patch (measured and dropped, docs/bench.md): on the GPU host, built with the
 # patch applied (tools/gpu-host/pack), repo root: the flat AdamW update in float arithmetic
 # against the double arithmetic of PyTorch's fused kernel (the build before the patch:
 # its `tandem`, xz-compressed in .devbin-old/tandem.xz, carried beside .devbin); gpu_tests

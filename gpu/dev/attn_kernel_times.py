@@ -4,8 +4,9 @@
 Run from tests/gpu on the GPU host (it loads the harness's library, building it if needed):
   python ../../gpu/dev/attn_kernel_times.py [--variants 0,8192,24576] [--docs 1,4] [--reps 5]
 The one-launch backward shows as bwd_fused_kernel; the stored-dS form (gpu/dev/stored_ds.patch)
-as bwd_dkv_ds_kernel + bwd_dq_kernel (docs/bench.md, seventeenth pass).  Shapes: the harness's
-bench (B 1, S 3072, N 512, H 32/8, d 128, bf16).  ms a call, averaged over --reps calls.
+as bwd_dkv_ds_kernel + bwd_dq_kernel (docs/bench.md, seventeenth pass).  Inputs: the harness's
+--bench ones (bench_case: B 1, S 3072, N 512, H 32/8, d 128, bf16).  ms a call, averaged over
+--reps calls.
 """
 import argparse
 import re
@@ -25,13 +26,8 @@ def main():
     ap.add_argument("--docs", default="1,4", help="documents a row, comma-separated")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    B, S, N, d, H, Hkv = 1, 3072, 512, 128, 32, 8
-    gen = torch.Generator().manual_seed(1)
-    q, kc, vc, kb, vb = h.make_inputs(B, H, Hkv, S, N, d, torch.bfloat16, gen, "cuda")
-    scale = d ** -0.5
     for docs in (int(x) for x in args.docs.split(",")):
-        lo, hi, keep = h.make_ranges(B, S, N, docs, gen, "cuda", padding=0)
-        dout = torch.randn(B, N * h.BS, H, d, generator=gen).to("cuda", torch.bfloat16).transpose(1, 2)
+        q, kc, vc, kb, vb, lo, hi, keep, dout, scale = h.bench_case(docs)
         out, lse = h.kernel_fwd(q, kc, vc, kb, vb, lo, hi, keep, scale)
         for v in (int(x) for x in args.variants.split(",")):
             run = lambda: h.kernel_bwd(q, kc, vc, kb, vb, lo, hi, keep, scale, out, lse, dout, v)  # noqa: E731

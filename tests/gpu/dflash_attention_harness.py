@@ -354,16 +354,24 @@ def timed(fn, warmup=3, iters=20, reps=5):
     return statistics.median(ms)
 
 
-def bench(flex, docs=4, variants=None, heads=(32, 8), dense=True):
+def bench_case(docs=4, heads=(32, 8)):
+    """The --bench inputs (Qwen3-8B shapes: B 1, S 3072, N 512, d 128, bf16; `docs` documents a
+    row; seeded): q, kc, vc, kb, vb, lo, hi, keep, dout, scale."""
     dev = "cuda"
     B, S, N, d = 1, 3072, 512, 128
     H, Hkv = heads
-    Q = N * BS
     gen = torch.Generator().manual_seed(1)
     q, kc, vc, kb, vb = make_inputs(B, H, Hkv, S, N, d, torch.bfloat16, gen, dev)
     lo, hi, keep = make_ranges(B, S, N, docs, gen, dev, padding=0)
-    dout = torch.randn(B, Q, H, d, generator=gen).to(dev, torch.bfloat16).transpose(1, 2)
-    scale = d ** -0.5
+    dout = torch.randn(B, N * BS, H, d, generator=gen).to(dev, torch.bfloat16).transpose(1, 2)
+    return q, kc, vc, kb, vb, lo, hi, keep, dout, d ** -0.5
+
+
+def bench(flex, docs=4, variants=None, heads=(32, 8), dense=True):
+    dev = "cuda"
+    q, kc, vc, kb, vb, lo, hi, keep, dout, scale = bench_case(docs, heads)
+    B, H, Q, d = q.shape
+    Hkv, S, N = kc.shape[1], kc.shape[2], Q // BS
     pairs = ((hi - lo).long().clamp_min(0) * keep.long() + BS * keep.long()).sum().item() * BS
     fwd_flop = 4.0 * d * H * pairs
     bwd_flop = 2.5 * fwd_flop
