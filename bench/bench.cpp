@@ -623,7 +623,7 @@ std::string kernel_class(const std::string& name) {
   // FlashAttention (the target's) before "gemm", whose names its cutlass types match.
   if (has("dflash_attention_") || has("flash_fwd") || has("flash_bwd") || has("fmha"))
     return "attention";
-  if (has("ce_grad"))
+  if (has("ce_grad") || has("ce_scale"))
     return "ce_grad";
   if (has("gemv"))  // Tandem's decode GEMV and cuBLAS's gemv kernels
     return "gemv";
@@ -637,7 +637,7 @@ std::string kernel_class(const std::string& name) {
     return "gemm";
   if (has("reduce_kernel") || has("Reduce"))
     return "reduce";
-  if (has("elementwise") || has("Elementwise"))
+  if (has("elementwise") || has("Elementwise") || has("block_rows"))  // block_rows: Tandem's row copies
     return "elementwise";
   if (has("index") || has("gather") || has("scatter") || has("Index"))
     return "index";
@@ -670,6 +670,7 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
   std::map<std::string, double> ms;
   std::map<std::string, int64_t> launches;
   double total = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // [start, end) ns of every device event
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA)
       continue;
@@ -678,10 +679,31 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
     ms[c] += t;
     ++launches[c];
     total += t;
+    spans.emplace_back(e.startNs(), e.startNs() + e.durationNs());
   }
   for (auto& [c, t] : ms)
     out[c] = {{"ms", t}, {"launches", launches[c] / steps}};
   out["total_ms"] = total;
+  // busy_ms: the time at least one event ran (overlaps counted once);
+  // span_ms: first start to last end over the profiled steps, so span − busy
+  // is the device idle between and inside steps (launch gaps, host work).
+  if (!spans.empty()) {
+    std::sort(spans.begin(), spans.end());
+    uint64_t busy = 0, lo = spans.front().first, hi = spans.front().second;
+    for (const auto& [a, b] : spans) {
+      if (a > hi) {
+        busy += hi - lo;
+        lo = a;
+      }
+      hi = std::max(hi, b);
+    }
+    busy += hi - lo;
+    uint64_t last = 0;
+    for (const auto& sp : spans)
+      last = std::max(last, sp.second);
+    out["busy_ms"] = static_cast<double>(busy) / 1e6 / steps;
+    out["span_ms"] = static_cast<double>(last - spans.front().first) / 1e6 / steps;
+  }
   if (!trace.empty()) {
     std::filesystem::create_directories(std::filesystem::path(trace).parent_path());
     result->save(trace);
@@ -782,9 +804,11 @@ void bench_drafter_engine_step(const bench_options& o, const at::Device& dev,
     }
     auto t = summarise(ms);
     nlohmann::json kernels;
-    if (!graphs && o.profile_steps > 0)  // the graphed step runs the same kernels
+    if (o.profile_steps > 0)  // graphed: the same kernels, replayed (busy_ms, span_ms tell the gaps)
       kernels = profile_kernels(dev, o.profile_steps,
-                                o.trace_dir.empty() ? "" : o.trace_dir + "/drafter_step_" + size + ".json",
+                                o.trace_dir.empty() ? ""
+                                                    : o.trace_dir + "/drafter_step_" + size
+                                                        + (graphs ? "_graphed" : "") + ".json",
                                 [&] { last = engine.train_step(batch_h, features_h); });
     auto j = base_line("drafter_step", o, dev, size);
     j["warmup"] = warmup;

@@ -21,7 +21,7 @@ struct bench_options {
   bool reference = false;          ///< drafter_step: also run the PyTorch reference
   std::string python;              ///< drafter_step --reference: the interpreter
   std::string reference_script;    ///< drafter_step --reference: bench/reference_step.py
-  int profile_steps = 3;           ///< drafter_step and target_forward (eager), target_decode (as timed): runs profiled for kernel_ms; 0: none
+  int profile_steps = 3;           ///< drafter_step (both modes), target_forward (eager), target_decode (as timed): runs profiled for kernel_ms; 0: none
   std::string trace_dir;           ///< also save those runs' Chrome trace there ("": don't)
   int64_t docs = 4;                ///< target_forward: documents a row (equal lengths)
   int64_t rows = 0;                ///< target_forward: rows a forward (0: the size's, 4 at 8b, 2 tiny)
