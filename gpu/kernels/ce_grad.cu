@@ -243,7 +243,50 @@ cudaError_t launch(const ce_grad_args& a, unsigned grid, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+/// dst = T(float(src) · *scale), V elements a thread (V = 1: any alignment).
+template <typename T, int V>
+__global__ void __launch_bounds__(256) ce_scale_kernel(const T* src, T* dst, int64_t chunks, const float* scale) {
+  const float s = *scale;
+  for (int64_t c = int64_t{blockIdx.x} * 256 + threadIdx.x; c < chunks; c += int64_t{gridDim.x} * 256) {
+    lanes<T, V> x = reinterpret_cast<const lanes<T, V>*>(src)[c];
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      x.t[i] = elem<T>::narrow(__fmul_rn(elem<T>::widen(x.t[i]), s));
+    reinterpret_cast<lanes<T, V>*>(dst)[c] = x;
+  }
+}
+
+template <typename T>
+cudaError_t launch_scale(const ce_scale_args& a, cudaStream_t stream) {
+  constexpr int v = 16 / sizeof(T);
+  const bool wide = a.n % v == 0 && reinterpret_cast<uintptr_t>(a.src) % 16 == 0
+                    && reinterpret_cast<uintptr_t>(a.dst) % 16 == 0;
+  const int64_t chunks = wide ? a.n / v : a.n;
+  const int64_t wanted = (chunks + 255) / 256;
+  const auto grid = static_cast<unsigned>(wanted < 132 * 32 ? wanted : 132 * 32);
+  const auto* s = static_cast<const T*>(a.src);
+  auto* d = static_cast<T*>(a.dst);
+  if (wide)
+    ce_scale_kernel<T, v><<<grid, 256, 0, stream>>>(s, d, chunks, a.scale);
+  else
+    ce_scale_kernel<T, 1><<<grid, 256, 0, stream>>>(s, d, chunks, a.scale);
+  return cudaGetLastError();
+}
+
 } // namespace
+
+cudaError_t ce_scale(const ce_scale_args& a, cudaStream_t stream) {
+  if (a.n < 0 || (a.n > 0 && (!a.src || !a.dst || !a.scale)))
+    return cudaErrorInvalidValue;
+  if (a.n == 0)
+    return cudaSuccess;
+  switch (a.dtype) {
+    case ce_dtype::bf16: return launch_scale<__nv_bfloat16>(a, stream);
+    case ce_dtype::fp16: return launch_scale<__half>(a, stream);
+    case ce_dtype::fp32: return launch_scale<float>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t ce_grad(const ce_grad_args& a, cudaStream_t stream) {
   if (a.rows < 0 || a.vocab <= 0 || a.vocab > INT_MAX - 16 || a.row_stride < a.vocab

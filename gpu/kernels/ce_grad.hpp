@@ -57,4 +57,21 @@ struct ce_grad_args {
 /// otherwise the launch's error.
 cudaError_t ce_grad(const ce_grad_args& args, cudaStream_t stream);
 
+/// The backward's scaling of the stored input gradient by the upstream
+/// scalar: dst_i = T(float(src_i) · *scale), the fp32 product rounded once
+/// to T — chunked_ce_fn's composite (src.to(float) · s).to(T) bit for bit in
+/// one pass (it ran three: widen, multiply, narrow).  16-byte accesses where
+/// src, dst and n allow, else one element a thread.
+struct ce_scale_args {
+  int64_t n = 0;                  ///< elements
+  ce_dtype dtype = ce_dtype::bf16;
+  const void* src = nullptr;      ///< [n] T
+  void* dst = nullptr;            ///< [n] T (may be src)
+  const float* scale = nullptr;   ///< one float on the device
+};
+
+/// cudaErrorInvalidValue for a negative size or a null operand; otherwise
+/// the launch's error.
+cudaError_t ce_scale(const ce_scale_args& args, cudaStream_t stream);
+
 } // namespace tandem::gpu::kernels

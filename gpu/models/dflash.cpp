@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gpu/device/error.hpp"
+#include "gpu/models/block_rows.hpp"
 #include "gpu/models/dflash_attention.hpp"
 #include "gpu/models/fused_ops.hpp"
 #include "gpu/models/linear.hpp"
@@ -28,8 +29,8 @@ std::string layer_prefix(size_t i) {
 /// The first layer's q, k and v for block rows that are each block's anchor
 /// and Bs − 1 copies of the mask token's embedding: the input norm and the
 /// projections run on the B·N + 1 distinct rows, and each result is spread
-/// back to [B, Q, ·] (the copies' gradients are summed by the expand's
-/// backward before the weight-gradient GEMMs, which then see B·N + 1 rows).
+/// back to [B, Q, ·] (spread_block_rows; the copies' gradients are summed by
+/// its backward before the weight-gradient GEMMs, which then see B·N + 1 rows).
 std::vector<at::Tensor> distinct_rows_qkv(const dflash_inputs& in, const decoder_layer_weights& l,
                                           const layer_dims& d) {
   const auto b = in.block_embeds.size(0), q = in.block_embeds.size(1), dim = in.block_embeds.size(2);
@@ -42,12 +43,8 @@ std::vector<at::Tensor> distinct_rows_qkv(const dflash_inputs& in, const decoder
   auto rows = at::cat({in.anchor_embeds.reshape({b * n, dim}), in.mask_embed.reshape({1, dim})});
   auto h = fused_rms_norm(rows, l.input_norm, d.eps);
   std::vector<at::Tensor> out;
-  for (auto& p : fused_linears(h, {l.q_proj, l.k_proj, l.v_proj})) {
-    const auto o = p.size(1);
-    auto anchors = p.narrow(0, 0, b * n).view({b, n, 1, o});
-    auto masks = p.narrow(0, b * n, 1).view({1, 1, 1, o}).expand({b, n, bs - 1, o});
-    out.push_back(at::cat({anchors, masks}, 2).view({b, q, o}));
-  }
+  for (auto& p : fused_linears(h, {l.q_proj, l.k_proj, l.v_proj}))
+    out.push_back(spread_block_rows(p, b, n, bs));
   return out;
 }
 
@@ -156,15 +153,7 @@ void export_dflash(const std::filesystem::path& dir, const dflash_config& cfg,
 }
 
 at::Tensor scored_positions(const at::Tensor& t, int64_t block_size) {
-  TORCH_CHECK(block_size >= 2 && t.dim() >= 2 && t.size(1) % block_size == 0, "scored_positions: block size ",
-              block_size, " does not divide the ", t.dim() >= 2 ? t.size(1) : 0, " block positions (or is below 2)");
-  const auto blocks = t.size(1) / block_size;
-  std::vector<int64_t> split{t.size(0), blocks, block_size}, kept{t.size(0), blocks * (block_size - 1)};
-  for (int64_t i = 2; i < t.dim(); ++i) {
-    split.push_back(t.size(i));
-    kept.push_back(t.size(i));
-  }
-  return t.reshape(split).narrow(2, 1, block_size - 1).reshape(kept);
+  return drop_block_firsts(t, block_size);
 }
 
 at::Tensor dflash_forward(const dflash_weights& w, const dflash_config& cfg,

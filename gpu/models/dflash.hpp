@@ -64,8 +64,9 @@ struct dflash_inputs {
 };
 
 /// Positions 1 … Bs−1 of every block of `t`, whose dimension 1 holds N·Bs
-/// block positions ([B, N·Bs, …]): [B, N·(Bs−1), …], block by block (a copy).
-/// Position 0 is the anchor's own token, never scored.
+/// block positions ([B, N·Bs, …]): [B, N·(Bs−1), …], block by block (a copy:
+/// drop_block_firsts, gpu/models/block_rows.hpp).  Position 0 is the anchor's
+/// own token, never scored.
 at::Tensor scored_positions(const at::Tensor& t, int64_t block_size);
 
 /// Drafter forward: block hidden states after the final norm, [B, Q, D].

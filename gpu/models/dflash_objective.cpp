@@ -172,7 +172,14 @@ public:
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     // In float32: the upstream scalar (1 / Σw) would lose bits as bfloat16.
-    auto grad_hidden = (saved[0].to(at::kFloat) * grads[0].to(at::kFloat)).to(saved[0].scalar_type());
+    at::Tensor grad_hidden;
+#ifdef TANDEM_HAVE_CUDA
+    if (saved[0].is_cuda() && saved[0].is_contiguous() && grads[0].numel() == 1
+        && (saved[0].scalar_type() == at::kBFloat16 || saved[0].scalar_type() == at::kHalf))
+      grad_hidden = scale_kernel(saved[0], grads[0]);
+    else
+#endif
+      grad_hidden = (saved[0].to(at::kFloat) * grads[0].to(at::kFloat)).to(saved[0].scalar_type());
     return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
@@ -187,6 +194,23 @@ private:
            && head.scalar_type() == t && head.device() == hidden.device() && hidden.dim() == 2
            && head.dim() == 2 && head.size(1) == hidden.size(1) && head.size(0) > 0
            && head.size(0) <= INT_MAX / 2;
+  }
+
+  /// The composite's (g.to(float) · s).to(g's dtype) in one pass
+  /// (kernels::ce_scale): the same bits.
+  static at::Tensor scale_kernel(const at::Tensor& g, const at::Tensor& upstream) {
+    c10::cuda::CUDAGuard guard(g.device());
+    auto s = upstream.to(g.device(), at::kFloat).reshape({1}).contiguous();
+    auto out = at::empty_like(g, at::MemoryFormat::Contiguous);
+    kernels::ce_scale_args a;
+    a.n = g.numel();
+    a.dtype = g.scalar_type() == at::kHalf ? kernels::ce_dtype::fp16 : kernels::ce_dtype::bf16;
+    a.src = g.data_ptr();
+    a.dst = out.data_ptr();
+    a.scale = s.data_ptr<float>();
+    if (auto e = kernels::ce_scale(a, at::cuda::getCurrentCUDAStream()); e != cudaSuccess)
+      throw error(errc::device_failure, std::string("ce_scale: ") + cudaGetErrorString(e));
+    return out;
   }
 
   /// {Σ w·CE, m·hit per row, dh (for an upstream gradient of 1) or undefined}.

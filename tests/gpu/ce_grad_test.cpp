@@ -215,3 +215,27 @@ TEST(ce_grad, cuda_chunked_cross_entropy_matches_float64_of_its_logits) {
               1e-3 * std::abs(c.weighted_ce.item<double>()));  // logits' bf16 rounding
   EXPECT_LT(rel_err(hl.grad(), hf.grad()), 3e-2);
 }
+
+TEST(ce_grad, cuda_backward_scales_the_stored_gradient_as_the_composite) {
+  // chunked_ce_fn's backward multiplies the gradient it stored (for an
+  // upstream 1) by the upstream scalar in fp32 and rounds once; on CUDA one
+  // kernel (kernels::ce_scale) does what the composite's three ops did.
+  if (!have_cuda())
+    GTEST_SKIP() << "SKIPPED: no CUDA device visible";
+  const int64_t rows = 301, d = 136, vocab = 1000, chunk = 128;
+  auto g = gen(12);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    auto h = at::randn({rows, d}, g).to(at::kCUDA, dtype);
+    auto head = (at::randn({vocab, d}, g) * 0.2).to(at::kCUDA, dtype);
+    auto t = make_targets(rows, vocab, at::matmul(h, head.t()), g);
+    auto h1 = h.detach().requires_grad_(true);
+    chunked_cross_entropy(h1, head, t.labels, t.weight, t.mask, chunk).weighted_ce.backward();
+    auto hs = h.detach().requires_grad_(true);
+    const auto upstream = at::full({}, 1.0 / 3.7, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    chunked_cross_entropy(hs, head, t.labels, t.weight, t.mask, chunk).weighted_ce.backward(upstream);
+    const auto expected = (h1.grad().to(at::kFloat) * upstream).to(dtype);
+    EXPECT_TRUE(at::equal(hs.grad(), expected));
+    EXPECT_FALSE(at::equal(hs.grad(), h1.grad()));
+  }
+}
