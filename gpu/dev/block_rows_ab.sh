@@ -11,7 +11,4 @@ timeout 200 build/bin/gpu_tests --gtest_filter='block_rows*:ce_grad*:graph.*:dfl
 ROUNDS=${ROUNDS:-1 2 3}
 source gpu/dev/step_ab_rounds.sh
 step_ab_rounds rows_ab.jsonl
-python3 -c "
-import json
-for l in open('$OUT/rows_ab.jsonl'):
-    j = json.loads(l); print(j['build'], j['round'], j['mode'], 'last loss', j['last_step']['loss'], 'grad norm', j['last_step']['grad_norm'])"
+step_ab_losses rows_ab.jsonl

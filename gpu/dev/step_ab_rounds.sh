@@ -1,5 +1,5 @@
 # Sourced by the gpu/dev A/B scripts on the GPU host (after tools/gpu-host/env.sh):
-#   step_ab_rounds FILE
+#   step_ab_rounds FILE   (and step_ab_losses FILE, below)
 # runs `tandem bench drafter_step --size 8b` of "old" and "new" in interleaved
 # rounds (ROUNDS, default "1 2"), appends the JSON lines, each with its build and
 # round, to $OUT/FILE, and prints one summary line each (ms, MFU, peak GiB, kernel
@@ -26,4 +26,13 @@ for l in sys.stdin:
           {c: round(v['ms'], 2) for c, v in k.items() if isinstance(v, dict) and v['ms'] > 0.1})"
     done
   done
+}
+
+# step_ab_losses FILE: each line's build, round, mode and last loss and grad norm (a change
+# meant to keep the arithmetic must leave them equal between the builds).
+step_ab_losses() {
+  python3 -c "
+import json
+for l in open('$OUT/$1'):
+    j = json.loads(l); print(j['build'], j['round'], j['mode'], 'last loss', j['last_step']['loss'], 'grad norm', j['last_step']['grad_norm'])"
 }

@@ -1,0 +1,13 @@
+# A/B of gpu/dev/norm_rows.patch (measured and dropped, docs/bench.md, eighteenth pass): the norm
+# kernels' forward taking 4 row groups a CTA with every load first.  On the GPU host, repo root,
+# the build with the patch applied packed and the build before as .devbin-old/tandem.xz.
+# gpu_tests fused_ops*, graph.*, dflash_forward*, then the step, old and new interleaved
+# (ROUNDS, default "1 2 3"), then each run's last loss (the same arithmetic: the same loss).  ≈ 4 min.
+source tools/gpu-host/env.sh
+OUT=${OUT:-/tmp}
+timeout 200 build/bin/gpu_tests --gtest_filter='fused_ops*:graph.*:dflash_forward*' 2>&1 \
+  | tee $OUT/gpu_tests_norm.log | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|graph vs" | tail -14
+ROUNDS=${ROUNDS:-1 2 3}
+source gpu/dev/step_ab_rounds.sh
+step_ab_rounds norm_ab.jsonl
+step_ab_losses norm_ab.jsonl
