@@ -6,9 +6,6 @@
 # copies: the same bits, so the same loss).  ≈ 5 min.
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
-timeout 200 build/bin/gpu_tests --gtest_filter='block_rows*:ce_grad*:graph.*:dflash_forward*' 2>&1 \
-  | tee $OUT/gpu_tests_rows.log | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|graph vs" | tail -14
 ROUNDS=${ROUNDS:-1 2 3}
 source gpu/dev/step_ab_rounds.sh
-step_ab_rounds rows_ab.jsonl
-step_ab_losses rows_ab.jsonl
+step_ab_checked 'block_rows*:ce_grad*:graph.*:dflash_forward*' rows_ab.jsonl

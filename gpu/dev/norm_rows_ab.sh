@@ -7,9 +7,6 @@
 # "1 2 3"), then each run's last loss (both patches keep the arithmetic: the same loss).  ≈ 4 min.
 source tools/gpu-host/env.sh
 OUT=${OUT:-/tmp}
-timeout 200 build/bin/gpu_tests --gtest_filter='fused_ops*:graph.*:dflash_forward*' 2>&1 \
-  | tee $OUT/gpu_tests_norm.log | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|graph vs" | tail -14
 ROUNDS=${ROUNDS:-1 2 3}
 source gpu/dev/step_ab_rounds.sh
-step_ab_rounds norm_ab.jsonl
-step_ab_losses norm_ab.jsonl
+step_ab_checked 'fused_ops*:graph.*:dflash_forward*' norm_ab.jsonl

@@ -1,5 +1,5 @@
 # Sourced by the gpu/dev A/B scripts on the GPU host (after tools/gpu-host/env.sh):
-#   step_ab_rounds FILE   (and step_ab_losses FILE, below)
+#   step_ab_rounds FILE   (and step_ab_losses, step_ab_checked, below)
 # runs `tandem bench drafter_step --size 8b` of "old" and "new" in interleaved
 # rounds (ROUNDS, default "1 2"), appends the JSON lines, each with its build and
 # round, to $OUT/FILE, and prints one summary line each (ms, MFU, peak GiB, kernel
@@ -35,4 +35,13 @@ step_ab_losses() {
 import json
 for l in open('$OUT/$1'):
     j = json.loads(l); print(j['build'], j['round'], j['mode'], 'last loss', j['last_step']['loss'], 'grad norm', j['last_step']['grad_norm'])"
+}
+
+# step_ab_checked FILTER FILE: gpu_tests --gtest_filter=FILTER (log in $OUT), then step_ab_rounds
+# FILE and step_ab_losses FILE: the A/B of a change meant to keep the arithmetic.
+step_ab_checked() {
+  timeout 200 build/bin/gpu_tests --gtest_filter="$1" 2>&1 | tee "$OUT/gpu_tests_${2%.jsonl}.log" \
+    | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|graph vs" | tail -14
+  step_ab_rounds "$2"
+  step_ab_losses "$2"
 }
