@@ -2,7 +2,7 @@
 /// Row moves of the drafter's block layout — B·N blocks of Bs rows, a row
 /// being the trailing dimensions of a [B, N·Bs, …] tensor — done as one
 /// 16-byte-vector gather each, where ATen's strided copy and cat kernels ran
-/// at a third to a half of the memory's rate (docs/bench.md, eighteenth
+/// at an eighth to a half of the memory's rate (docs/bench.md, eighteenth
 /// pass).  Pure data movement: the results are the composites' bits.
 /// No LibTorch here: raw pointers, sizes and a stream; no allocation, no
 /// sync (graph-capturable).  The autograd wrappers and the composites are in
