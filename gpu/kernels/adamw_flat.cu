@@ -125,9 +125,8 @@ __global__ void adamw_flat_kernel(adamw_flat_args a) {
 }
 
 int grid_for(int64_t chunks) {
-  const int64_t wanted = (chunks + threads - 1) / threads;
   // Enough blocks to fill an H200 several times over; the loop strides.
-  return static_cast<int>(wanted < 132 * 16 ? (wanted > 0 ? wanted : 1) : 132 * 16);
+  return static_cast<int>(grid_stride_ctas(chunks, threads, 132 * 16));
 }
 
 template <typename G>

@@ -1,5 +1,7 @@
 #include "gpu/kernels/block_rows.hpp"
 
+#include "gpu/kernels/elem.cuh"
+
 namespace tandem::gpu::kernels {
 namespace {
 
@@ -46,8 +48,7 @@ cudaError_t block_rows(const block_rows_args& a, cudaStream_t stream) {
   const int64_t per_row = a.row_bytes / 16, total = block_rows_out_rows(a) * per_row;
   if (total == 0)
     return cudaSuccess;
-  const int64_t wanted = (total + threads - 1) / threads;
-  const auto grid = static_cast<unsigned>(wanted < 132 * 32 ? wanted : 132 * 32);  // the loop strides past it
+  const unsigned grid = grid_stride_ctas(total, threads, 132 * 32);
   const auto* s = static_cast<const uint4*>(a.src);
   auto* d = static_cast<uint4*>(a.dst);
   switch (a.op) {

@@ -262,8 +262,7 @@ cudaError_t launch_scale(const ce_scale_args& a, cudaStream_t stream) {
   const bool wide = a.n % v == 0 && reinterpret_cast<uintptr_t>(a.src) % 16 == 0
                     && reinterpret_cast<uintptr_t>(a.dst) % 16 == 0;
   const int64_t chunks = wide ? a.n / v : a.n;
-  const int64_t wanted = (chunks + 255) / 256;
-  const auto grid = static_cast<unsigned>(wanted < 132 * 32 ? wanted : 132 * 32);
+  const unsigned grid = grid_stride_ctas(chunks, 256, 132 * 32);
   const auto* s = static_cast<const T*>(a.src);
   auto* d = static_cast<T*>(a.dst);
   if (wide)

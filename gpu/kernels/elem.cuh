@@ -2,8 +2,10 @@
 /// Element types of Tandem's kernels: widen to float for the arithmetic,
 /// narrow back with round-to-nearest-even (as LibTorch's casts do); the
 /// vector of N elements moved in one access, the full-warp reductions and
-/// the SwiGLU value that several kernels share.  Device code only; included
-/// by the .cu files.
+/// the SwiGLU value that several kernels share, and the CTA count of their
+/// grid-stride loops.  Included by the .cu files.
+
+#include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -50,6 +52,13 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1)
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+/// CTAs for a grid-stride loop over `items`, `threads` a CTA: one item a
+/// thread, at most `cap` CTAs (the loop strides past them), at least one.
+inline unsigned grid_stride_ctas(int64_t items, int threads, int64_t cap) {
+  const int64_t wanted = (items + threads - 1) / threads;
+  return static_cast<unsigned>(wanted < 1 ? 1 : wanted < cap ? wanted : cap);
 }
 
 /// silu(g) · u, silu as ATen computes it in fp32: x / (1 + exp(−x)).
