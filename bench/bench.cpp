@@ -697,12 +697,9 @@ nlohmann::json profile_kernels(const at::Device& dev, int steps, const std::stri
       }
       hi = std::max(hi, b);
     }
-    busy += hi - lo;
-    uint64_t last = 0;
-    for (const auto& sp : spans)
-      last = std::max(last, sp.second);
+    busy += hi - lo;  // hi: the last event's end
     out["busy_ms"] = static_cast<double>(busy) / 1e6 / steps;
-    out["span_ms"] = static_cast<double>(last - spans.front().first) / 1e6 / steps;
+    out["span_ms"] = static_cast<double>(hi - spans.front().first) / 1e6 / steps;
   }
   if (!trace.empty()) {
     std::filesystem::create_directories(std::filesystem::path(trace).parent_path());
