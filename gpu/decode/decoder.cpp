@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/engine/graph.hpp"
 #include "gpu/models/fused_ops.hpp"
@@ -115,20 +116,13 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
                            at::TensorOptions().dtype(at::kFloat).device(device));
     // TANDEM_DECODE: "graphs" (the default), "eager" (the kernel, no
     // graphs) or "sdpa" (neither: SDPA over the longest row), to compare.
-    const char* env = std::getenv("TANDEM_DECODE");
-    const std::string mode = !mode_in.empty() ? mode_in : env && *env ? env : "graphs";
-    if (mode != "graphs" && mode != "eager" && mode != "sdpa")
-      throw error(errc::bad_input, "TANDEM_DECODE='" + mode + "' is not one of graphs, eager, sdpa");
+    const auto mode = mode_choice(mode_in, "TANDEM_DECODE", {"graphs", "eager", "sdpa"});
     graphs_ = mode == "graphs";
     kernel_ = mode != "sdpa";
     fused_layout_ = target.fused_layout_unsupported().empty();
     // TANDEM_DECODE_GEMV=0: the fused layout's projections on cuBLAS even at
     // one to four rows (the decode GEMV kernel's A/B; docs/bench.md).
-    const char* gemv = std::getenv("TANDEM_DECODE_GEMV");
-    const std::string gemv_mode = gemv && *gemv ? gemv : "1";
-    if (gemv_mode != "0" && gemv_mode != "1")
-      throw error(errc::bad_input, "TANDEM_DECODE_GEMV='" + gemv_mode + "' is not 0 or 1");
-    gemv_ = gemv_mode == "1";
+    gemv_ = env_choice("TANDEM_DECODE_GEMV", {"1", "0"}) == "1";
   }
 #endif
 }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 
 namespace tandem::gpu {
@@ -94,16 +95,10 @@ std::vector<int64_t> lookup(const std::vector<int64_t>& seq, int64_t ngram, int6
 } // namespace
 
 planted_bug planted_bug_from_env() {
-  const char* v = std::getenv("TANDEM_TEST_PLANT");
-  if (!v || !*v)
-    return planted_bug::none;
-  const std::string s = v;
-  if (s == "always_accept")
-    return planted_bug::always_accept;
-  if (s == "shifted_drafts")
-    return planted_bug::shifted_drafts;
-  throw error(errc::bad_input, "TANDEM_TEST_PLANT='" + s
-                                 + "' is not one of always_accept, shifted_drafts");
+  const auto s = env_choice("TANDEM_TEST_PLANT", {"none", "always_accept", "shifted_drafts"});
+  return s == "always_accept"    ? planted_bug::always_accept
+         : s == "shifted_drafts" ? planted_bug::shifted_drafts
+                                 : planted_bug::none;
 }
 
 at::Tensor sampling_probs(const at::Tensor& logits, const sampling_options& s) {

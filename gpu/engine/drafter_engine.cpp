@@ -25,6 +25,7 @@
 #include "gpu/engine/checkpoint_io.hpp"
 #include "gpu/engine/engine_common.hpp"
 #include "gpu/engine/graph.hpp"
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/io/hf_config.hpp"
 #include "gpu/models/dflash.hpp"
@@ -1307,10 +1308,7 @@ struct drafter_engine::impl {
   void prepare_host_set() {
     if (!opts.prepare_snapshot_buffers || preparing.valid() || pinning.block.p || host_sets.size() >= 2)
       return;
-    static const bool off = [] {
-      const char* v = std::getenv("TANDEM_SNAPSHOT_PREPARE");
-      return v && std::string(v) == "0";
-    }();
+    static const bool off = env_choice("TANDEM_SNAPSHOT_PREPARE", {"1", "0"}) == "0";
     if (off)
       return;
     try {

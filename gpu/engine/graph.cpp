@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -109,11 +110,7 @@ int64_t turn_timing_every() {
 
 bool device_turns_enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("TANDEM_SHARED_GPU");
-    const std::string mode = v && *v ? v : "turns";  // empty: unset
-    if (mode != "turns" && mode != "concurrent")
-      throw error(errc::bad_input, "TANDEM_SHARED_GPU='" + mode + "' is not one of turns, concurrent");
-    return mode == "turns";
+    return env_choice("TANDEM_SHARED_GPU", {"turns", "concurrent"}) == "turns";
   }();
   return on;
 }

@@ -6,6 +6,7 @@
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/engine_common.hpp"
 #include "gpu/engine/target_forward.hpp"
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
@@ -33,8 +34,7 @@ struct target_engine::impl {
     info.tap_ids = target->tap_ids();
     info.dtype = detail::dtype_name(dtype);
     info.device = device.is_cuda() ? device.index() : -1;
-    const char* env = std::getenv("TANDEM_TARGET_PATH");
-    runner.emplace(*target, device, env && *env ? env : "graphs");  // empty: unset
+    runner.emplace(*target, device, env_choice("TANDEM_TARGET_PATH", {"graphs", "eager", "mask"}));
     info.path = runner->path();
   }
 };

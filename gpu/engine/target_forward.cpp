@@ -22,8 +22,7 @@ target_forward_runner::target_forward_runner(const qwen3_target& target, at::Dev
                                              const std::string& mode)
   : target_(target), device_(device) {
   if (mode != "graphs" && mode != "eager" && mode != "mask")
-    throw error(errc::bad_input, "target forward mode '" + mode + "' is not one of graphs, eager, mask "
-                                 "(TANDEM_TARGET_PATH)");
+    throw error(errc::bad_input, "target forward mode '" + mode + "' is not one of graphs, eager, mask");
   const auto packed = target.packed_path();
   mask_ = mode == "mask" || packed != "packed";
   graphs_ = mode == "graphs" && !mask_ && device.is_cuda();

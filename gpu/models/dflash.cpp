@@ -5,6 +5,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/models/block_rows.hpp"
 #include "gpu/models/dflash_attention.hpp"
@@ -52,15 +53,7 @@ std::vector<at::Tensor> distinct_rows_qkv(const dflash_inputs& in, const decoder
 /// (unset or empty) runs the first layer's q/k/v on the distinct rows,
 /// `all` on every block row, the path it was measured against.
 bool first_layer_on_distinct_rows() {
-  static const bool distinct = [] {
-    const char* env = std::getenv("TANDEM_FIRST_LAYER_ROWS");
-    const std::string v = env == nullptr ? "" : env;
-    if (v.empty() || v == "distinct")
-      return true;
-    if (v == "all")
-      return false;
-    throw error(errc::bad_input, "TANDEM_FIRST_LAYER_ROWS='" + v + "' is not one of distinct, all");
-  }();
+  static const bool distinct = env_choice("TANDEM_FIRST_LAYER_ROWS", {"distinct", "all"}) == "distinct";
   return distinct;
 }
 

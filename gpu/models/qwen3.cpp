@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/io/safetensors.hpp"
 
@@ -51,12 +52,7 @@ qwen3_target::qwen3_target(qwen3_config cfg, qwen3_weights weights, std::vector<
   : cfg_(std::move(cfg)), w_(std::move(weights)), tap_ids_(std::move(tap_ids)) {
   if (tap_ids_.empty())
     tap_ids_ = training_tap_ids(cfg_.num_hidden_layers);
-  if (const char* env = std::getenv("TANDEM_TARGET_ATTENTION"); env != nullptr && *env != '\0') {
-    const std::string v = env;
-    if (v != "flash2" && v != "auto")
-      throw error(errc::bad_input, "TANDEM_TARGET_ATTENTION='" + v + "' is not one of auto, flash2");
-    prefer_flash2_ = v == "flash2";
-  }
+  prefer_flash2_ = env_choice("TANDEM_TARGET_ATTENTION", {"auto", "flash2"}) == "flash2";
   for (auto id : tap_ids_)
     if (id < 0 || id >= static_cast<int64_t>(w_.layers.size()))
       throw error(errc::bad_input, "tap layer " + std::to_string(id) + " outside the target's "
