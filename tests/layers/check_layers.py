@@ -12,7 +12,7 @@ only the layers below it; bench/CMakeLists.txt; actors/; tools/):
     messages                                   protocols, descriptors (CAF only)
     gpu/kernels                                CUDA kernels (no LibTorch, no project headers)
     gpu/pch.hpp                                the precompiled LibTorch headers
-    gpu/device   < messages, kernels, pch      errors, shape text, probe, runtime
+    gpu/device   < messages, kernels, pch      errors, shape text, probe, runtime, env modes
     gpu/io       < device                      safetensors, config.json
     gpu/nccl     < device                      communicator, flat gradient bucket
     gpu/transport< nccl                        payload handles, peer copies, NCCL send/recv
