@@ -963,7 +963,7 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
     // TANDEM_DECODE_GEMV=0: the projections on cuBLAS at batch 1 too (A/B);
     // TANDEM_PDL=0: the decode GEMV launched plainly (gpu/kernels/pdl.cuh).
     j["decode_gemv"] = td.gemv();
-    j["pdl"] = !(std::getenv("TANDEM_PDL") && std::string(std::getenv("TANDEM_PDL")) == "0");
+    j["pdl"] = td.pdl();
     const auto kernels = profile_kernels(dev, o.profile_steps,
                                          o.trace_dir.empty() ? ""
                                                              : o.trace_dir + "/target_decode_" + size + "_b"

@@ -123,6 +123,9 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
     // TANDEM_DECODE_GEMV=0: the fused layout's projections on cuBLAS even at
     // one to four rows (the decode GEMV kernel's A/B; docs/bench.md).
     gemv_ = env_choice("TANDEM_DECODE_GEMV", {"1", "0"}) == "1";
+    // TANDEM_PDL=0: the GEMV launched plainly.  The kernel layer reads it at
+    // the launch (gpu/kernels/pdl.cuh) and cannot refuse a bad value: here.
+    pdl_ = env_choice("TANDEM_PDL", {"1", "0"}) == "1";
   }
 #endif
 }

@@ -77,6 +77,10 @@ public:
   /// Whether forwards of one to four rows use the decode GEMV kernel
   /// (TANDEM_DECODE_GEMV, read at construction).
   bool gemv() const { return gemv_; }
+  /// Whether the decode GEMV is launched with programmatic dependent launch
+  /// (TANDEM_PDL, checked at construction on CUDA; gpu/kernels/pdl.cuh reads
+  /// it at the launch).
+  bool pdl() const { return pdl_; }
   ~target_decoder();
 
 private:
@@ -96,6 +100,7 @@ private:
   bool kernel_ = true;
   bool fused_layout_ = false;  ///< the kernel modes use the target's fused layout (qwen3.hpp)
   bool gemv_ = false;          ///< its projections at ≤ 4 rows on the decode GEMV kernel (CUDA; TANDEM_DECODE_GEMV)
+  bool pdl_ = false;           ///< the GEMV launched with PDL (CUDA; TANDEM_PDL)
   std::map<std::tuple<int64_t, bool, bool>, std::unique_ptr<graph>> graphs_by_shape_;
   int64_t replays_ = 0;
 };
