@@ -195,8 +195,7 @@ cudaError_t launch_swiglu(const swiglu_rows_args& a, cudaStream_t stream) {
     swiglu_rows_2d_kernel<T><<<grid, threads, 0, stream>>>(a);
     return cudaGetLastError();
   }
-  const int64_t ctas = std::min<int64_t>((total + threads - 1) / threads, 132 * 16);
-  swiglu_rows_kernel<T><<<static_cast<unsigned>(ctas), threads, 0, stream>>>(a);
+  swiglu_rows_kernel<T><<<grid_stride_ctas(total, threads, 132 * 16), threads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
