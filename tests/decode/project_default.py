@@ -7,9 +7,9 @@ decode.drafter_fixture leaves behind (its steps' times and its evaluation's).
 
 prints one JSON line: {"projected_s": ..., "seconds_per_step": ..., ...}.
 .ci/run runs the long tests only when the projection fits in what is left of
-CI's time; the whole default's time varies several-fold between 2-core
-machines (0.12 s a step on one, 0.29-0.33 s on an AMD EPYC VM whose MKL sgemm
-runs its generic path), so a fixed guess does not do.
+CI's time; the whole default's time varies between 2-core machines (0.12 s a
+step on one, 0.29-0.33 s on an AMD EPYC VM, where MKL's sgemm is slower at
+these shapes), so a fixed guess does not do.
 Exit 2, naming the file and what is missing, when it cannot project.
 """
 import json
