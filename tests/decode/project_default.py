@@ -18,7 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-MARGIN = 1.15  # for the projection's own error (a step's time drifts over a run)
+MARGIN = 1.15  # for the projection's own error (its rates are the first epoch's)
 
 
 def fail(msg):
@@ -52,13 +52,18 @@ def main():
         epochs = whole["data"]["epochs"]
         eval_every = whole["eval"]["every_steps"]
         eval_count = whole["eval"]["count"]
+        eval_prompts = default.parent / whole["eval"]["prompts"]
     except (tomllib.TOMLDecodeError, KeyError) as e:
         fail(f"{fixture_cfg} or {default}: {e!r}")
+    if eval_count <= 0:  # 0: all of the file's prompts
+        if not eval_prompts.is_file():
+            fail(f"{eval_prompts}: missing (eval.prompts of {default})")
+        eval_count = sum(1 for l in eval_prompts.read_text().splitlines() if l.strip())
     seconds_per_step = steps[-1]["time_s"] / steps[-1]["step"]
     seconds_per_prompt = sum(e["seconds"] for e in evals) / sum(e["prompts"] for e in evals)
     whole_steps = end[-1]["steps"] * epochs / fixture_epochs
     evaluations = math.floor(whole_steps / eval_every) + 1  # every eval_every steps, and at the end
-    prompts = eval_count if eval_count > 0 else 31
+    prompts = eval_count
     train_s = whole_steps * seconds_per_step + evaluations * prompts * seconds_per_prompt
     # decode.default_claim: `tandem eval --references` decodes each prompt four
     # ways (the drafter, the untrained drafter, prompt lookup, target only).
