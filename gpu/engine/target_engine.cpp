@@ -1,12 +1,10 @@
 #include "gpu/engine/target_engine.hpp"
 
-#include <cstdlib>
 #include <optional>
 
 #include "gpu/engine/batch.hpp"
 #include "gpu/engine/engine_common.hpp"
 #include "gpu/engine/target_forward.hpp"
-#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/models/qwen3.hpp"
 #include "gpu/pch.hpp"
@@ -34,7 +32,7 @@ struct target_engine::impl {
     info.tap_ids = target->tap_ids();
     info.dtype = detail::dtype_name(dtype);
     info.device = device.is_cuda() ? device.index() : -1;
-    runner.emplace(*target, device, env_choice("TANDEM_TARGET_PATH", {"graphs", "eager", "mask"}));
+    runner.emplace(*target, device, "");  // TANDEM_TARGET_PATH picks the mode
     info.path = runner->path();
   }
 };

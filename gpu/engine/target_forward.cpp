@@ -1,5 +1,6 @@
 #include "gpu/engine/target_forward.hpp"
 
+#include "gpu/device/env.hpp"
 #include "gpu/device/error.hpp"
 #include "gpu/engine/graph.hpp"
 
@@ -19,10 +20,9 @@ struct target_forward_runner::graph {};
 #endif
 
 target_forward_runner::target_forward_runner(const qwen3_target& target, at::Device device,
-                                             const std::string& mode)
+                                             const std::string& asked)
   : target_(target), device_(device) {
-  if (mode != "graphs" && mode != "eager" && mode != "mask")
-    throw error(errc::bad_input, "target forward mode '" + mode + "' is not one of graphs, eager, mask");
+  const auto mode = mode_choice(asked, "TANDEM_TARGET_PATH", {"graphs", "eager", "mask"});
   const auto packed = target.packed_path();
   mask_ = mode == "mask" || packed != "packed";
   graphs_ = mode == "graphs" && !mask_ && device.is_cuda();

@@ -20,7 +20,8 @@ public:
   /// `mode`: "graphs" (the default: the packed forward, captured), "eager"
   /// (the packed forward, not captured) or "mask" (the dense-mask path:
   /// qwen3_target::forward with a [B, 1, S, S] mask, the path before the
-  /// packed one).  Throws gpu::error(bad_input) for another mode.  Where the
+  /// packed one); empty: TANDEM_TARGET_PATH's value (unset or empty:
+  /// "graphs").  Throws gpu::error(bad_input) for another mode.  Where the
   /// packed path cannot run (the CPU, fp32, no FlashAttention-2), every mode
   /// runs the mask path and path() says why.
   target_forward_runner(const qwen3_target& target, at::Device device, const std::string& mode);

@@ -4,6 +4,7 @@
 // save → restore → continue, fault injection, corrupt checkpoints, transport
 // handle accounting.  Tolerances are stated where they are used, with why.
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -1009,6 +1010,22 @@ TEST(engine, target_engine_taps_match_transformers_on_packed_documents) {
   EXPECT_LE(rel(taps[0], ref.at("packed_taps")), 1e-4);
   transport::release(fh);
   transport::release(bh);
+}
+
+TEST(engine, a_bad_target_path_is_refused_where_the_engine_is_made) {
+  // TANDEM_TARGET_PATH is checked once, by the forward runner, on the CPU too
+  // (where every mode runs the mask path): the message names the variable.
+  ::setenv("TANDEM_TARGET_PATH", "fast", 1);
+  try {
+    target_engine target({target_dir(), -1, "auto", {}});
+    ADD_FAILURE() << "no error thrown";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::bad_input);
+    EXPECT_STREQ(e.what(), "TANDEM_TARGET_PATH='fast' is not one of graphs, eager, mask");
+  }
+  ::setenv("TANDEM_TARGET_PATH", "eager", 1);
+  EXPECT_NO_THROW(target_engine({target_dir(), -1, "auto", {}}));
+  ::unsetenv("TANDEM_TARGET_PATH");
 }
 
 TEST(engine, target_forward_out_of_host_memory_is_bad_input_naming_the_shapes) {
