@@ -953,8 +953,7 @@ void bench_target_decode(const bench_options& o, const at::Device& dev, const st
                    {"layers", c.num_hidden_layers}, {"vocab", c.vocab_size},
                    {"dtype", c10::toString(dtype)}, {"graphed", td.replays() > 0}};
     // TANDEM_DECODE (decoder.hpp): graphs (default), eager (the kernel), sdpa.
-    const char* mode = std::getenv("TANDEM_DECODE");
-    j["decode_mode"] = !dev.is_cuda() ? "sdpa (the CPU: TANDEM_DECODE not read)" : mode && *mode ? mode : "graphs";
+    j["decode_mode"] = !dev.is_cuda() ? std::string("sdpa (the CPU: TANDEM_DECODE not read)") : td.mode();
     finish_line(j, t, 2.0 * weight_bytes / at::elementSize(dtype) * batch, static_cast<double>(batch),
                 peak_gib(dev));
     j["bytes_read"] = weight_bytes + kv_bytes;

@@ -117,6 +117,7 @@ target_decoder::target_decoder(const qwen3_target& target, int64_t batch, int64_
     // TANDEM_DECODE: "graphs" (the default), "eager" (the kernel, no
     // graphs) or "sdpa" (neither: SDPA over the longest row), to compare.
     const auto mode = mode_choice(mode_in, "TANDEM_DECODE", {"graphs", "eager", "sdpa"});
+    mode_ = mode;
     graphs_ = mode == "graphs";
     kernel_ = mode != "sdpa";
     fused_layout_ = target.fused_layout_unsupported().empty();

@@ -81,6 +81,9 @@ public:
   /// (TANDEM_PDL, checked at construction on CUDA; gpu/kernels/pdl.cuh reads
   /// it at the launch).
   bool pdl() const { return pdl_; }
+  /// The decode mode taken at construction (TANDEM_DECODE or the caller's):
+  /// "graphs", "eager" or "sdpa"; the CPU always "sdpa".
+  const std::string& mode() const { return mode_; }
   ~target_decoder();
 
 private:
@@ -97,6 +100,7 @@ private:
   at::Tensor workspace_;     ///< the kernel's fp32 partials, sized for T = 16
   int splits_ = 1;
   bool graphs_ = false;
+  std::string mode_ = "sdpa";  ///< mode(); set on CUDA
   bool kernel_ = true;
   bool fused_layout_ = false;  ///< the kernel modes use the target's fused layout (qwen3.hpp)
   bool gemv_ = false;          ///< its projections at ≤ 4 rows on the decode GEMV kernel (CUDA; TANDEM_DECODE_GEMV)
