@@ -196,6 +196,13 @@ code, cfg = http("GET", "/v1/config")
 check(code == 200 and "max_steps = 2000" in cfg["toml"], "the effective config")
 code, events = http("GET", "/v1/events")
 check(code == 200 and events["events"] and events["events"][0]["event"] == "epoch", "the event log")
+# events --since SEQ: only the events after SEQ (the run goes on: later ones may come too).
+first = events["events"][0]["seq"]
+shell = subprocess.run([tandem, "shell", run_dir, "--json", "-c", f"events --since {first}"], capture_output=True,
+                       text=True, timeout=30)
+after = [json.loads(l)["seq"] for l in shell.stdout.splitlines() if l.strip()]
+check(shell.returncode == 0 and all(q > first for q in after)
+      and (after[:1] == [first + 1] or len(events["events"]) == 1), f"shell events --since {first}: {after}")
 shell = subprocess.run([tandem, "shell", run_dir, "-c", "tree", "-c", "status", "-c", "ledger", "-c", "steps 3",
                         "-c", "show drafter 0", "-c", "top"], capture_output=True, text=True, timeout=60)
 check(shell.returncode == 0 and "drafter 0" in shell.stdout and "committed" in shell.stdout,
@@ -215,7 +222,8 @@ check(shell.returncode == 2 and "unknown command" in shell.stderr, "an unknown s
 
 # Words a command does not take are refused (exit 2), not ignored: "pause now" is no pause.
 for line, says in (("pause now", "'now' is more than it takes"), ("steps x", "N is a count of steps"),
-                   ("events foo", "'foo' is not -f")):
+                   ("events foo", "'foo' is not -f or --since SEQ"),
+                   ("events --since x", "SEQ is an event's number")):
     shell = subprocess.run([tandem, "shell", run_dir, "-c", line], capture_output=True, text=True, timeout=30)
     check(shell.returncode == 2 and says in shell.stderr, f"shell -c '{line}': exit {shell.returncode}, {shell.stderr!r}")
 # Actors the run lacks: named with what it has, exit 2 (misuse) whether the shell or the endpoint refuses.

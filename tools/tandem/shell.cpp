@@ -420,7 +420,9 @@ const char* help_text =
   "  top                  a full-screen view refreshed every second (q leaves)\n"
   "  ledger               samples pending / issued / trained / committed; each prefetch's cursor\n"
   "  steps [N]            the last N step reports (default 20)\n"
-  "  events [-f]          the event log (-f: follow it; q or Ctrl-C leaves)\n"
+  "  events [-f] [--since SEQ]\n"
+  "                       the event log (-f: follow it; q or Ctrl-C leaves; --since SEQ: only\n"
+  "                       the events after number SEQ, as --json's \"seq\" or the #N printed)\n"
   "  config               the effective config (with what set changed since the start)\n"
   "  pause | resume       stop / restart sending work to the drafters\n"
   "  checkpoint           write a checkpoint now\n"
@@ -743,7 +745,7 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
   static const std::map<std::string, std::pair<size_t, const char*>> takes{
     {"help", {0, "help"}}, {"?", {0, "help"}}, {"quit", {0, "quit"}}, {"exit", {0, "exit"}},
     {"status", {0, "status"}}, {"tree", {0, "tree"}}, {"ledger", {0, "ledger"}}, {"config", {0, "config"}},
-    {"steps", {1, "steps [N]"}}, {"show", {2, "show ROLE [INDEX]"}}, {"events", {1, "events [-f]"}},
+    {"steps", {1, "steps [N]"}}, {"show", {2, "show ROLE [INDEX]"}}, {"events", {3, "events [-f] [--since SEQ]"}},
     {"top", {0, "top"}}, {"graphs", {0, "graphs"}}, {"dashboard", {0, "dashboard"}},
     {"pause", {0, "pause"}}, {"resume", {0, "resume"}}, {"checkpoint", {0, "checkpoint"}}, {"stop", {0, "stop"}}};
   if (auto t = takes.find(cmd); t != takes.end() && w.size() - 1 > t->second.first) {
@@ -755,10 +757,29 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     std::fprintf(stderr, "steps [N]: N is a count of steps, got '%s'\n", w[1].c_str());
     return 2;
   }
-  if (cmd == "events" && w.size() > 1 && w[1] != "-f" && w[1] != "--follow") {
-    std::fprintf(stderr, "events [-f]: '%s' is not -f\n", w[1].c_str());
-    return 2;
-  }
+  // events [-f] [--since SEQ], in either order.
+  bool follow = false;
+  int64_t since = 0;
+  if (cmd == "events")
+    for (size_t i = 1; i < w.size(); ++i) {
+      if ((w[i] == "-f" || w[i] == "--follow") && !follow) {
+        follow = true;
+        continue;
+      }
+      if (w[i] == "--since" && i + 1 < w.size()) {
+        const auto& v = w[++i];
+        if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos) {
+          std::fprintf(stderr, "events [-f] [--since SEQ]: SEQ is an event's number (#N, \"seq\"), got '%s'\n",
+                       v.c_str());
+          return 2;
+        }
+        since = std::stoll(v);
+        continue;
+      }
+      std::fprintf(stderr, "events [-f] [--since SEQ]: '%s' is not -f or --since SEQ%s\n", w[i].c_str(),
+                   w[i] == "--since" ? " (SEQ is missing)" : "");
+      return 2;
+    }
   auto show = [&](const answer& a, void (*pretty)(const json&)) {
     if (!a.error.empty()) {
       std::fprintf(stderr, "%s\n", a.error.c_str());
@@ -827,8 +848,6 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     return show(call(ep, http::verb::get, "/v1/actors/" + role + "/" + (index.empty() ? "0" : index)), nullptr);
   }
   if (cmd == "events") {
-    const bool follow = w.size() > 1 && (w[1] == "-f" || w[1] == "--follow");
-    int64_t since = 0;
     json last;  // the last event printed, as metrics.jsonl holds it
     auto print = [&](const json& events) {
       if (as_json)
@@ -846,10 +865,14 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     // Interactive on a terminal: q or Ctrl-C leaves the command, not the shell.
     const repeating follower(follow && interactive && ::isatty(STDIN_FILENO) != 0);
     int rc = 0;
+    bool polled = false;
     for (;;) {
-      auto a = call(ep, http::verb::get, "/v1/events?since=" + std::to_string(since));
+      // The first poll after --since SEQ asks from SEQ itself: event SEQ, not
+      // printed, is where the run folder's lines go on should the endpoint go.
+      const auto from = !polled && since > 0 ? since - 1 : since;
+      auto a = call(ep, http::verb::get, "/v1/events?since=" + std::to_string(from));
       if (!a.error.empty()) {
-        if (since > 0 && a.status == 0) {
+        if (polled && a.status == 0) {
           // The endpoint went: what the run wrote after the last poll (its
           // last events, the end) is in the run folder's metrics.jsonl.
           const auto gone = run_end_from_folder(ep, last);
@@ -862,8 +885,16 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
         rc = failed(a);
         break;
       }
-      print(a.body["events"]);
-      since = a.body.value("next", since);
+      auto events = a.body["events"];
+      if (!polled && since > 0 && !events.empty() && events[0].value("seq", int64_t{0}) == since) {
+        last = events[0];
+        last.erase("seq");
+        last.erase("uptime_s");
+        events.erase(events.begin());
+      }
+      print(events);
+      polled = true;
+      since = std::max(since, a.body.value("next", since));  // --since past the last: wait for it
       if (!follow || follower.wait_for_leave())
         break;
     }
