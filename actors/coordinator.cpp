@@ -218,6 +218,16 @@ std::string status_json(coordinator_state& s) {
   return j.dump();
 }
 
+/// A control action for a step past the run's last (train.max_steps) would
+/// never take effect: refused, naming the last.  (A run bounded by its
+/// epochs knows its length only as an estimate: no bound there.)
+std::optional<caf::error> past_the_last(const coordinator_state& s, int64_t at_step) {
+  if (s.opts.max_steps <= 0 || at_step <= s.opts.max_steps)
+    return std::nullopt;
+  return make_error(errc::bad_input, "step " + std::to_string(at_step) + " is past the run's last step ("
+                                       + std::to_string(s.opts.max_steps) + ", train.max_steps): it never comes");
+}
+
 /// An action through the control endpoint; each one that acts is a
 /// control event naming its source.
 caf::result<std::string> on_control(self_ptr self, const control_command& c) {
@@ -259,6 +269,8 @@ caf::result<std::string> on_control(self_ptr self, const control_command& c) {
     if (c.at_step > 0 && c.at_step <= s.step)
       return make_error(errc::bad_input, "step " + std::to_string(c.at_step) + " is done (the run is at step "
                                            + std::to_string(s.step) + ")");
+    if (auto past = past_the_last(s, c.at_step))
+      return std::move(*past);
     self->send(s.peers.drafters[static_cast<size_t>(c.drafter)], fault_atom::value, c.kind, c.at_step);
     result = "fault '" + c.kind + "' armed on drafter " + std::to_string(c.drafter)
              + (c.at_step > 0 ? " for step " + std::to_string(c.at_step) : " for its next step");
@@ -270,6 +282,8 @@ caf::result<std::string> on_control(self_ptr self, const control_command& c) {
     if (from < first)
       return make_error(errc::bad_input, "step " + std::to_string(from) + " is done or under way: the first step "
                                            "still to be sent is " + std::to_string(first));
+    if (auto past = past_the_last(s, from))
+      return std::move(*past);
     // A change replaces the later ones: the schedule is what was asked last.
     s.lr_changes.erase(s.lr_changes.lower_bound(from), s.lr_changes.end());
     s.lr_changes[from] = c.value;

@@ -1026,6 +1026,44 @@ CAF_TEST(max_steps ends the run with a final checkpoint) {
   check_handles_released();
 }
 
+CAF_TEST(a fault or a learning-rate change for a step past max_steps is refused naming the last step) {
+  // max_steps 3, paused at step 0: step 3 is the last one, step 4 never comes.
+  setup s;
+  s.opts.max_steps = 3;
+  start(s);
+  ask<std::string>(sys, coordinator, control_command{"pause", "tester"});
+  sched.run();
+  control_command late_fault{"fault", "tester"};
+  late_fault.drafter = 0;
+  late_fault.kind = "throw";
+  late_fault.at_step = 4;
+  auto f = ask<std::string>(sys, coordinator, late_fault);
+  control_command late_lr{"lr_scale", "tester"};
+  late_lr.value = 0.5;
+  late_lr.at_step = 4;
+  auto l = ask<std::string>(sys, coordinator, late_lr);
+  control_command last_lr{"lr_scale", "tester"};
+  last_lr.value = 0.5;
+  last_lr.at_step = 3;
+  auto ok = ask<std::string>(sys, coordinator, last_lr);
+  sched.run();
+  CAF_REQUIRE(f->error.has_value());
+  CAF_CHECK(is(*f->error, errc::bad_input));
+  CAF_CHECK(contains(sys.render(*f->error), "step 4 is past the run's last step (3, train.max_steps)"));
+  CAF_CHECK(w->faults_armed.empty());
+  CAF_REQUIRE(l->error.has_value());
+  CAF_CHECK(contains(sys.render(*l->error), "step 4 is past the run's last step"));
+  CAF_REQUIRE(ok->value.has_value());
+  CAF_CHECK_EQUAL(*ok->value, "learning-rate multiplier 0.5 from step 3");
+  ask<std::string>(sys, coordinator, control_command{"resume", "tester"});
+  sched.run();
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "max_steps");
+  CAF_REQUIRE_EQUAL(w->steps.size(), 3u);
+  CAF_CHECK_EQUAL(w->steps.back().work.lr_scale, 0.5);
+  check_handles_released();
+}
+
 CAF_TEST(restore points in shared memory are taken every host_every steps and commit nothing) {
   // host_every 2 over 6 steps: restore points at 2, 4 and 6; the epoch's
   // checkpoint at step 6 waits for the drafter's copy of the restore point
