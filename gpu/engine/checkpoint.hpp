@@ -102,9 +102,15 @@ uint64_t folder_bytes(const std::filesystem::path& dir);
 /// "12.6 GiB".
 std::string human_bytes(uint64_t n);
 
-/// Deletes `dir` and everything below it (nothing when it does not exist).
+/// Deletes the checkpoints in `root` — its step-* entries (their .tmp, .old
+/// and .corrupt forms too), `latest` and `latest.tmp` — and then `root`
+/// itself if that left it empty; anything else in it stays (a folder a user
+/// named may hold their own files).  Nothing when `root` does not exist.
 /// Not std::filesystem::remove_all, which libtorch.so exports a broken copy
 /// of (checkpoint_io.cpp, remove_tree).
-void remove_folder(const std::filesystem::path& dir);
+void remove_checkpoints(const std::filesystem::path& root);
+
+/// Whether `name` is an entry remove_checkpoints deletes.
+bool is_checkpoint_entry(const std::string& name);
 
 } // namespace tandem::gpu

@@ -372,8 +372,21 @@ void write_checkpoint(transport::handle snap, const fs::path& dir_in, const std:
   }
 }
 
-void remove_folder(const fs::path& dir) {
-  remove_tree(dir);
+bool is_checkpoint_entry(const std::string& name) {
+  return name == "latest" || name == "latest.tmp" || name.rfind("step-", 0) == 0;
+}
+
+void remove_checkpoints(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(root, ec)))
+    return;  // missing, a file, or a link: not ours to empty
+  std::vector<fs::path> ours;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (is_checkpoint_entry(e.path().filename().string()))
+      ours.push_back(e.path());
+  for (const auto& p : ours)
+    remove_tree(p);
+  ::rmdir(root.c_str());  // only if that left it empty
 }
 
 std::string checkpoint_name(int64_t step) {

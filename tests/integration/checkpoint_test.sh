@@ -15,7 +15,9 @@
 #      start unless --force; with --force the checkpoint that does not fit
 #      stops the run with the bytes needed, and the previous one is intact;
 #   5. a fresh start into a folder holding a run: refused, --overwrite starts
-#      again; a resume against other data: refused unless --force.
+#      again (one whose start fails puts the earlier run back); a
+#      checkpoint.host_dir that is not a folder of its own: refused; a resume
+#      against other data: refused unless --force.
 # The 60-trial SIGKILL test of the writer itself is in
 # tests/unit/checkpoint_files_test.cpp.  The assertions read metrics.jsonl
 # and the checkpoint files, never the progress text.  ~90 s on 2 cores.
@@ -158,6 +160,31 @@ check test "$rc" = 2
 check grep -q "already holds a run (.*step-00000030); pass --resume" "$work/again.log"
 check test -d "$work/whole/checkpoints/step-00000030"
 mkdir -p "$work/before/checkpoints" && cp -r "$work/whole/checkpoints/step-00000030" "$work/before/checkpoints/"
+# An --overwrite whose start fails (its control port taken) puts the earlier run back as it was.
+"$python" -c 'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(120)' > "$work/port" &
+holder=$!
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
+metrics_sum=$(md5sum < "$work/whole/metrics.jsonl")
+rc=0; run whole --overwrite --set control.listen="127.0.0.1:$(cat "$work/port")" > "$work/overwrite-fail.log" 2>&1 || rc=$?
+kill "$holder" 2>/dev/null || true
+check test "$rc" = 2
+check grep -q "cannot listen on" "$work/overwrite-fail.log"
+check grep -q "the new run did not start; the earlier run in .* is as it was" "$work/overwrite-fail.log"
+check test -d "$work/whole/checkpoints/step-00000030"
+check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
+check test -z "$(find "$work/whole" -name '*.overwritten')"
+# checkpoint.host_dir is the restore points' own folder (a run empties it): a file, the run
+# folder, a folder above it or one holding other files is refused (exit 2) and left alone.
+echo keep > "$work/keep.txt"; mkdir -p "$work/users"; echo mine > "$work/users/notes.txt"
+for hd in "$work/keep.txt|not a folder" ".|it is run.output_dir" "$work|it is a folder above run.output_dir" \
+          "$work/users|it holds notes.txt"; do
+  rc=0; run host-dir --set checkpoint.host_every=1 --set checkpoint.host_dir="${hd%%|*}" > "$work/hd.log" 2>&1 || rc=$?
+  check test "$rc" = 2
+  check grep -q "'checkpoint.host_dir' = .*: ${hd#*|}" "$work/hd.log"
+done
+check test "$(cat "$work/keep.txt")" = keep
+check test -f "$work/users/notes.txt"
+check test ! -e "$work/host-dir/checkpoints"
 run whole --overwrite > "$work/overwrite.log" 2>&1 || { cat "$work/overwrite.log"; fail "--overwrite"; }
 check grep -q -- "--overwrite: removed the earlier run" "$work/overwrite.log"
 check test "$(grep -c '"event":"end"' "$work/whole/metrics.jsonl")" = 1

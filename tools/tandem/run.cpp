@@ -243,7 +243,7 @@ bool ended_at(const run_config& cfg, int64_t step) {
 /// A fresh start (no --resume) into a folder that holds an earlier run (a
 /// checkpoint, or a metrics.jsonl with lines): refused, since its steps would
 /// mix with this run's and a later --resume would continue the older one;
-/// with --overwrite that run is removed later (remove_earlier_run), once the
+/// with --overwrite that run is set aside later (earlier_run_aside), once the
 /// new one has passed its checks.  Returns the exit status (0: go on) and,
 /// in `what`, the earlier run ("" = none).
 int check_fresh_start(const run_config& cfg, bool overwrite, std::string& what) {
@@ -318,27 +318,128 @@ int lock_run_folder(const run_config& cfg) {
   return 0;  // fd stays open: the lock is held until this process ends
 }
 
-/// --overwrite: the earlier run's files go — its checkpoints (step-* and
-/// latest in checkpoint.dir), metrics.jsonl and TensorBoard event files
-/// (those files only: metrics.tensorboard may be the run folder itself).
-void remove_earlier_run(const run_config& cfg, const std::string& what) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec)) {
-    const auto name = e.path().filename().string();
-    if (name == "latest" || name.rfind("step-", 0) == 0)  // .tmp, .old, .corrupt leftovers too
-      fs::remove_all(e.path(), ec);
+/// --overwrite: the earlier run's files — its checkpoints (step-* and latest
+/// in checkpoint.dir), metrics.jsonl, TensorBoard event files (those files
+/// only: metrics.tensorboard may be the run folder itself), and the run
+/// folder's config.toml, lr_schedule.json, eval-prompts.jsonl and
+/// cluster.json — set aside (renamed in place to NAME.overwritten) once the
+/// new run has passed the checks that need nothing written, deleted once its
+/// actors are up (discard), and put back as they were when it stops before
+/// that (the destructor: a control port in use, eval prompts it cannot use,
+/// members that never join): a start that fails loses nothing.
+class earlier_run_aside {
+ public:
+  earlier_run_aside() = default;
+  earlier_run_aside(const earlier_run_aside&) = delete;
+  earlier_run_aside& operator=(const earlier_run_aside&) = delete;
+
+  void set_aside(const run_config& cfg, const std::string& what) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    dir_ = cfg.run.output_dir.string();
+    what_ = what;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec))
+      if (gpu::is_checkpoint_entry(e.path().filename().string()) && !aside(e.path()))
+        files.push_back(e.path());
+    if (!cfg.metrics_file().empty())
+      files.push_back(cfg.metrics_file());
+    if (!cfg.tensorboard_dir().empty())
+      for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
+        if (e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0
+            && !aside(e.path()))
+          files.push_back(e.path());
+    for (const char* f : {"config.toml", "lr_schedule.json", "eval-prompts.jsonl", "cluster.json"})
+      files.push_back(cfg.run.output_dir / f);
+    for (const auto& f : files) {
+      if (!fs::exists(fs::symlink_status(f, ec)))
+        continue;
+      const auto to = set_aside_name(f);
+      fs::remove_all(to, ec);  // one a start that died half-way left
+      fs::rename(f, to, ec);
+      if (ec) {
+        std::fprintf(stderr, "tandem run: --overwrite: cannot set %s aside (%s): removing it\n", f.c_str(),
+                     ec.message().c_str());
+        fs::remove_all(f, ec);
+        continue;
+      }
+      moved_.push_back(f);
+    }
   }
-  if (!cfg.metrics_file().empty())
-    fs::remove(cfg.metrics_file(), ec);
-  if (!cfg.tensorboard_dir().empty())
-    for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
-      if (e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
-        fs::remove(e.path(), ec);
-  for (const char* f : {"eval-prompts.jsonl", "cluster.json"})
-    fs::remove(cfg.run.output_dir / f, ec);
-  std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", cfg.run.output_dir.c_str(),
-               what.c_str());
+
+  /// The new run is up: the earlier one's files go.
+  void discard() {
+    std::error_code ec;
+    for (const auto& f : moved_)
+      std::filesystem::remove_all(set_aside_name(f), ec);
+    if (!dir_.empty())
+      std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", dir_.c_str(),
+                   what_.c_str());
+    moved_.clear();
+    dir_.clear();
+  }
+
+  ~earlier_run_aside() {
+    if (moved_.empty())
+      return;
+    std::error_code ec;
+    for (auto f = moved_.rbegin(); f != moved_.rend(); ++f) {
+      std::filesystem::remove_all(*f, ec);  // what the failed start wrote there
+      std::filesystem::rename(set_aside_name(*f), *f, ec);
+    }
+    std::fprintf(stderr, "tandem run: --overwrite: the new run did not start; the earlier run in %s is as it was\n",
+                 dir_.c_str());
+  }
+
+ private:
+  static std::filesystem::path set_aside_name(const std::filesystem::path& p) {
+    return p.string() + ".overwritten";
+  }
+  static bool aside(const std::filesystem::path& p) {
+    const auto n = p.filename().string();
+    return n.size() > 12 && n.compare(n.size() - 12, 12, ".overwritten") == 0;
+  }
+  std::vector<std::filesystem::path> moved_;  // where each was
+  std::string dir_, what_;
+};
+
+/// checkpoint.host_dir, when set: a folder of the restore points' own (a
+/// run empties it of checkpoints when it starts and removes it, empty, when
+/// it ends), so not a file, not the run folder or its checkpoint.dir nor a
+/// folder above either, and holding nothing but restore points.
+void check_host_dir(const run_config& cfg) {
+  namespace fs = std::filesystem;
+  if (cfg.checkpoint.host_every <= 0 || cfg.checkpoint.host_dir.empty())
+    return;
+  const auto dir = host_restore_dir(cfg);
+  auto refuse = [&](const std::string& why) {
+    throw config_error((cfg.source.empty() ? std::string("config") : cfg.source.string()) + ": 'checkpoint.host_dir' = \""
+                       + cfg.checkpoint.host_dir.string() + "\" (" + dir.string() + "): " + why);
+  };
+  std::error_code ec;
+  auto resolved = [&ec](const fs::path& p) {  // links resolved, "." and ".." gone, no trailing separator
+    auto q = fs::weakly_canonical(fs::absolute(p), ec).lexically_normal();
+    return q.has_filename() || q == q.root_path() ? q : q.parent_path();
+  };
+  const auto canon = resolved(dir);
+  for (const auto& [mine, field] : {std::pair{cfg.run.output_dir, "run.output_dir"},
+                                    std::pair{cfg.checkpoint_dir(), "checkpoint.dir"}})
+    for (auto p = resolved(mine); !p.empty(); p = p.parent_path()) {
+      if (p == canon)
+        refuse(std::string("it is ") + (p == resolved(mine) ? "" : "a folder above ")
+               + field + " (" + mine.string() + "): restore points need a folder of their own, which a run empties "
+               "when it starts");
+      if (p == p.parent_path())
+        break;
+    }
+  if (!fs::exists(dir, ec))
+    return;
+  if (!fs::is_directory(dir, ec))
+    refuse("not a folder");
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (!gpu::is_checkpoint_entry(e.path().filename().string()))
+      refuse("it holds " + e.path().filename().string() + ", which is not a restore point: restore points need a "
+             "folder of their own, which a run empties when it starts (name a new or empty folder)");
 }
 
 /// A resume against the data and schedule the checkpoint recorded (its
@@ -386,7 +487,7 @@ void prepare_host_tier(launch_plan& plan, bool fresh_start) {
   const auto& dir = plan.host_checkpointer.dir;
   std::error_code ec;
   if (fresh_start)
-    gpu::remove_folder(dir);  // an earlier run's of this output folder
+    gpu::remove_checkpoints(dir);  // an earlier run's of this output folder
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     std::fprintf(stderr, "tandem run: warning: checkpoint.host_dir %s cannot be made (%s): no restore points in "
@@ -604,6 +705,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
                placement.describe().c_str());
 
   check_paths(cfg, cfg.data.sources.empty());
+  check_host_dir(cfg);
   // The target's config.json, as every engine will read it: what Tandem
   // cannot run, and a context shorter than data.seq_len, stop here (exit 2)
   // rather than once the engines load.
@@ -810,8 +912,9 @@ int run_training(const run_options& ro, const worker_context& wc) {
       std::fprintf(stderr, "tandem run: nothing to resume from yet: starting from step 0\n");
     }
   }
+  earlier_run_aside overwritten;
   if (!earlier_run.empty())
-    remove_earlier_run(cfg, earlier_run);
+    overwritten.set_aside(cfg, earlier_run);
   {
     std::ofstream f(cfg.run.output_dir / "config.toml");
     f << to_toml(cfg);
@@ -983,6 +1086,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::fprintf(stderr, "tandem run: %s: %s\n", ro.config.c_str(), e.what());
     return 2;
   }
+  overwritten.discard();
   const auto control_file = cfg.run.output_dir / "control.json";
   if (run.control_http) {
     try {
@@ -1075,7 +1179,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     // one behind.
     if (run.peers.host_checkpointer)
       self->wait_for(run.peers.host_checkpointer);
-    gpu::remove_folder(plan.host_checkpointer.dir);
+    gpu::remove_checkpoints(plan.host_checkpointer.dir);
   }
   // tests/integration/worker_test.sh: a crash in teardown, after the end.
   if (exit_code == 0 && std::getenv("TANDEM_TEST_ABORT_AT_EXIT") != nullptr)
