@@ -425,8 +425,13 @@ void try_complete(self_ptr self) {
       || (s.group && s.group->current() == group_step::phase::forming))
     return;
   for (const auto& d : s.drafters)
-    if (d.down && !d.given_up)
-      return;  // its restart calls back here
+    if (d.down && !d.given_up) {
+      // Its restart calls back here; a stop does not wait out its backoff
+      // (the supervisor gets the restart request first: one sender, in order).
+      if (s.opts.supervisor)
+        self->send(s.opts.supervisor, hurry_atom::value);
+      return;
+    }
   // Everything not trained is abandoned: its samples stay uncommitted and
   // a resumed run issues them again.
   drop_in_flight(self);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,9 @@ struct supervisor_state {
   std::vector<caf::actor_addr> drafter_addr;  ///< its address (down messages carry only that)
   std::vector<bool> given_up;                 ///< budget spent: never restarted again
   std::vector<bool> respawning;               ///< asked a cluster member to spawn it, no answer yet
+  /// Drafter j's backoff is under way: the restore point its next
+  /// incarnation starts from (cleared when it is spawned).
+  std::vector<std::optional<std::string>> waiting;
   /// Why drafter j's last incarnation ended with errc::bad_input ("" = it
   /// did not): a deterministic bad input (a truncated target file, a
   /// corrupt checkpoint) fails the same way on every restart, so the
@@ -171,6 +175,7 @@ caf::result<restart_plan> restart(self_ptr self, int32_t d, const std::string& w
     return make_error(errc::device_failure, budget_report(self, "drafter " + std::to_string(d), s.failures[di]));
   }
   const double wait = backoff_for(self, n);
+  s.waiting[di] = from;
   self->delayed_send(self, seconds_to<std::chrono::milliseconds>(wait), respawn_atom::value, d, from);
   return restart_plan{n, s.opts.restart_budget, wait};
 }
@@ -263,6 +268,7 @@ void respawn(self_ptr self, int32_t d, const std::string& from) {
   const auto di = static_cast<size_t>(d);
   if (s.stopped || s.drafters[di] || s.given_up[di])
     return;
+  s.waiting[di].reset();
   if (di < s.opts.drafter_nodes.size() && !s.opts.drafter_nodes[di].empty() && s.opts.cluster_door) {
     // On a cluster member: its agent spawns it, once the node is (back) up.
     if (s.respawning[di])
@@ -386,6 +392,7 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         s.drafter_addr.assign(n, caf::actor_addr{});
         s.given_up.assign(n, false);
         s.respawning.assign(n, false);
+        s.waiting.assign(n, std::nullopt);
         s.bad_input.assign(n, std::string{});
         s.failures.assign(n, {});
         for (size_t d = 0; d < n; ++d)
@@ -414,6 +421,13 @@ supervisor_actor spawn_supervisor(caf::actor_system& sys, supervisor_options opt
         return restart_worker(self, role, i, why);
       },
       [self](respawn_atom, const std::string& role, int32_t i) { respawn_worker(self, role, i); },
+      [self](hurry_atom) {
+        // The backoffs' own timers find their drafters up and do nothing.
+        auto& s = self->state;
+        for (size_t d = 0; d < s.waiting.size(); ++d)
+          if (auto from = s.waiting[d])
+            respawn(self, static_cast<int32_t>(d), *from);
+      },
       [self](shutdown_atom) {
         auto& s = self->state;
         s.stopped = true;

@@ -603,7 +603,7 @@ const field_def fields[] = {
      auto& arr = v.array("an array of non-negative numbers");
      std::vector<double> out;
      for (size_t i = 0; i < arr.size(); ++i)
-       out.push_back(v.element(i, arr[i]).non_negative_number());
+       out.push_back(v.element(i, arr[i]).number(0, false, 86400, false, "a number of seconds from 0 to 86400 (a day)"));
      c.supervision.backoff_s = out;
    },
    [](const rc& c) { return w_nums(c.supervision.backoff_s); },

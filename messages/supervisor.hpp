@@ -47,6 +47,9 @@
 ///   which waits for a lost node to join again).
 /// respawn_atom:   the supervisor's own backoff timer (a drafter; a worker
 ///   by role and index).
+/// hurry_atom:     from the coordinator when the run stops with a drafter
+///   waiting out its restart backoff: that drafter starts now (the final
+///   checkpoint is taken from it; a signal must not wait for the backoff).
 /// shutdown_atom:  shuts the drafters' current incarnations down, then quits.
 
 #include <cstdint>
@@ -70,6 +73,7 @@ inline constexpr std::string_view memory_restore_prefix = "memory:";
 using supervise_atom = caf::atom_constant<caf::atom("supervise")>;
 using restart_atom = caf::atom_constant<caf::atom("restart")>;
 using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
+using hurry_atom = caf::atom_constant<caf::atom("hurry")>;
 
 /// The supervisor's answer to a restart request.
 struct restart_plan {
@@ -94,6 +98,7 @@ using supervisor_actor = caf::typed_actor<
   caf::reacts_to<respawn_atom, int32_t, std::string>,
   caf::replies_to<restart_atom, std::string, int32_t, std::string>::with<restart_plan>,
   caf::reacts_to<respawn_atom, std::string, int32_t>,
+  caf::reacts_to<hurry_atom>,
   caf::reacts_to<shutdown_atom>,
   vitals_protocol>;
 

@@ -816,6 +816,30 @@ CAF_TEST(stop waits for the step in progress then checkpoints and answers) {
   check_handles_released();
 }
 
+CAF_TEST(a stop while a drafter waits out an hour of backoff restarts it at once and ends with a checkpoint) {
+  // A signal must not wait for the backoff: the coordinator hurries the
+  // supervisor, the drafter comes back from its checkpoint now, and the run
+  // ends "signal" with nothing trained lost.
+  setup s;
+  s.opts.checkpoint_every = 2;
+  s.sup.backoff_s = {3600};
+  w->script = {act::ok, act::ok, act::die};
+  start(s);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->events_named("drafter_failed").size(), 1u);
+  CAF_CHECK(w->respawns.empty());  // in its backoff
+  self->send(coordinator, stop_atom::value);
+  sched.run();
+  CAF_REQUIRE_EQUAL(w->respawns.size(), 1u);  // at once, no time advanced
+  CAF_CHECK_EQUAL(w->respawns[0].second, "ckpt/step-2");
+  CAF_REQUIRE(w->summary.has_value());
+  CAF_CHECK(!w->error);
+  CAF_CHECK_EQUAL(w->summary->stop_reason, "signal");
+  CAF_CHECK_EQUAL(w->summary->steps, 2);  // step 3 died; the checkpoint holds 2
+  CAF_CHECK_EQUAL(w->summary->checkpoint, "ckpt/step-2");
+  check_handles_released();
+}
+
 CAF_TEST(with checkpoint_on_stop false a stop ends without a checkpoint) {
   // checkpoint.on_signal = false: the step in progress finishes, nothing is
   // written, and the ledger commits nothing beyond the last durable state.

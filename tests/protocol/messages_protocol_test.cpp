@@ -391,6 +391,7 @@ CAF_TEST(every protocol message serializes as a message) {
   check(caf::make_message(respawn_atom::value, int32_t{0}, std::string("ckpt/step-4")));
   check(caf::make_message(restart_atom::value, std::string("prefetch"), int32_t{1}, std::string("died")));
   check(caf::make_message(respawn_atom::value, std::string("target"), int32_t{1}));
+  check(caf::make_message(hurry_atom::value));
   // checkpointer, metrics
   check(caf::make_message(snapshot_desc{0, 5, 9}, std::string("{\"ledger\":{}}")));
   check(caf::make_message(event_atom::value, std::string("{\"event\":\"x\"}")));

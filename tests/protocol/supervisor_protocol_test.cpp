@@ -235,6 +235,27 @@ CAF_TEST(backoff grows per restart and its last value repeats) {
   CAF_CHECK_EQUAL(respawns.size(), 3u);
 }
 
+CAF_TEST(hurry starts a drafter waiting out its backoff now and its timer then does nothing) {
+  // The run stops (a signal) while drafter 1 waits out a 1-hour backoff:
+  // the coordinator's hurry spawns it at once from the same restore point.
+  start(options(3, {3600}));
+  auto plan = restart(1, "drafter 1 died", "ckpt/step-4");
+  CAF_REQUIRE(plan->value.has_value());
+  CAF_CHECK_EQUAL(plan->value->backoff_s, 3600);
+  caf::anon_send(sup, hurry_atom::value);
+  sched.run();
+  CAF_REQUIRE_EQUAL(respawns.size(), 1u);
+  CAF_CHECK_EQUAL(respawns[0].first, 1);
+  CAF_CHECK_EQUAL(respawns[0].second, "ckpt/step-4");
+  CAF_REQUIRE_EQUAL(log->up.size(), 1u);
+  advance_time(3601s);  // the backoff's own timer: the drafter is up, nothing more
+  sched.run();
+  CAF_CHECK_EQUAL(respawns.size(), 1u);
+  caf::anon_send(sup, hurry_atom::value);  // nothing waiting: nothing spawned
+  sched.run();
+  CAF_CHECK_EQUAL(respawns.size(), 1u);
+}
+
 CAF_TEST(a drafter that ends with bad input is not restarted: the restart is refused at once) {
   // Issue 19: a truncated target file fails every incarnation the same way,
   // so four restarts with backoff only delay the error.  The death is
