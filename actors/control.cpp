@@ -673,7 +673,7 @@ caf::result<control_reply> on_action(self_ptr self, const std::string& action, c
         return usage(why);
       cmd.at_step = *at;
       if (!(cmd.value > 0) || !std::isfinite(cmd.value) || cmd.value > 1e6)
-        return usage("\"value\" must be a positive multiplier of the scheduled learning rate");
+        return usage("\"value\" must be a positive multiplier of the scheduled learning rate, at most 1e6");
     } else if (!body["value"].is_number_integer() || cmd.value < 1) {
       return usage("\"value\" must be a positive integer (steps between metrics lines)");
     }

@@ -1053,7 +1053,9 @@ void run_bench(const bench_options& o, const std::function<void(const std::strin
     index = torch::cuda::is_available() ? 0 : -1;
   const at::Device dev = index < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   if (dev.is_cuda() && index >= static_cast<int32_t>(torch::cuda::device_count()))
-    throw error(errc::device_unavailable, "bench asked for cuda:" + std::to_string(index));
+    throw error(errc::device_unavailable, "--device cuda:" + std::to_string(index) + ": this host has "
+                                            + std::to_string(torch::cuda::device_count()) + " CUDA device(s)"
+                                            + (torch::cuda::device_count() == 0 ? " (use --device cpu)" : ""));
   const auto size = o.size == "auto" ? (dev.is_cuda() ? "8b" : "tiny") : o.size;
   (void)shapes_for(size, o.block);  // validates
   const auto dtype = dev.is_cuda() ? at::kBFloat16 : at::kFloat;

@@ -222,6 +222,10 @@ public:
   double positive_number() const {
     return number(0, true, std::numeric_limits<double>::infinity(), false, "a positive number");
   }
+  /// A timer's duration: more than 0, at most a day.
+  double seconds_up_to_a_day() const {
+    return number(0, true, 86400, false, "a number of seconds, more than 0 and at most 86400 (a day)");
+  }
   double non_negative_number() const {
     return number(0, false, std::numeric_limits<double>::infinity(), false,
                   "a non-negative number");
@@ -702,15 +706,15 @@ const field_def fields[] = {
    [](const rc& c) { return w_str(c.cluster.name); },
    "the leader's node name (`tandem run --name`); a placement entry \"NAME:cuda:N\" is the leader's own device"},
   {"cluster", "join_timeout_s", kind::number, false,
-   [](rc& c, const vr& v) { c.cluster.join_timeout_s = v.positive_number(); },
+   [](rc& c, const vr& v) { c.cluster.join_timeout_s = v.seconds_up_to_a_day(); },
    [](const rc& c) { return w_num(c.cluster.join_timeout_s); },
    "how long the leader waits for the nodes its placement names (then fails, naming the missing ones)"},
   {"cluster", "heartbeat_s", kind::number, false,
-   [](rc& c, const vr& v) { c.cluster.heartbeat_s = v.positive_number(); },
+   [](rc& c, const vr& v) { c.cluster.heartbeat_s = v.seconds_up_to_a_day(); },
    [](const rc& c) { return w_num(c.cluster.heartbeat_s); },
    "seconds between CAF middleman heartbeats on every connection between nodes"},
   {"cluster", "timeout_s", kind::number, false,
-   [](rc& c, const vr& v) { c.cluster.timeout_s = v.positive_number(); },
+   [](rc& c, const vr& v) { c.cluster.timeout_s = v.seconds_up_to_a_day(); },
    [](const rc& c) { return w_num(c.cluster.timeout_s); },
    "a connection silent this long is dead (its node's actors are down); more than heartbeat_s"},
   {"cluster", "secret", kind::path, false,
@@ -1325,8 +1329,18 @@ void check_paths(const run_config& c, bool need_data) {
     return false;
   });
   check_against_target(c, file);
-  if (!c.drafter.init_from.empty() && !fs::exists(c.drafter.init_from, ec))
-    fail("drafter.init_from", c.drafter.init_from, "no such file or folder");
+  if (!c.drafter.init_from.empty()) {
+    // What the drafter's warm start reads (gpu/engine/drafter_engine.cpp,
+    // warm_start), checked before anything is written.
+    const auto& from = c.drafter.init_from;
+    if (!fs::exists(from, ec)) fail("drafter.init_from", from, "no such folder");
+    if (!fs::is_directory(from, ec))
+      fail("drafter.init_from", from, "not a folder (a Tandem checkpoint folder, or a z-lab DFlash export folder)");
+    if (!fs::is_regular_file(from / "weights.safetensors", ec)
+        && !(fs::is_regular_file(from / "config.json", ec) && fs::is_regular_file(from / "model.safetensors", ec)))
+      fail("drafter.init_from", from, "neither a Tandem checkpoint (weights.safetensors) nor a z-lab DFlash export "
+                                      "(config.json + model.safetensors)");
+  }
   for (size_t i = 0; i < c.data.sources.size(); ++i) {
     const auto& p = c.data.sources[i];
     std::string field = "data.sources[" + std::to_string(i) + "]";

@@ -185,6 +185,10 @@ done
 check test "$(cat "$work/keep.txt")" = keep
 check test -f "$work/users/notes.txt"
 check test ! -e "$work/host-dir/checkpoints"
+# A metrics.jsonl the run cannot write stops it before the start (it trained without its record).
+rc=0; run no-metrics --set metrics.jsonl=/proc/none/metrics.jsonl > "$work/metrics.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "'metrics.jsonl' = \"/proc/none/metrics.jsonl\": cannot write it" "$work/metrics.log"
 run whole --overwrite > "$work/overwrite.log" 2>&1 || { cat "$work/overwrite.log"; fail "--overwrite"; }
 check grep -q -- "--overwrite: removed the earlier run" "$work/overwrite.log"
 check test "$(grep -c '"event":"end"' "$work/whole/metrics.jsonl")" = 1

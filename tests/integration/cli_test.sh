@@ -93,6 +93,10 @@ expect2 "prepare --tokenizer missing" "--tokenizer $empty/missing does not exist
   "$tandem" prepare --tokenizer "$empty/missing" --output "$empty/data" "$empty/p.jsonl"
 expect2 "prepare --prompts-out in a missing folder" "--prompts-out $empty/missing/p.jsonl: no folder" \
   "$tandem" prepare --tokenizer "$tok" --prompts-out "$empty/missing/p.jsonl" "$empty/p.jsonl"
+echo "keep = 1" > "$empty/mine.toml"  # a file of the user's at --prompts-out stays unless --overwrite
+expect2 "prepare --prompts-out over another file" "--prompts-out $empty/mine.toml exists and is not a prompts file" \
+  "$tandem" prepare --tokenizer "$tok" --prompts-out "$empty/mine.toml" "$empty/p.jsonl"
+[[ "$(cat "$empty/mine.toml")" == "keep = 1" ]] || fail "a refused prepare --prompts-out replaced the file there"
 [[ ! -e "$empty/missing" ]] || fail "a refused command made $empty/missing"
 # A seed is a UINT: -1 is refused, not taken as 2^64 - 1.
 expect2 "eval --seed -1" "--seed: must be at least 0, got -1" "$tandem" "${e[@]}" --seed -1

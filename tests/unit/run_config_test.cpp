@@ -591,6 +591,27 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
   }
   s = load_run_config(p, {"data.sources=" + (dir_ / "copy.jsonl").string() + "," + in.string()});
   EXPECT_NO_THROW(check_paths(s, false));
+
+  // drafter.init_from: a folder the warm start can read, checked before the start
+  // (a file or an empty folder passed, and the run failed once it had started).
+  auto from = [&](const fs::path& f) { return load_run_config(p, {"drafter.init_from=" + f.string()}); };
+  EXPECT_EQ(error_of([&] { check_paths(from(dir_ / "nowhere"), true); }),
+            prefix + "'drafter.init_from' = \"" + (dir_ / "nowhere").string() + "\": no such folder");
+  EXPECT_EQ(error_of([&] { check_paths(from(in), true); }),
+            prefix + "'drafter.init_from' = \"" + in.string()
+              + "\": not a folder (a Tandem checkpoint folder, or a z-lab DFlash export folder)");
+  fs::create_directories(dir_ / "warm");
+  EXPECT_EQ(error_of([&] { check_paths(from(dir_ / "warm"), true); }),
+            prefix + "'drafter.init_from' = \"" + (dir_ / "warm").string()
+              + "\": neither a Tandem checkpoint (weights.safetensors) nor a z-lab DFlash export "
+                "(config.json + model.safetensors)");
+  write("warm/config.json", "{}");
+  EXPECT_NE(error_of([&] { check_paths(from(dir_ / "warm"), true); }), "");  // the export's weights missing
+  write("warm/model.safetensors", "x");
+  EXPECT_NO_THROW(check_paths(from(dir_ / "warm"), true));
+  fs::create_directories(dir_ / "ckpt");
+  write("ckpt/weights.safetensors", "x");
+  EXPECT_NO_THROW(check_paths(from(dir_ / "ckpt"), true));
 }
 
 TEST_F(run_config_test, check_paths_checks_mask_token_and_taps_against_the_target) {
@@ -826,14 +847,14 @@ TEST_F(run_config_test, to_toml_round_trips) {
                            {"train.lr=0.1", "train.eps=1e-300", "run.name=a \"b\"\\c"});
   d.train.warmup_ratio = 1.0 / 3.0;
   d.runtime.step_timeout_s = 1e15 + 0.5;
-  d.supervision.backoff_s = {120, 1e20, 0.1 + 0.2};
+  d.supervision.backoff_s = {120, 1e-20, 0.1 + 0.2};
   auto back = load_run_config(write("d2.toml", to_toml(d)));
   EXPECT_EQ(back.train.lr, 0.1);
   EXPECT_EQ(back.train.eps, 1e-300);
   EXPECT_EQ(back.train.warmup_ratio, 1.0 / 3.0);
   EXPECT_EQ(back.runtime.step_timeout_s, 1e15 + 0.5);
   EXPECT_EQ(back.supervision.backoff_s, d.supervision.backoff_s);
-  EXPECT_NE(to_toml(d).find("backoff_s = [120.0, 1e20, 0.30000000000000004]"), std::string::npos);
+  EXPECT_NE(to_toml(d).find("backoff_s = [120.0, 1e-20, 0.30000000000000004]"), std::string::npos);
   EXPECT_EQ(back.run.name, "a \"b\"\\c");
   EXPECT_EQ(back.run.output_dir, d.run.output_dir) << "the default output_dir is written out";
   EXPECT_EQ(back.checkpoint.dir, fs::path("checkpoints"));

@@ -100,8 +100,8 @@ text are in OUTPUT.regen/conversations.jsonl.
 Exit status: 0 success (even with invalid lines); 1 a failure while running (an unreadable
 input: a torn .gz); 130 interrupted; 2 bad usage or input: bad options, an unusable tokenizer
 folder, a missing input, inputs where no sample survived (every line invalid or too short) or
-without a single prompt (--prompts-out), an output folder that already holds a data set (pass
---overwrite).
+without a single prompt (--prompts-out), an output folder that already holds a data set or a
+--prompts-out file that is not a prompts file (pass --overwrite).
 """
 
 import argparse
@@ -813,7 +813,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="tokenizer threads (default 0: all cores); output is identical for any value")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a data set already in --output")
+                   help="replace a data set already in --output, or a file at --prompts-out that is not a "
+                        "prompts file (a prompts file there is rendered again without it)")
     p.add_argument("--reuse", action="store_true",
                    help="if --output already holds a data set prepared from the same inputs "
                         "(by sha256), tokenizer, chat template and options, keep it and exit 0; "
@@ -830,6 +831,21 @@ def parse_args(argv):
         p.error("--limit applies only to --prompts-out")
     if args.prompts_out is not None and not os.path.isdir(os.path.dirname(args.prompts_out) or "."):
         p.error(f"--prompts-out {args.prompts_out}: no folder {os.path.dirname(args.prompts_out)}")
+    if (args.prompts_out is not None and os.path.lexists(args.prompts_out) and not args.overwrite
+            and not (os.path.isfile(args.prompts_out) and os.path.getsize(args.prompts_out) == 0)):
+        # Another prompts file is rendered again in place (tandem run does that) and an empty
+        # file filled (tandem eval's temporary); anything else there is the user's and stays
+        # unless --overwrite.
+        if os.path.isdir(args.prompts_out):
+            p.error(f"--prompts-out {args.prompts_out}: a folder, not a file")
+        try:
+            with open(args.prompts_out, "rb") as f:
+                head = json.loads(f.readline(1 << 20) or b"null")
+        except (OSError, ValueError):
+            head = None
+        if not (isinstance(head, dict) and head.get("format") == "tandem.prompts.v1"):
+            p.error(f"--prompts-out {args.prompts_out} exists and is not a prompts file (no tandem.prompts.v1 "
+                    "header line): pass --overwrite to replace it")
     if args.regenerate and (args.target is None or args.output is None):
         p.error("--regenerate needs --target DIR and --output DIR")
     decoding = {"target": None, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 1024,

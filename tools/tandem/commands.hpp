@@ -75,6 +75,20 @@ inline const CLI::Validator positive = CLI::Validator(
   },
   "POSITIVE");
 inline const CLI::Validator at_least_one = number_at_least(1);
+/// A duration in seconds: more than 0 and at most `most` (a timer's range:
+/// "--wait-s: must be more than 0 and at most 86400 s, got inf").
+inline CLI::Validator seconds_up_to(double most) {
+  return CLI::Validator(
+    [most](std::string& text) -> std::string {
+      double v = 0;
+      if (auto why = read_finite_number(text, v); !why.empty())
+        return why;
+      return v > 0 && v <= most ? std::string()
+                                : "must be more than 0 and at most " + std::to_string(static_cast<long long>(most))
+                                    + " s, got " + text;
+    },
+    "SECONDS");
+}
 
 /// --top-p of eval and generate ("--top-p: must be in (0, 1] (1: off), got 0"; the
 /// engine's own check printed "top_p ... got 0.000000").

@@ -406,10 +406,13 @@ void add_node(CLI::App& app, int& exit_code) {
   cmd->add_option("--certs", o->certs,
                   "This node's folder of `tandem certs DIR --nodes ...` (DIR/NAME: cert.pem, key.pem, ca.pem): TLS "
                   "to the leader, needed when it has cluster.certs and off loopback");
-  cmd->add_option("--wait-s", o->wait_s, "How long to keep retrying the join (default 600)");
-  cmd->add_option("--heartbeat-s", o->heartbeat_s, "Seconds between heartbeats to the leader (default 2)");
+  cmd->add_option("--wait-s", o->wait_s, "How long to keep retrying the join (default 600; at most 30 days)")
+    ->check(seconds_up_to(30 * 86400));
+  cmd->add_option("--heartbeat-s", o->heartbeat_s, "Seconds between heartbeats to the leader (default 2)")
+    ->check(seconds_up_to(86400));
   cmd->add_option("--timeout-s", o->timeout_s,
-                  "The leader is gone when its connection is silent this long (default 10)");
+                  "The leader is gone when its connection is silent this long (default 10)")
+    ->check(seconds_up_to(86400));
   cmd->callback([o, &exit_code] { exit_code = run_node(*o); });
 }
 

@@ -915,6 +915,19 @@ int run_training(const run_options& ro, const worker_context& wc) {
   earlier_run_aside overwritten;
   if (!earlier_run.empty())
     overwritten.set_aside(cfg, earlier_run);
+  if (const auto jsonl = cfg.metrics_file(); !jsonl.empty()) {
+    // The run's record (its events, its end): a run that cannot write it
+    // does not start (the metrics actor would only log that it writes none).
+    std::error_code ec;
+    std::filesystem::create_directories(jsonl.parent_path(), ec);
+    const int fd = ::open(jsonl.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      std::fprintf(stderr, "tandem run: %s: 'metrics.jsonl' = \"%s\": cannot write it: %s\n", ro.config.c_str(),
+                   jsonl.c_str(), std::strerror(errno));
+      return 2;
+    }
+    ::close(fd);
+  }
   {
     std::ofstream f(cfg.run.output_dir / "config.toml");
     f << to_toml(cfg);

@@ -976,7 +976,8 @@ int run_command(const endpoint& ep, const std::string& line, bool as_json, bool 
     const bool number = std::regex_match(x, decimal) && std::isfinite(std::strtod(x.c_str(), nullptr));
     if (w.size() >= 3 && w[1] == "lr-scale") {
       if (!number) {
-        std::fprintf(stderr, "set lr-scale X: X is a decimal number (1, 0.5, 2e-1), got '%s'\n", x.c_str());
+        std::fprintf(stderr, "set lr-scale X: X is a positive decimal number up to 1e6 (1, 0.5, 2e-1), got '%s'\n",
+                     x.c_str());
         return 2;
       }
       if (!at_step(w, 3, body)) {
