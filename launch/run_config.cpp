@@ -1329,6 +1329,25 @@ void check_paths(const run_config& c, bool need_data) {
     return false;
   });
   check_against_target(c, file);
+  if (!c.cluster.listen.empty()) {
+    // The leader's secret and TLS folder, before the run folder is touched
+    // (the leader read them once it had written its lock and config.toml).
+    if (!c.cluster.secret.empty()) {
+      if (!fs::is_regular_file(c.cluster.secret, ec))
+        fail("cluster.secret", c.cluster.secret,
+             fs::exists(c.cluster.secret, ec) ? "not a file" : "no such file (tandem certs DIR writes DIR/cluster.secret)");
+      if (::access(c.cluster.secret.c_str(), R_OK) != 0)
+        fail("cluster.secret", c.cluster.secret, std::string("cannot read it: ") + std::strerror(errno));
+    }
+    if (!c.cluster.certs.empty()) {
+      if (!fs::is_directory(c.cluster.certs, ec))
+        fail("cluster.certs", c.cluster.certs, fs::exists(c.cluster.certs, ec) ? "not a folder" : "no such folder");
+      for (const char* f : {"cert.pem", "key.pem", "ca.pem"})
+        if (!fs::is_regular_file(c.cluster.certs / f, ec))
+          fail("cluster.certs", c.cluster.certs,
+               std::string("no ") + f + " there (give the leader's folder of `tandem certs DIR --nodes ...`)");
+    }
+  }
   if (!c.drafter.init_from.empty()) {
     // What the drafter's warm start reads (gpu/engine/drafter_engine.cpp,
     // warm_start), checked before anything is written.

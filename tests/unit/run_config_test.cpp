@@ -612,6 +612,30 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
   fs::create_directories(dir_ / "ckpt");
   write("ckpt/weights.safetensors", "x");
   EXPECT_NO_THROW(check_paths(from(dir_ / "ckpt"), true));
+
+  // A leader's cluster.secret and cluster.certs (read once the run folder was
+  // written, exit 1 without the config's name): checked with the other paths.
+  auto leader = [&](const std::string& key, const fs::path& f) {
+    return load_run_config(p, {"cluster.listen=127.0.0.1:7777", key + "=" + f.string()});
+  };
+  EXPECT_EQ(error_of([&] { check_paths(leader("cluster.secret", dir_ / "no.secret"), true); }),
+            prefix + "'cluster.secret' = \"" + (dir_ / "no.secret").string()
+              + "\": no such file (tandem certs DIR writes DIR/cluster.secret)");
+  EXPECT_EQ(error_of([&] { check_paths(leader("cluster.secret", dir_ / "warm"), true); }),
+            prefix + "'cluster.secret' = \"" + (dir_ / "warm").string() + "\": not a file");
+  write("cluster.secret", "s");
+  EXPECT_NO_THROW(check_paths(leader("cluster.secret", dir_ / "cluster.secret"), true));
+  auto certs = load_run_config(p, {"cluster.listen=127.0.0.1:7777", "cluster.secret=" + (dir_ / "cluster.secret").string(),
+                                   "cluster.certs=" + (dir_ / "leader").string()});
+  EXPECT_EQ(error_of([&] { check_paths(certs, true); }),
+            prefix + "'cluster.certs' = \"" + (dir_ / "leader").string() + "\": no such folder");
+  write("leader/cert.pem", "c");
+  write("leader/key.pem", "k");
+  EXPECT_EQ(error_of([&] { check_paths(certs, true); }),
+            prefix + "'cluster.certs' = \"" + (dir_ / "leader").string()
+              + "\": no ca.pem there (give the leader's folder of `tandem certs DIR --nodes ...`)");
+  write("leader/ca.pem", "a");
+  EXPECT_NO_THROW(check_paths(certs, true));
 }
 
 TEST_F(run_config_test, check_paths_checks_mask_token_and_taps_against_the_target) {

@@ -745,7 +745,20 @@ int run_training(const run_options& ro, const worker_context& wc) {
       return rc == 2 ? 2 : 1;
     }
   }
-  gpu::data::dataset ds(cfg.data.path);
+  // The data set's manifest and shards, opened: what is wrong with them is
+  // the config's data.path (exit 2), named with the config file.
+  auto open_data = [&]() -> std::optional<gpu::data::dataset> {
+    try {
+      return gpu::data::dataset(cfg.data.path);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem run: %s: data.path: %s\n", ro.config.c_str(), e.what());
+      return std::nullopt;
+    }
+  };
+  auto opened = open_data();
+  if (!opened)
+    return 2;
+  auto& ds = *opened;
   try {
     // The data set must be the target's (the prefetch actors check it again,
     // and say the warnings): a mismatch stops here, before anything is written.
