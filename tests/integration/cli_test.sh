@@ -94,6 +94,8 @@ expect2 "prepare --tokenizer missing" "--tokenizer $empty/missing does not exist
 expect2 "prepare --prompts-out in a missing folder" "--prompts-out $empty/missing/p.jsonl: no folder" \
   "$tandem" prepare --tokenizer "$tok" --prompts-out "$empty/missing/p.jsonl" "$empty/p.jsonl"
 echo "keep = 1" > "$empty/mine.toml"  # a file of the user's at --prompts-out stays unless --overwrite
+expect2 "shell --ca missing" "--ca $empty/none.pem: cannot read it" \
+  "$tandem" shell 127.0.0.1:1 --token-file "$empty/mine.toml" --ca "$empty/none.pem" -c status
 expect2 "prepare --prompts-out over another file" "--prompts-out $empty/mine.toml exists and is not a prompts file" \
   "$tandem" prepare --tokenizer "$tok" --prompts-out "$empty/mine.toml" "$empty/p.jsonl"
 [[ "$(cat "$empty/mine.toml")" == "keep = 1" ]] || fail "a refused prepare --prompts-out replaced the file there"

@@ -260,7 +260,8 @@ void add_eval(CLI::App& app, int& exit_code) {
       exit_code = run_eval_command(*a);
     } catch (const gpu::error& e) {
       std::fprintf(stderr, "tandem eval: %s\n", unprefixed(e.what(), "tandem eval: ").c_str());
-      exit_code = e.code() == errc::bad_input ? 2 : 1;
+      // Bad input, and a device this host lacks (--device cuda:3): the command line's (2).
+      exit_code = e.code() == errc::bad_input || e.code() == errc::device_unavailable ? 2 : 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tandem eval: %s\n", unprefixed(e.what(), "tandem eval: ").c_str());
       exit_code = 1;

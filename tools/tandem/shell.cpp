@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -218,6 +219,8 @@ struct usage_error : std::runtime_error {
 endpoint find_endpoint(const std::string& target, const std::string& token_file, const std::string& ca) {
   endpoint ep;
   ep.ca = ca;
+  if (!ca.empty() && (!std::filesystem::is_regular_file(ca) || ::access(ca.c_str(), R_OK) != 0))
+    throw usage_error("--ca " + ca + ": cannot read it (a PEM file of the CA that signed the endpoint's certificate)");
   std::string token;
   if (!token_file.empty()) {
     std::ifstream f(token_file);
