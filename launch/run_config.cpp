@@ -1372,7 +1372,10 @@ void check_paths(const run_config& c, bool need_data) {
         fail(field, p, "the same file as 'data.sources[" + std::to_string(j) + "]' = " +
                          quote(c.data.sources[j].string()) + " (its samples would be trained on twice)");
   }
-  if (!c.data.sources.empty())
+  // Used to prepare data.sources and to render eval.prompts; set, it is
+  // checked even where neither is given (a typo there is still a typo).
+  // (Not set, it is model.target, which need not hold a tokenizer then.)
+  if (!c.data.sources.empty() || (c.data.tokenizer != c.model.target && c.eval.prompts.empty()))
     folder_with("data.tokenizer", c.data.tokenizer, "tokenizer.json (a Hugging Face tokenizer folder)",
                 has_file("tokenizer.json"));
   if (need_data)

@@ -592,6 +592,10 @@ TEST_F(run_config_test, check_paths_names_the_field_and_the_path) {
   s = load_run_config(p, {"data.sources=" + (dir_ / "copy.jsonl").string() + "," + in.string()});
   EXPECT_NO_THROW(check_paths(s, false));
 
+  // data.tokenizer given with neither data.sources nor eval.prompts: still checked.
+  EXPECT_EQ(error_of([&] { check_paths(load_run_config(p, {"data.tokenizer=" + (dir_ / "tok").string()}), true); }),
+            prefix + "'data.tokenizer' = \"" + (dir_ / "tok").string() + "\": no such folder");
+
   // drafter.init_from: a folder the warm start can read, checked before the start
   // (a file or an empty folder passed, and the run failed once it had started).
   auto from = [&](const fs::path& f) { return load_run_config(p, {"drafter.init_from=" + f.string()}); };

@@ -819,8 +819,9 @@ def parse_args(argv):
                    help="if --output already holds a data set prepared from the same inputs "
                         "(by sha256), tokenizer, chat template and options, keep it and exit 0; "
                         "a different data set there is an error unless --overwrite")
+    # The tandem binary passes its own version (manifest created_by): not a user's option.
     p.add_argument("--tandem-version", metavar="VERSION", default=os.environ.get("TANDEM_VERSION", "dev"),
-                   help="version written to manifest created_by (the tandem binary passes its own)")
+                   help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress lines (a data set's summary is still printed)")
     args = p.parse_args(argv)
     if (args.output is None) == (args.prompts_out is None):

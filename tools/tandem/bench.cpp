@@ -65,7 +65,7 @@ void add_bench(CLI::App& app, int& exit_code) {
         try {
           opts->device = parse_device(*device);
         } catch (const gpu::error& e) {
-          std::fprintf(stderr, "tandem bench: %s\n", e.what());
+          std::fprintf(stderr, "tandem bench: %s, nor a CUDA ordinal (0, 1, ...; -1: the CPU)\n", e.what());
           exit_code = 2;
           return;
         }
