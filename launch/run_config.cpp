@@ -942,10 +942,22 @@ std::optional<toml::table> parse_value(const std::string& text) {
   return std::nullopt;
 }
 
-/// Puts `--set section.key=value` into `root`; returns the field's name.
-std::string apply_override(toml::table& root, const std::string& arg,
+/// The flags of `tandem run` that set one field each ("--listen=X" is
+/// "cluster.listen=X"), so that an error names the flag that was typed.
+constexpr std::pair<std::string_view, std::string_view> flag_fields[] = {
+  {"--listen", "cluster.listen"}, {"--name", "cluster.name"}};
+
+/// Puts `--set section.key=value` (or a flag of flag_fields, "--flag=value")
+/// into `root`; returns the field's name.
+std::string apply_override(toml::table& root, const std::string& given,
                            std::map<std::string, std::string>& from_cli) {
-  std::string where = "--set " + arg;
+  std::string arg = given, where = "--set " + given;
+  for (auto [flag, field] : flag_fields)
+    if (given.rfind(std::string(flag) + "=", 0) == 0) {
+      std::string value = given.substr(flag.size() + 1);
+      arg = std::string(field) + "=" + value;
+      where = std::string(flag) + " '" + value + "'";
+    }
   auto eq = arg.find('=');
   if (eq == std::string::npos)
     throw config_error(where + ": expected SECTION.KEY=VALUE (e.g. --set train.lr=3e-4)");

@@ -261,6 +261,8 @@ std::optional<listen_address> parse_connect(const std::string& text);
 /// after the file; the value is TOML typed like the field, where a bare word
 /// is taken as a string and "a,b" as an array), fills the defaults and
 /// validates.  Unknown sections and keys are errors.  Throws config_error.
+/// "--listen=X" and "--name=X" (tandem run's flags) are "cluster.listen=X"
+/// and "cluster.name=X" whose errors name the flag.
 run_config load_run_config(const std::filesystem::path& toml_file,
                            const std::vector<std::string>& overrides = {});
 

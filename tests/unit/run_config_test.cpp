@@ -337,6 +337,18 @@ TEST_F(run_config_test, control_listen_is_checked_and_off_loopback_needs_tls) {
   EXPECT_EQ(c.control.tls_key, "/pki/a.key");
 }
 
+TEST_F(run_config_test, the_run_flags_for_one_field_are_named_in_its_errors) {
+  auto p = write("f.toml", minimal);
+  const auto c = load_run_config(p, {"--listen=127.0.0.1:7070", "--name=gpu-a"});
+  EXPECT_EQ(c.cluster.listen, "127.0.0.1:7070");
+  EXPECT_EQ(c.cluster.name, "gpu-a");
+  const auto listen = error_of([&] { load_run_config(p, {"--listen=garbage"}); });
+  EXPECT_EQ(listen.rfind("--listen 'garbage': 'cluster.listen' must be \"HOST:PORT\"", 0), 0u) << listen;
+  const auto name = error_of([&] { load_run_config(p, {"--name=Bad"}); });
+  EXPECT_EQ(name.rfind("--name 'Bad': 'cluster.name' must be a node name", 0), 0u) << name;
+  EXPECT_EQ(error_of([&] { load_run_config(p, {"cluster.name=Bad"}); }).rfind("--set cluster.name=Bad: ", 0), 0u);
+}
+
 TEST_F(run_config_test, override_errors) {
   auto p = write("o.toml", minimal);
   EXPECT_EQ(error_of([&] { load_run_config(p, {"train.learning_rate=1e-3"}); }),

@@ -1438,9 +1438,9 @@ void add_run(CLI::App& app, int& exit_code) {
                   "abort, at_step its at_step-th batch");
   cmd->callback([opts, &exit_code] {
     if (!opts->listen.empty())
-      opts->overrides.push_back("cluster.listen=" + opts->listen);
+      opts->overrides.push_back("--listen=" + opts->listen);
     if (!opts->name.empty())
-      opts->overrides.push_back("cluster.name=" + opts->name);
+      opts->overrides.push_back("--name=" + opts->name);
     exit_code = supervise_workers(*opts);
   });
 }
