@@ -1070,6 +1070,7 @@ run_config read_config(toml::table& root, const fs::path& source,
     f.read(c, v);
     where[name] = v.where();
   }
+  c.origin = where;
 
   if (auto faults = root["faults"].as_table()) {
     auto inject_node = faults->get("inject");
@@ -1507,6 +1508,10 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available) {
 placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
                                  const std::vector<member_devices>& members) {
   std::string at = c.source.empty() ? "" : c.source.string() + ": ";
+  // "WHERE: 'FIELD'": the field named where it was set (its line, or its --set).
+  auto named = [&](const std::string& field) {
+    return (c.source.empty() ? std::string() : c.at(field)) + "'" + field + "'";
+  };
   if (gpus_available < 0)
     throw config_error(at + "resolve_placement: gpus_available must be >= 0, got " +
                        std::to_string(gpus_available));
@@ -1515,16 +1520,16 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
     std::string node;  // "" = this process
   };
   auto expand = [&](const std::vector<std::string>& list, const std::string& field) {
-    if (list.empty()) throw config_error(at + "'" + field + "' is empty");
+    if (list.empty()) throw config_error(named(field) + " is empty");
     std::vector<placed> devices;
     for (auto& text : list) {
       auto d = parse_device(text);
       if (!d)
-        throw config_error(at + "'" + field + "' must hold \"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\" or "
+        throw config_error(named(field) + " must hold \"cpu\", \"cuda:N\", \"NODE:cpu\", \"NODE:cuda:N\" or "
                            "\"auto\", got " + quote(text));
       if (d->is_auto) {
         if (list.size() != 1)
-          throw config_error(at + "'" + field + "': \"auto\" must be the only entry");
+          throw config_error(named(field) + ": \"auto\" must be the only entry");
         if (gpus_available == 0) devices.push_back({-1, ""});
         for (int32_t g = 0; g < gpus_available; ++g) devices.push_back({g, ""});
         continue;
@@ -1534,14 +1539,14 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
       std::string host = "this host";
       if (!node.empty()) {
         if (c.cluster.listen.empty())
-          throw config_error(at + "'" + field + "' names node '" + node + "' (" + text +
+          throw config_error(named(field) + " names node '" + node + "' (" + text +
                              "), but cluster.listen is empty: a placement on member nodes needs a leader "
                              "address (tandem run --listen 127.0.0.1:PORT, or [cluster] listen)");
         auto m = std::find_if(members.begin(), members.end(), [&](const member_devices& x) { return x.name == node; });
         if (m == members.end()) {
           std::string known;
           for (const auto& x : members) known += (known.empty() ? "" : ", ") + x.name;
-          throw config_error(at + "'" + field + "' names node '" + node + "', which has not joined (joined: " +
+          throw config_error(named(field) + " names node '" + node + "', which has not joined (joined: " +
                              (known.empty() ? std::string("none") : known) + ")");
         }
         gpus = m->gpus;
@@ -1555,14 +1560,14 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
           has += " (cuda:0)";
         else
           has += " (cuda:0 to cuda:" + std::to_string(gpus - 1) + ")";
-        throw config_error(at + "'" + field + "' names " + text + ", but " + has);
+        throw config_error(named(field) + " names " + text + ", but " + has);
       }
       devices.push_back({d->device, node});
     }
     return devices;
   };
   if (c.placement.prefetch != "per_target")
-    throw config_error(at + "'placement.prefetch' must be \"per_target\", got " +
+    throw config_error(named("placement.prefetch") + " must be \"per_target\", got " +
                        quote(c.placement.prefetch));
 
   placement_plan plan;
@@ -1582,13 +1587,13 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
       const auto& sp = spares[i];
       const auto text = c.placement.spares[i];
       if (sp.node.empty())
-        throw config_error(at + "'placement.spares' names " + quote(text) + ": a spare is a member's device "
+        throw config_error(named("placement.spares") + " names " + quote(text) + ": a spare is a member's device "
                            "(\"NODE:cuda:N\"); the leader's own devices cannot take over from a lost node");
       if (!used.insert({sp.node, sp.device}).second)
-        throw config_error(at + "'placement.spares' names " + quote(text) + ", which a drafter or another spare "
+        throw config_error(named("placement.spares") + " names " + quote(text) + ", which a drafter or another spare "
                            "already uses");
       if (drafters.size() > 1 && sp.device < 0)
-        throw config_error(at + "'placement.spares' names " + quote(text) + ": data-parallel drafters need a "
+        throw config_error(named("placement.spares") + " names " + quote(text) + ": data-parallel drafters need a "
                            "CUDA device each");
       plan.spares.push_back({"spare", static_cast<int>(i), sp.device, sp.node});
     }
@@ -1598,23 +1603,23 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
     std::set<std::pair<std::string, int32_t>> seen;
     for (auto& d : drafters) {
       if (d.device < 0)
-        throw config_error(at + "'placement.drafters': " + std::to_string(drafters.size()) +
+        throw config_error(named("placement.drafters") + ": " + std::to_string(drafters.size()) +
                            " data-parallel drafters need a CUDA device each (NCCL), got \"cpu\"; "
                            "use one drafter on the CPU");
       if (!seen.insert({d.node, d.device}).second)
-        throw config_error(at + "'placement.drafters' names " + (d.node.empty() ? "" : d.node + ":") + "cuda:" +
+        throw config_error(named("placement.drafters") + " names " + (d.node.empty() ? "" : d.node + ":") + "cuda:" +
                            std::to_string(d.device) +
                            " twice: data-parallel drafters need distinct GPUs (one NCCL rank each)");
     }
     if (c.runtime.group_timeout_s >= c.runtime.step_timeout_s)
-      throw config_error(at + "'runtime.group_timeout_s' (" + w_num(c.runtime.group_timeout_s) +
+      throw config_error(named("runtime.group_timeout_s") + " (" + w_num(c.runtime.group_timeout_s) +
                          ") must be less than 'runtime.step_timeout_s' (" +
                          w_num(c.runtime.step_timeout_s) +
                          "): a drafter's peers must give up on a collective it never joins before "
                          "the watchdog judges the step, so the one that failed is told apart");
     if (!credits_cover_drafters(c.runtime.credits, static_cast<int64_t>(targets.size()),
                                 static_cast<int64_t>(drafters.size())))
-      throw config_error(at + "'runtime.credits' (" + std::to_string(c.runtime.credits) + ") x " +
+      throw config_error(named("runtime.credits") + " (" + std::to_string(c.runtime.credits) + ") x " +
                          std::to_string(targets.size()) + " target(s) is less than the " +
                          std::to_string(drafters.size()) +
                          " data-parallel drafters: a group step needs one batch per drafter");
@@ -1622,7 +1627,7 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
   if (!c.eval.prompts.empty()) {
     for (auto& d : drafters)
       if (!d.node.empty())
-        throw config_error(at + "'eval.prompts': evaluation during training takes the drafter's snapshots in "
+        throw config_error(named("eval.prompts") + ": evaluation during training takes the drafter's snapshots in "
                            "its own process, and drafter(s) run on node '" + d.node +
                            "': not supported yet (run `tandem eval` on a checkpoint instead)");
     int32_t device = -1;

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -227,6 +228,14 @@ struct run_config {
 
   /// The file this was loaded from (or the name given to parse_run_config).
   std::filesystem::path source;
+  /// Field ("placement.targets") → where its value was set: "FILE:LINE:COLUMN"
+  /// or the "--set KEY=VALUE" that set it; a field left at its default is absent.
+  std::map<std::string, std::string> origin;
+  /// "WHERE: " for an error about `field`: its origin, else the file.
+  std::string at(const std::string& field) const {
+    auto o = origin.find(field);
+    return (o != origin.end() ? o->second : source.string()) + ": ";
+  }
 
   /// run.output_dir / checkpoint.dir.
   std::filesystem::path checkpoint_dir() const { return run.output_dir / checkpoint.dir; }

@@ -786,7 +786,7 @@ drafters = ["cuda:5", "cuda:6", "cuda:7"]
   // The same file on a 4-GPU host.
   EXPECT_EQ(error_of([&] { resolve_placement(c, 4); }),
             c.source.string() +
-              ": 'placement.targets' names cuda:4, but this host has 4 GPUs (cuda:0 to cuda:3)");
+              ":8:11: 'placement.targets' names cuda:4, but this host has 4 GPUs (cuda:0 to cuda:3)");
   // auto on 8 GPUs: a target and a drafter on every GPU.
   auto a = resolve_placement(load_run_config(write("a.toml", minimal)), 8);
   ASSERT_EQ(a.targets.size(), 8u);
@@ -808,8 +808,8 @@ TEST_F(run_config_test, placement_1_gpu_everything_shared) {
   auto c = load_run_config(write("b.toml", minimal), {"placement.targets=cuda:0",
                                                       "placement.drafters=cuda:0,cuda:0"});
   EXPECT_EQ(error_of([&] { resolve_placement(c, 1); }),
-            c.source.string() + ": 'placement.drafters' names cuda:0 twice: data-parallel "
-                                "drafters need distinct GPUs (one NCCL rank each)");
+            "--set placement.drafters=cuda:0,cuda:0: 'placement.drafters' names cuda:0 twice: data-parallel "
+            "drafters need distinct GPUs (one NCCL rank each)");
   EXPECT_EQ(error_of([&] { resolve_placement(c, 0); }).find("this host has 0 GPUs") !=
               std::string::npos,
             true);
@@ -818,8 +818,8 @@ TEST_F(run_config_test, placement_1_gpu_everything_shared) {
                                                  "placement.drafters=cuda:0,cuda:1",
                                                  "runtime.credits=1"});
   EXPECT_EQ(error_of([&] { resolve_placement(c, 2); }),
-            c.source.string() + ": 'runtime.credits' (1) x 1 target(s) is less than the 2 "
-                                "data-parallel drafters: a group step needs one batch per drafter");
+            "--set runtime.credits=1: 'runtime.credits' (1) x 1 target(s) is less than the 2 "
+            "data-parallel drafters: a group step needs one batch per drafter");
   c.runtime.credits = 2;
   EXPECT_EQ(resolve_placement(c, 2).describe(), "cuda:0: target 0, prefetch 0, drafter 0\ncuda:1: drafter 1\n");
   // A peer's collective must time out before the watchdog judges the step.
@@ -829,10 +829,10 @@ TEST_F(run_config_test, placement_1_gpu_everything_shared) {
                                 "'runtime.step_timeout_s' (120.0): a drafter's peers must give up on a "
                                 "collective it never joins before the watchdog judges the step, so "
                                 "the one that failed is told apart");
-  c.placement.drafters = {"cuda:1"};
+  c.placement.drafters = {"cuda:1"};  // changed in code: named where the --set put its first value
   EXPECT_EQ(error_of([&] { resolve_placement(c, 1); }),
-            c.source.string() +
-              ": 'placement.drafters' names cuda:1, but this host has 1 GPU (cuda:0)");
+            "--set placement.drafters=cuda:0,cuda:1: 'placement.drafters' names cuda:1, but this host has 1 GPU "
+            "(cuda:0)");
 }
 
 TEST_F(run_config_test, placement_0_gpus) {
@@ -847,12 +847,12 @@ TEST_F(run_config_test, placement_0_gpus) {
   // Several CPU drafters: data-parallel replicas need NCCL, so a GPU each.
   auto three = load_run_config(write("c.toml", minimal), {"placement.drafters=cpu,cpu,cpu"});
   EXPECT_EQ(error_of([&] { resolve_placement(three, 0); }),
-            three.source.string() + ": 'placement.drafters': 3 data-parallel drafters need a CUDA "
-                                    "device each (NCCL), got \"cpu\"; use one drafter on the CPU");
+            "--set placement.drafters=cpu,cpu,cpu: 'placement.drafters': 3 data-parallel drafters need a CUDA "
+            "device each (NCCL), got \"cpu\"; use one drafter on the CPU");
 
   auto p = write("x.toml", minimal + "[placement]\ntargets = [\"cuda:0\"]\ndrafters = [\"cpu\"]\n");
   EXPECT_EQ(error_of([&] { resolve_placement(load_run_config(p), 0); }),
-            p.string() + ": 'placement.targets' names cuda:0, but this host has 0 GPUs; use "
+            p.string() + ":8:11: 'placement.targets' names cuda:0, but this host has 0 GPUs; use "
                          "\"cpu\", or \"auto\" (the GPUs if any, else the CPU)");
 }
 
