@@ -364,6 +364,15 @@ TEST_F(run_config_test, override_errors) {
             "--set data.seq_len=-5: 'data.seq_len' must be a positive integer, got -5");
   EXPECT_EQ(error_of([&] { load_run_config(p, {"data.seq_len=3072.0"}); }),
             "--set data.seq_len=3072.0: 'data.seq_len' must be a positive integer, got 3072.0");
+  // The runtime's timers are durations on a clock: more than a day is refused (1e12 overflowed).
+  for (const char* k : {"runtime.step_timeout_s", "runtime.heartbeat_s", "runtime.group_timeout_s"}) {
+    EXPECT_EQ(error_of([&] { load_run_config(p, {std::string(k) + "=1e12"}); }),
+              "--set " + std::string(k) + "=1e12: '" + k + "' must be a number of seconds, more than 0 and at "
+              "most 86400 (a day), got 1000000000000.0");
+    EXPECT_NE(error_of([&] { load_run_config(p, {std::string(k) + "=0"}); }).find("more than 0 and at most 86400"),
+              std::string::npos);
+  }
+  EXPECT_EQ(load_run_config(p, {"runtime.step_timeout_s=86400"}).runtime.step_timeout_s, 86400.0);
   EXPECT_EQ(error_of([&] { load_run_config(p, {"runtime.capture_graphs=yes"}); }),
             "--set runtime.capture_graphs=yes: 'runtime.capture_graphs' must be true or false, "
             "got \"yes\"");
@@ -886,13 +895,13 @@ TEST_F(run_config_test, to_toml_round_trips) {
   auto d = load_run_config(write("d.toml", minimal),
                            {"train.lr=0.1", "train.eps=1e-300", "run.name=a \"b\"\\c"});
   d.train.warmup_ratio = 1.0 / 3.0;
-  d.runtime.step_timeout_s = 1e15 + 0.5;
+  d.runtime.step_timeout_s = 100.0 / 3.0;
   d.supervision.backoff_s = {120, 1e-20, 0.1 + 0.2};
   auto back = load_run_config(write("d2.toml", to_toml(d)));
   EXPECT_EQ(back.train.lr, 0.1);
   EXPECT_EQ(back.train.eps, 1e-300);
   EXPECT_EQ(back.train.warmup_ratio, 1.0 / 3.0);
-  EXPECT_EQ(back.runtime.step_timeout_s, 1e15 + 0.5);
+  EXPECT_EQ(back.runtime.step_timeout_s, 100.0 / 3.0);
   EXPECT_EQ(back.supervision.backoff_s, d.supervision.backoff_s);
   EXPECT_NE(to_toml(d).find("backoff_s = [120.0, 1e-20, 0.30000000000000004]"), std::string::npos);
   EXPECT_EQ(back.run.name, "a \"b\"\\c");
