@@ -15,7 +15,8 @@
 #      start unless --force; with --force the checkpoint that does not fit
 #      stops the run with the bytes needed, and the previous one is intact;
 #   5. a fresh start into a folder holding a run: refused, --overwrite starts
-#      again (one whose start fails puts the earlier run back); a
+#      again (one whose start fails puts the earlier run back, and so does the
+#      next start after one SIGKILLed before its run began); a
 #      checkpoint.host_dir that is not a folder of its own: refused; a resume
 #      against other data: refused unless --force.
 # The 60-trial SIGKILL test of the writer itself is in
@@ -173,6 +174,23 @@ check grep -q "the new run did not start; the earlier run in .* is as it was" "$
 check test -d "$work/whole/checkpoints/step-00000030"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten')"
+# An --overwrite start SIGKILLed before its run began (here while it waits for a member node that
+# never joins) leaves the earlier run set aside: the next start puts it back (and drops the
+# cluster.json the killed start wrote), then refuses as before.
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/whole" "${extra[@]}" --set checkpoint.every_steps=10 \
+  --set train.max_steps=30 --overwrite --listen 127.0.0.1:0 --set placement.drafters=absent:cpu \
+  --set cluster.join_timeout_s=60 > "$work/overwrite-killed.log" 2>&1 &
+starter=$!
+for _ in $(seq 200); do grep -q "waiting for nodes" "$work/overwrite-killed.log" && break; sleep 0.1; done
+kill -KILL "$starter"; wait "$starter" 2>/dev/null || true
+check test -e "$work/whole/.overwrite-pending"
+check test -d "$work/whole/checkpoints/step-00000030.overwritten"
+rc=0; run whole > "$work/after-kill.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "an --overwrite start in .* was stopped before its run began: put the earlier run back" "$work/after-kill.log"
+check grep -q "already holds a run (.*step-00000030)" "$work/after-kill.log"
+check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
+check test -z "$(find "$work/whole" -name '*.overwritten' -o -name cluster.json -o -name .overwrite-pending)"
 # checkpoint.host_dir is the restore points' own folder (a run empties it): a file, the run
 # folder, a folder above it or one holding other files is refused (exit 2) and left alone.
 echo keep > "$work/keep.txt"; mkdir -p "$work/users"; echo mine > "$work/users/notes.txt"

@@ -338,22 +338,13 @@ class earlier_run_aside {
     std::error_code ec;
     dir_ = cfg.run.output_dir.string();
     what_ = what;
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec))
-      if (gpu::is_checkpoint_entry(e.path().filename().string()) && !aside(e.path()))
-        files.push_back(e.path());
-    if (!cfg.metrics_file().empty())
-      files.push_back(cfg.metrics_file());
-    if (!cfg.tensorboard_dir().empty())
-      for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
-        if (e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0
-            && !aside(e.path()))
-          files.push_back(e.path());
-    for (const char* f : {"config.toml", "lr_schedule.json", "eval-prompts.jsonl", "cluster.json"})
-      files.push_back(cfg.run.output_dir / f);
-    for (const auto& f : files) {
-      if (!fs::exists(fs::symlink_status(f, ec)))
+    marker_ = pending_marker(cfg);
+    write_atomically(marker_, what + "\n", 0644);  // recover() tells a start killed while this is set aside
+    for (const auto& f : run_files(cfg)) {
+      if (!fs::exists(fs::symlink_status(f, ec))) {
+        absent_.push_back(f);  // one the new start writes goes if it fails
         continue;
+      }
       const auto to = set_aside_name(f);
       fs::remove_all(to, ec);  // one a start that died half-way left
       fs::rename(f, to, ec);
@@ -370,6 +361,8 @@ class earlier_run_aside {
   /// The new run is up: the earlier one's files go.
   void discard() {
     std::error_code ec;
+    if (!marker_.empty())
+      std::filesystem::remove(marker_, ec);  // from here on, what is set aside is for removing
     for (const auto& f : moved_)
       std::filesystem::remove_all(set_aside_name(f), ec);
     if (!dir_.empty())
@@ -387,11 +380,88 @@ class earlier_run_aside {
       std::filesystem::remove_all(*f, ec);  // what the failed start wrote there
       std::filesystem::rename(set_aside_name(*f), *f, ec);
     }
+    for (const auto& f : absent_)
+      std::filesystem::remove_all(f, ec);
+    std::filesystem::remove(marker_, ec);
     std::fprintf(stderr, "tandem run: --overwrite: the new run did not start; the earlier run in %s is as it was\n",
                  dir_.c_str());
   }
 
+  /// What an --overwrite start that was killed before its actors were up (no
+  /// destructor ran) left: the earlier run set aside, and the marker.  Put
+  /// back as the destructor would have (the files that start wrote go: also
+  /// the run folder's own, config.toml ..., where the earlier run had none);
+  /// without the marker, the start had got to discard(): the rest goes.
+  /// Called under the run folder's lock, before anything looks for a run.
+  /// Returns how many files were put back.
+  static size_t recover(const run_config& cfg) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<fs::path> left;
+    for (const auto& f : run_files(cfg, true))
+      if (fs::exists(fs::symlink_status(set_aside_name(f), ec)))
+        left.push_back(f);
+    const auto marker = pending_marker(cfg);
+    const bool pending = fs::exists(marker, ec);
+    if (!pending) {
+      for (const auto& f : left)
+        fs::remove_all(set_aside_name(f), ec);
+      if (!left.empty())
+        std::fprintf(stderr, "tandem run: removed %zu file(s) of an overwritten run in %s (the --overwrite start "
+                             "that set them aside ended before removing them)\n",
+                     left.size(), cfg.run.output_dir.c_str());
+      return 0;
+    }
+    for (const auto& f : left) {
+      fs::remove_all(f, ec);
+      fs::rename(set_aside_name(f), f, ec);
+    }
+    for (const auto& f : own_files(cfg))
+      if (std::find(left.begin(), left.end(), f) == left.end())
+        fs::remove(f, ec);
+    fs::remove(marker, ec);
+    std::fprintf(stderr, "tandem run: an --overwrite start in %s was stopped before its run began: put the earlier "
+                         "run back (%zu file(s))\n",
+                 cfg.run.output_dir.c_str(), left.size());
+    return left.size();
+  }
+
  private:
+  static std::filesystem::path pending_marker(const run_config& cfg) {
+    return cfg.run.output_dir / ".overwrite-pending";
+  }
+  /// The files --overwrite sets aside (with `aside`: the names whose set-aside
+  /// copies exist, for recover).
+  static std::vector<std::filesystem::path> run_files(const run_config& cfg, bool aside_ones = false) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<fs::path> files;
+    auto strip = [](const fs::path& p) { return fs::path(p.string().substr(0, p.string().size() - 12)); };
+    auto take = [&](const fs::path& p, bool entry_ok) {
+      if (aside(p) == aside_ones && entry_ok)
+        files.push_back(aside_ones ? strip(p) : p);
+    };
+    for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec)) {
+      const auto n = e.path().filename().string();
+      take(e.path(), gpu::is_checkpoint_entry(aside(e.path()) ? strip(e.path()).filename().string() : n));
+    }
+    if (!cfg.tensorboard_dir().empty())
+      for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
+        take(e.path(), e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0);
+    for (const auto& f : own_files(cfg))
+      if (std::find(files.begin(), files.end(), f) == files.end())
+        files.push_back(f);
+    return files;
+  }
+  /// The run's files of fixed names: metrics.jsonl and the run folder's own.
+  static std::vector<std::filesystem::path> own_files(const run_config& cfg) {
+    std::vector<std::filesystem::path> named;
+    if (!cfg.metrics_file().empty())
+      named.push_back(cfg.metrics_file());
+    for (const char* f : {"config.toml", "lr_schedule.json", "eval-prompts.jsonl", "cluster.json"})
+      named.push_back(cfg.run.output_dir / f);
+    return named;
+  }
   static std::filesystem::path set_aside_name(const std::filesystem::path& p) {
     return p.string() + ".overwritten";
   }
@@ -400,6 +470,8 @@ class earlier_run_aside {
     return n.size() > 12 && n.compare(n.size() - 12, 12, ".overwritten") == 0;
   }
   std::vector<std::filesystem::path> moved_;  // where each was
+  std::vector<std::filesystem::path> absent_;  // none there when set aside
+  std::filesystem::path marker_;              // run.output_dir/.overwrite-pending while set aside
   std::string dir_, what_;
 };
 
@@ -732,8 +804,15 @@ int run_training(const run_options& ro, const worker_context& wc) {
                          "default of 5 taps spread over layers 1 .. L-3: taps [%s]\n",
                  static_cast<long long>(target_cfg.num_hidden_layers), ids.c_str());
   }
+  // An --overwrite start killed before its run began (by a signal: nothing
+  // put its earlier run back) left that run set aside: back it goes, under
+  // the folder's lock, before anything looks for a run.  A restarted worker
+  // whose predecessor died so is a first start again (--overwrite anew).
+  bool resume_if_any = wc.resume_if_any;
+  if (wc.folder_locked && earlier_run_aside::recover(cfg) > 0)
+    resume_if_any = false;
   std::string earlier_run;  // what --overwrite removes once the checks have passed
-  if (!ro.resume && !wc.resume_if_any)
+  if (!ro.resume && !resume_if_any)
     if (int rc = check_fresh_start(cfg, ro.overwrite, earlier_run); rc != 0)
       return rc;
   if (const auto args = prepare_arguments(cfg); !args.empty()) {
@@ -849,13 +928,17 @@ int run_training(const run_options& ro, const worker_context& wc) {
                    why->c_str());
       return 2;
     }
-  if (!wc.folder_locked)
+  if (!wc.folder_locked) {
     if (int rc = lock_run_folder(cfg); rc != 0)
       return rc;
+    if (earlier_run_aside::recover(cfg) > 0 && !ro.resume)  // after the check above: again
+      if (int rc = check_fresh_start(cfg, ro.overwrite, earlier_run); rc != 0)
+        return rc;
+  }
   std::optional<resume_point> resume;
   std::optional<resumed_event> resumed;  // the "resumed" event
   const auto host_dir = host_restore_dir(cfg);
-  if (ro.resume || wc.resume_if_any) {
+  if (ro.resume || resume_if_any) {
     // The newest that verifies of the checkpoints and the restore points in
     // shared memory (those outlive a worker process, not the machine).
     const auto ckpt_dir = cfg.checkpoint_dir();
@@ -870,7 +953,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
       if (!ro.force)
         return 2;
     }
-    if (found.dir.empty() && !wc.resume_if_any) {
+    if (found.dir.empty() && !resume_if_any) {
       std::fprintf(stderr, "tandem run --resume: no complete checkpoint in %s%s\n", ckpt_dir.c_str(),
                    roots.size() > 1 ? (" nor in " + host_dir.string()).c_str() : "");
       return 2;
@@ -908,7 +991,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
                               disk.empty() ? int64_t{-1} : std::stoll(disk.front().filename().string().substr(5)),
                               unix_now()};
       const auto last = cfg.train.max_steps > 0 ? std::min(cfg.train.max_steps, facts.steps) : facts.steps;
-      if (ro.resume && !wc.resume_if_any && resume->step >= last && ended_at(cfg, resume->step)) {
+      if (ro.resume && !resume_if_any && resume->step >= last && ended_at(cfg, resume->step)) {
         const bool by_max = cfg.train.max_steps > 0 && cfg.train.max_steps <= facts.steps;
         std::fprintf(stderr, "tandem run --resume: %s already ended at step %lld, its last (%s): nothing to "
                              "train.  To train on, raise %s, or start again with --overwrite\n",
@@ -945,7 +1028,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::ofstream f(cfg.run.output_dir / "config.toml");
     f << to_toml(cfg);
   }
-  if (!ro.resume && !wc.resume_if_any) {
+  if (!ro.resume && !resume_if_any) {
     // A fresh start: a schedule kept by an earlier run in this folder is not
     // this run's, nor are the faults its cluster members fired.
     std::error_code ec;
@@ -998,7 +1081,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
     gpu::transport::set_link_timeout(
       std::chrono::milliseconds(static_cast<int64_t>(plan.cluster->link_timeout_s * 1000)));
   }
-  if (!resume && wc.resume_if_any)
+  if (!resume && resume_if_any)
     if (auto kept = read_lr_schedule(cfg.lr_schedule_file())) {
       // A worker restarted before the first checkpoint: step 0 again, with
       // the multiplier as it was set.
@@ -1049,10 +1132,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
                  cfg.eval.every_steps > 0 ? (", every " + std::to_string(cfg.eval.every_steps) + " steps").c_str()
                                           : "");
   }
-  prepare_host_tier(plan, !resume && !ro.resume && !wc.resume_if_any);
+  prepare_host_tier(plan, !resume && !ro.resume && !resume_if_any);
   // A new worker of the same run was checked when the run started (and its
   // predecessor's files take space it will reuse).
-  if (int rc = check_checkpoint_space(plan, ro.force || wc.resume_if_any); rc != 0)
+  if (int rc = check_checkpoint_space(plan, ro.force || resume_if_any); rc != 0)
     return rc;
   {
     std::set<int32_t> used;
