@@ -216,6 +216,7 @@ struct control_state {
   coordinator_actor coordinator;
   clock_type::time_point start = clock_type::now();
   std::deque<step_report> steps;                   ///< the last opts.steps_kept
+  std::deque<double> arrived;                      ///< uptime() when each of `steps` came
   int64_t reports = 0;                             ///< step reports received (the last one's sequence number)
   std::deque<std::pair<int64_t, json>> events;     ///< (sequence number, line), the last opts.events_kept
   int64_t next_event = 1;
@@ -768,8 +769,12 @@ caf::result<control_reply> on_request(self_ptr self, const control_request& req)
       return error_reply(400, "n must be a non-negative integer");
     json out = json::array();
     const auto first = s.steps.size() > static_cast<size_t>(*n) ? s.steps.size() - static_cast<size_t>(*n) : 0;
-    for (size_t i = first; i < s.steps.size(); ++i)
-      out.push_back(report_json(s.steps[i]));
+    const double now = s.uptime();
+    for (size_t i = first; i < s.steps.size(); ++i) {
+      auto r = report_json(s.steps[i]);
+      r["age_s"] = now - s.arrived[i];  // a drafter that stopped stepping shows in the age of its last
+      out.push_back(std::move(r));
+    }
     return reply(200, {{"steps", out}});
   }
   if (t.path == "/v1/events") {
@@ -896,9 +901,12 @@ control_actor spawn_control(caf::actor_system& sys, control_options opts, coordi
       [self](const step_report& r) {
         auto& s = self->state;
         s.steps.push_back(r);
+        s.arrived.push_back(s.uptime());
         ++s.reports;
-        while (s.steps.size() > s.opts.steps_kept)
+        while (s.steps.size() > s.opts.steps_kept) {
           s.steps.pop_front();
+          s.arrived.pop_front();
+        }
         auto& v = s.drafters[r.drafter];
         v.last = r;
         v.reported = true;

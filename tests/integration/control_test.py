@@ -259,6 +259,11 @@ cks = lines(metrics, "checkpoint")
 check(any(c["step"] == step_a for c in cks) and os.path.isdir(os.path.join(run_dir, "checkpoints",
                                                                            "step-%08d" % step_a)),
       f"a checkpoint of the paused step {step_a}: {cks}")
+# Paused for 4 s: top's step rate is 0, not the rate of the steps before the pause.
+shell = subprocess.run([tandem, "shell", run_dir, "--json", "-c", "top"], capture_output=True, text=True, timeout=30)
+row = [a for a in json.loads(shell.stdout or "{}").get("actors", []) if a.get("name", "").startswith("drafter")]
+check(row and row[0].get("steps_per_s") == 0 and row[0].get("last_report_s", 0) > 2,
+      f"paused, top's drafter row: {row}")
 code, ans = http("POST", "/v1/resume")
 check(code == 200 and "resumed" in ans["result"], f"resume: {ans}")
 time.sleep(1.5)

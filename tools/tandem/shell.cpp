@@ -534,7 +534,12 @@ int top(const endpoint& ep, bool once, bool as_json) {
             last = r;
           }
         if (n > 0) {
-          row["steps_per_s"] = 1000.0 * n / std::max(1e-9, busy + idle);
+          // The rate while it stepped; 0 once its last report is older than
+          // five of its steps and 2 s (paused, evaluating, stuck, ended).
+          const double age = last.value("age_s", 0.0), per_step_s = (busy + idle) / n / 1000.0;
+          const bool stalled = age > std::max(2.0, 5 * per_step_s);
+          row["steps_per_s"] = stalled ? 0.0 : 1000.0 * n / std::max(1e-9, busy + idle);
+          row["last_report_s"] = age;
           for (const char* f : {"loss", "accuracy", "sim_accept"})
             row[f] = last.value(f, json());
           row["wait_pct"] = 100.0 * idle / std::max(1e-9, busy + idle);
