@@ -1512,6 +1512,10 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
   auto named = [&](const std::string& field) {
     return (c.source.empty() ? std::string() : c.at(field)) + "'" + field + "'";
   };
+  // "WHERE: " of a rule between two fields: where the first was set, else the second.
+  auto either = [&](const std::string& a, const std::string& b) {
+    return c.source.empty() ? std::string() : c.at(c.origin.count(a) || !c.origin.count(b) ? a : b);
+  };
   if (gpus_available < 0)
     throw config_error(at + "resolve_placement: gpus_available must be >= 0, got " +
                        std::to_string(gpus_available));
@@ -1612,14 +1616,16 @@ placement_plan resolve_placement(const run_config& c, int32_t gpus_available,
                            " twice: data-parallel drafters need distinct GPUs (one NCCL rank each)");
     }
     if (c.runtime.group_timeout_s >= c.runtime.step_timeout_s)
-      throw config_error(named("runtime.group_timeout_s") + " (" + w_num(c.runtime.group_timeout_s) +
+      throw config_error(either("runtime.group_timeout_s", "runtime.step_timeout_s") + "'runtime.group_timeout_s' ("
+                         + w_num(c.runtime.group_timeout_s) +
                          ") must be less than 'runtime.step_timeout_s' (" +
                          w_num(c.runtime.step_timeout_s) +
                          "): a drafter's peers must give up on a collective it never joins before "
                          "the watchdog judges the step, so the one that failed is told apart");
     if (!credits_cover_drafters(c.runtime.credits, static_cast<int64_t>(targets.size()),
                                 static_cast<int64_t>(drafters.size())))
-      throw config_error(named("runtime.credits") + " (" + std::to_string(c.runtime.credits) + ") x " +
+      throw config_error(either("runtime.credits", "placement.drafters") + "'runtime.credits' ("
+                         + std::to_string(c.runtime.credits) + ") x " +
                          std::to_string(targets.size()) + " target(s) is less than the " +
                          std::to_string(drafters.size()) +
                          " data-parallel drafters: a group step needs one batch per drafter");

@@ -170,7 +170,7 @@ rc=0; run whole --overwrite --set control.listen="127.0.0.1:$(cat "$work/port")"
 kill "$holder" 2>/dev/null || true
 check test "$rc" = 2
 check grep -q "cannot listen on" "$work/overwrite-fail.log"
-check grep -q "the new run did not start; the earlier run in .* is as it was" "$work/overwrite-fail.log"
+check grep -q "the new run did not start; the earlier run's files in .* are as they were" "$work/overwrite-fail.log"
 check test -d "$work/whole/checkpoints/step-00000030"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten')"
@@ -181,8 +181,9 @@ check test -z "$(find "$work/whole" -name '*.overwritten')"
   --set train.max_steps=30 --overwrite --listen 127.0.0.1:0 --set placement.drafters=absent:cpu \
   --set cluster.join_timeout_s=60 > "$work/overwrite-killed.log" 2>&1 &
 starter=$!
-for _ in $(seq 200); do grep -q "waiting for nodes" "$work/overwrite-killed.log" && break; sleep 0.1; done
-kill -KILL "$starter"; wait "$starter" 2>/dev/null || true
+for _ in $(seq 300); do grep -q "waiting for nodes" "$work/overwrite-killed.log" && break; sleep 0.1; done
+grep -q "waiting for nodes" "$work/overwrite-killed.log" || { cat "$work/overwrite-killed.log"; fail "no wait for nodes"; }
+kill -KILL "$starter"; wait "$starter" 2>/dev/null || true  # one process (worker_restarts = 0): its lock goes with it
 check test -e "$work/whole/.overwrite-pending"
 check test -d "$work/whole/checkpoints/step-00000030.overwritten"
 rc=0; run whole > "$work/after-kill.log" 2>&1 || rc=$?

@@ -326,7 +326,12 @@ int lock_run_folder(const run_config& cfg) {
 /// new run has passed the checks that need nothing written, deleted once its
 /// actors are up (discard), and put back as they were when it stops before
 /// that (the destructor: a control port in use, eval prompts it cannot use,
-/// members that never join): a start that fails loses nothing.
+/// members that never join): a start that fails loses none of them (its
+/// restore points in shared memory excepted: a fresh start empties
+/// checkpoint.host_dir).  run.output_dir/.overwrite-pending, written and
+/// synced before the first rename, lists what is set aside and what was not
+/// there, so that the next start puts it back after a start killed by a
+/// signal (recover), or finishes a discard that was cut short.
 class earlier_run_aside {
  public:
   earlier_run_aside() = default;
@@ -338,14 +343,14 @@ class earlier_run_aside {
     std::error_code ec;
     dir_ = cfg.run.output_dir.string();
     what_ = what;
-    marker_ = pending_marker(cfg);
-    write_atomically(marker_, what + "\n", 0644);  // recover() tells a start killed while this is set aside
-    for (const auto& f : run_files(cfg)) {
-      if (!fs::exists(fs::symlink_status(f, ec))) {
-        absent_.push_back(f);  // one the new start writes goes if it fails
-        continue;
-      }
-      const auto to = set_aside_name(f);
+    events_ = cfg.tensorboard_dir();
+    std::vector<fs::path> present;
+    for (const auto& f : run_files(cfg))
+      (fs::exists(fs::symlink_status(f, ec)) ? present : absent_).push_back(f);
+    marker_ = marker_path(cfg.run.output_dir);
+    write_marker("pending", present);
+    for (const auto& f : present) {
+      const auto to = aside_name(f);
       fs::remove_all(to, ec);  // one a start that died half-way left
       fs::rename(f, to, ec);
       if (ec) {
@@ -360,94 +365,160 @@ class earlier_run_aside {
 
   /// The new run is up: the earlier one's files go.
   void discard() {
+    if (marker_.empty())
+      return;
     std::error_code ec;
-    if (!marker_.empty())
-      std::filesystem::remove(marker_, ec);  // from here on, what is set aside is for removing
+    try {
+      write_marker("discarding", moved_);  // a start killed from here on goes on discarding, never puts back
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem run: warning: %s\n", e.what());
+    }
     for (const auto& f : moved_)
-      std::filesystem::remove_all(set_aside_name(f), ec);
-    if (!dir_.empty())
-      std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", dir_.c_str(),
-                   what_.c_str());
-    moved_.clear();
-    dir_.clear();
+      std::filesystem::remove_all(aside_name(f), ec);
+    std::filesystem::remove(marker_, ec);
+    std::fprintf(stderr, "tandem run: --overwrite: removed the earlier run in %s (%s)\n", dir_.c_str(),
+                 what_.c_str());
+    marker_.clear();
   }
 
   ~earlier_run_aside() {
-    if (moved_.empty())
+    if (marker_.empty())
       return;
+    put_back(moved_, absent_, events_);
     std::error_code ec;
-    for (auto f = moved_.rbegin(); f != moved_.rend(); ++f) {
-      std::filesystem::remove_all(*f, ec);  // what the failed start wrote there
-      std::filesystem::rename(set_aside_name(*f), *f, ec);
-    }
-    for (const auto& f : absent_)
-      std::filesystem::remove_all(f, ec);
     std::filesystem::remove(marker_, ec);
-    std::fprintf(stderr, "tandem run: --overwrite: the new run did not start; the earlier run in %s is as it was\n",
+    std::fprintf(stderr, "tandem run: --overwrite: the new run did not start; the earlier run's files in %s are as "
+                         "they were\n",
                  dir_.c_str());
   }
 
-  /// What an --overwrite start that was killed before its actors were up (no
-  /// destructor ran) left: the earlier run set aside, and the marker.  Put
-  /// back as the destructor would have (the files that start wrote go: also
-  /// the run folder's own, config.toml ..., where the earlier run had none);
-  /// without the marker, the start had got to discard(): the rest goes.
-  /// Called under the run folder's lock, before anything looks for a run.
-  /// Returns how many files were put back.
+  /// Under the run folder's lock, before anything looks for a run: what an
+  /// --overwrite start killed by a signal left.  Set aside ("pending"): put
+  /// back as the destructor would have; "discarding": removed.  Without the
+  /// marker, files named *.overwritten are only reported.  Returns how many
+  /// files were put back.
   static size_t recover(const run_config& cfg) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    std::vector<fs::path> left;
-    for (const auto& f : run_files(cfg, true))
-      if (fs::exists(fs::symlink_status(set_aside_name(f), ec)))
-        left.push_back(f);
-    const auto marker = pending_marker(cfg);
-    const bool pending = fs::exists(marker, ec);
-    if (!pending) {
-      for (const auto& f : left)
-        fs::remove_all(set_aside_name(f), ec);
-      if (!left.empty())
-        std::fprintf(stderr, "tandem run: removed %zu file(s) of an overwritten run in %s (the --overwrite start "
-                             "that set them aside ended before removing them)\n",
-                     left.size(), cfg.run.output_dir.c_str());
+    const auto marker = marker_path(cfg.run.output_dir);
+    if (!fs::exists(fs::symlink_status(marker, ec))) {
+      size_t n = 0;
+      fs::path one;
+      for (const auto& f : run_files(cfg, true))
+        if (fs::exists(fs::symlink_status(aside_name(f), ec)))
+          ++n, one = aside_name(f);
+      if (n > 0)
+        std::fprintf(stderr, "tandem run: warning: %s holds %zu file(s) an --overwrite start set aside and did not "
+                             "remove (e.g. %s): drop the .overwritten to keep them, or delete them\n",
+                     cfg.run.output_dir.c_str(), n, one.c_str());
       return 0;
     }
-    for (const auto& f : left) {
-      fs::remove_all(f, ec);
-      fs::rename(set_aside_name(f), f, ec);
+    nlohmann::json m;
+    try {
+      std::ifstream in(marker);
+      m = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "tandem run: warning: %s cannot be read: the files set aside as *.overwritten in %s are "
+                           "left as they are\n",
+                   marker.c_str(), cfg.run.output_dir.c_str());
+      return 0;
     }
-    for (const auto& f : own_files(cfg))
-      if (std::find(left.begin(), left.end(), f) == left.end())
-        fs::remove(f, ec);
+    auto paths = [&](const char* key) {
+      std::vector<fs::path> out;
+      for (const auto& p : m.value(key, nlohmann::json::array()))
+        if (p.is_string())
+          out.emplace_back(p.get<std::string>());
+      return out;
+    };
+    const auto moved = paths("moved");
+    size_t back = 0;
+    if (m.value("state", "") == "discarding") {
+      for (const auto& f : moved)
+        fs::remove_all(aside_name(f), ec);
+    } else {
+      for (const auto& f : moved)
+        back += fs::exists(fs::symlink_status(aside_name(f), ec)) ? 1 : 0;
+      put_back(moved, paths("absent"), fs::path(m.value("events", "")));
+      std::fprintf(stderr, "tandem run: an --overwrite start in %s was stopped before its run began: put the earlier "
+                           "run back (%zu file(s))\n",
+                   cfg.run.output_dir.c_str(), back);
+    }
     fs::remove(marker, ec);
-    std::fprintf(stderr, "tandem run: an --overwrite start in %s was stopped before its run began: put the earlier "
-                         "run back (%zu file(s))\n",
-                 cfg.run.output_dir.c_str(), left.size());
-    return left.size();
+    sync_folder(cfg.run.output_dir);
+    return back;
   }
 
  private:
-  static std::filesystem::path pending_marker(const run_config& cfg) {
-    return cfg.run.output_dir / ".overwrite-pending";
+  /// Each of `moved` whose set-aside copy is there back in its place (over
+  /// what the new start wrote there); `absent`, and event files in `events`
+  /// that are none of `moved`, the new start's: removed.
+  static void put_back(const std::vector<std::filesystem::path>& moved, const std::vector<std::filesystem::path>& absent,
+                       const std::filesystem::path& events) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (auto f = moved.rbegin(); f != moved.rend(); ++f)
+      if (fs::exists(fs::symlink_status(aside_name(*f), ec))) {
+        fs::remove_all(*f, ec);
+        fs::rename(aside_name(*f), *f, ec);
+      }
+    for (const auto& f : absent)
+      fs::remove_all(f, ec);
+    if (events.empty())
+      return;
+    std::vector<fs::path> made;
+    for (const auto& e : fs::directory_iterator(events, ec))
+      if (is_event_file(e.path()) && !aside(e.path()) && std::find(moved.begin(), moved.end(), e.path()) == moved.end())
+        made.push_back(e.path());
+    for (const auto& f : made)
+      fs::remove(f, ec);
   }
-  /// The files --overwrite sets aside (with `aside`: the names whose set-aside
-  /// copies exist, for recover).
+
+  /// The marker, whole or not at all, and synced with its folder before a
+  /// rename it describes.
+  void write_marker(const char* state, const std::vector<std::filesystem::path>& moved) {
+    nlohmann::json m{{"state", state}, {"what", what_},
+                     {"events", events_.empty() ? std::string() : std::filesystem::absolute(events_).string()},
+                     {"moved", nlohmann::json::array()}, {"absent", nlohmann::json::array()}};
+    for (const auto& f : moved)
+      m["moved"].push_back(std::filesystem::absolute(f).string());
+    for (const auto& f : absent_)
+      m["absent"].push_back(std::filesystem::absolute(f).string());
+    write_atomically(marker_, m.dump() + "\n", 0644);
+    sync_folder(marker_.parent_path());
+  }
+  static void sync_folder(const std::filesystem::path& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+  static std::filesystem::path marker_path(const std::filesystem::path& run_dir) {
+    return run_dir / ".overwrite-pending";
+  }
+  static bool is_event_file(const std::filesystem::path& p) {
+    return p.filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  /// The files --overwrite sets aside; with `aside_ones`, the names (without
+  /// the suffix) of those set aside now.
   static std::vector<std::filesystem::path> run_files(const run_config& cfg, bool aside_ones = false) {
     namespace fs = std::filesystem;
     std::error_code ec;
     std::vector<fs::path> files;
     auto strip = [](const fs::path& p) { return fs::path(p.string().substr(0, p.string().size() - 12)); };
-    auto take = [&](const fs::path& p, bool entry_ok) {
-      if (aside(p) == aside_ones && entry_ok)
-        files.push_back(aside_ones ? strip(p) : p);
+    auto take = [&](const fs::path& p, const fs::path& named, bool ok) {
+      if (aside(p) == aside_ones && ok)
+        files.push_back(named);
     };
     for (const auto& e : fs::directory_iterator(cfg.checkpoint_dir(), ec)) {
-      const auto n = e.path().filename().string();
-      take(e.path(), gpu::is_checkpoint_entry(aside(e.path()) ? strip(e.path()).filename().string() : n));
+      const auto named = aside(e.path()) ? strip(e.path()) : e.path();
+      take(e.path(), named, gpu::is_checkpoint_entry(named.filename().string()));
     }
     if (!cfg.tensorboard_dir().empty())
-      for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec))
-        take(e.path(), e.is_regular_file(ec) && e.path().filename().string().rfind("events.out.tfevents.", 0) == 0);
+      for (const auto& e : fs::directory_iterator(cfg.tensorboard_dir(), ec)) {
+        const auto named = aside(e.path()) ? strip(e.path()) : e.path();
+        take(e.path(), named, e.is_regular_file(ec) && is_event_file(named));
+      }
     for (const auto& f : own_files(cfg))
       if (std::find(files.begin(), files.end(), f) == files.end())
         files.push_back(f);
@@ -462,16 +533,17 @@ class earlier_run_aside {
       named.push_back(cfg.run.output_dir / f);
     return named;
   }
-  static std::filesystem::path set_aside_name(const std::filesystem::path& p) {
+  static std::filesystem::path aside_name(const std::filesystem::path& p) {
     return p.string() + ".overwritten";
   }
   static bool aside(const std::filesystem::path& p) {
     const auto n = p.filename().string();
     return n.size() > 12 && n.compare(n.size() - 12, 12, ".overwritten") == 0;
   }
-  std::vector<std::filesystem::path> moved_;  // where each was
-  std::vector<std::filesystem::path> absent_;  // none there when set aside
-  std::filesystem::path marker_;              // run.output_dir/.overwrite-pending while set aside
+  std::vector<std::filesystem::path> moved_;   // where each was
+  std::vector<std::filesystem::path> absent_;  // none there when set aside: what the new start writes there goes
+  std::filesystem::path events_;               // metrics.tensorboard's folder
+  std::filesystem::path marker_;               // run.output_dir/.overwrite-pending while set aside
   std::string dir_, what_;
 };
 
@@ -1401,6 +1473,7 @@ int supervise_workers(const run_options& ro) {
   if (int rc = lock_run_folder(cfg); rc != 0)
     return rc;
   wc.folder_locked = true;
+  earlier_run_aside::recover(cfg);  // before metrics_from below reads the run's record
   wc.fired_file = (std::filesystem::temp_directory_path()
                    / ("tandem-faults-fired-" + std::to_string(::getpid())))
                     .string();

@@ -526,18 +526,27 @@ int top(const endpoint& ep, bool once, bool as_json) {
         // From this drafter's reports among the last 200.
         double busy = 0, idle = 0, n = 0;
         json last;
+        std::vector<double> gaps;  // seconds between its reports' arrivals
         for (const auto& r : steps.body["steps"])
           if (r["drafter"] == a["index"]) {
             busy += r.value("compute_ms", 0.0);
             idle += r.value("wait_ms", 0.0);
             n += 1;
+            if (!last.is_null())
+              gaps.push_back(last.value("age_s", 0.0) - r.value("age_s", 0.0));
             last = r;
           }
         if (n > 0) {
           // The rate while it stepped; 0 once its last report is older than
-          // five of its steps and 2 s (paused, evaluating, stuck, ended).
-          const double age = last.value("age_s", 0.0), per_step_s = (busy + idle) / n / 1000.0;
-          const bool stalled = age > std::max(2.0, 5 * per_step_s);
+          // five of its usual gaps between reports and 2 s (paused,
+          // evaluating, stuck, ended).
+          double gap = (busy + idle) / n / 1000.0;
+          if (!gaps.empty()) {
+            std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+            gap = gaps[gaps.size() / 2];
+          }
+          const double age = last.value("age_s", 0.0);
+          const bool stalled = age > std::max(2.0, 5 * gap);
           row["steps_per_s"] = stalled ? 0.0 : 1000.0 * n / std::max(1e-9, busy + idle);
           row["last_report_s"] = age;
           for (const char* f : {"loss", "accuracy", "sim_accept"})
