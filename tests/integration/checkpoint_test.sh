@@ -16,7 +16,7 @@
 #      stops the run with the bytes needed, and the previous one is intact;
 #   5. a fresh start into a folder holding a run: refused, --overwrite starts
 #      again (one whose start fails puts the earlier run back, and so does the
-#      next start after one SIGKILLed before its run began); a
+#      next start after one SIGKILLed before its first checkpoint); a
 #      checkpoint.host_dir that is not a folder of its own: refused; a resume
 #      against other data: refused unless --force.
 # The 60-trial SIGKILL test of the writer itself is in
@@ -170,11 +170,11 @@ rc=0; run whole --overwrite --set control.listen="127.0.0.1:$(cat "$work/port")"
 kill "$holder" 2>/dev/null || true
 check test "$rc" = 2
 check grep -q "cannot listen on" "$work/overwrite-fail.log"
-check grep -q "the new run did not start; the earlier run's files in .* are as they were" "$work/overwrite-fail.log"
+check grep -q "the earlier run's files in .* are back as they were" "$work/overwrite-fail.log"
 check test -d "$work/whole/checkpoints/step-00000030"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten')"
-# An --overwrite start SIGKILLed before its run began (here while it waits for a member node that
+# An --overwrite start SIGKILLed before its first checkpoint (here while it waits for a member node that
 # never joins) leaves the earlier run set aside: the next start puts it back (and drops the
 # cluster.json the killed start wrote), then refuses as before.
 "$tandem" run "$work/run.toml" --set run.output_dir="$work/whole" "${extra[@]}" --set checkpoint.every_steps=10 \
@@ -188,7 +188,7 @@ check test -e "$work/whole/.overwrite-pending"
 check test -d "$work/whole/checkpoints/step-00000030.overwritten"
 rc=0; run whole > "$work/after-kill.log" 2>&1 || rc=$?
 check test "$rc" = 2
-check grep -q "an --overwrite start in .* was stopped before its run began: put the earlier run back" "$work/after-kill.log"
+check grep -q "an --overwrite start in .* was stopped before its first checkpoint: put the earlier run back" "$work/after-kill.log"
 check grep -q "already holds a run (.*step-00000030)" "$work/after-kill.log"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten' -o -name cluster.json -o -name .overwrite-pending)"

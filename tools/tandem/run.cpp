@@ -323,10 +323,11 @@ int lock_run_folder(const run_config& cfg) {
 /// only: metrics.tensorboard may be the run folder itself), and the run
 /// folder's config.toml, lr_schedule.json, eval-prompts.jsonl and
 /// cluster.json — set aside (renamed in place to NAME.overwritten) once the
-/// new run has passed the checks that need nothing written, deleted once its
-/// actors are up (discard), and put back as they were when it stops before
-/// that (the destructor: a control port in use, eval prompts it cannot use,
-/// members that never join): a start that fails loses none of them (its
+/// new run has passed the checks that need nothing written, deleted once it
+/// has a checkpoint of its own or ends well (discard), and put back as they
+/// were when it stops before that (the destructor: a control port in use,
+/// eval prompts it cannot use, members that never join, a failure before
+/// its first checkpoint): a start that fails loses none of them (its
 /// restore points in shared memory excepted: a fresh start empties
 /// checkpoint.host_dir).  run.output_dir/.overwrite-pending, written and
 /// synced before the first rename, lists what is set aside and what was not
@@ -363,7 +364,10 @@ class earlier_run_aside {
     }
   }
 
-  /// The new run is up: the earlier one's files go.
+  /// Whether the earlier run is set aside (not yet discarded).
+  bool pending() const { return !marker_.empty(); }
+
+  /// The new run has a checkpoint (or ended well): the earlier one's files go.
   void discard() {
     if (marker_.empty())
       return;
@@ -387,8 +391,8 @@ class earlier_run_aside {
     put_back(moved_, absent_, events_);
     std::error_code ec;
     std::filesystem::remove(marker_, ec);
-    std::fprintf(stderr, "tandem run: --overwrite: the new run did not start; the earlier run's files in %s are as "
-                         "they were\n",
+    std::fprintf(stderr, "tandem run: --overwrite: the new run ended before its first checkpoint; the earlier run's "
+                         "files in %s are back as they were\n",
                  dir_.c_str());
   }
 
@@ -401,6 +405,7 @@ class earlier_run_aside {
     namespace fs = std::filesystem;
     std::error_code ec;
     const auto marker = marker_path(cfg.run.output_dir);
+    fs::remove(marker.string() + ".tmp", ec);  // a marker's write that was cut short
     if (!fs::exists(fs::symlink_status(marker, ec))) {
       size_t n = 0;
       fs::path one;
@@ -439,8 +444,8 @@ class earlier_run_aside {
       for (const auto& f : moved)
         back += fs::exists(fs::symlink_status(aside_name(f), ec)) ? 1 : 0;
       put_back(moved, paths("absent"), fs::path(m.value("events", "")));
-      std::fprintf(stderr, "tandem run: an --overwrite start in %s was stopped before its run began: put the earlier "
-                           "run back (%zu file(s))\n",
+      std::fprintf(stderr, "tandem run: an --overwrite start in %s was stopped before its first checkpoint: put "
+                           "the earlier run back (%zu file(s))\n",
                    cfg.run.output_dir.c_str(), back);
     }
     fs::remove(marker, ec);
@@ -876,7 +881,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
                          "default of 5 taps spread over layers 1 .. L-3: taps [%s]\n",
                  static_cast<long long>(target_cfg.num_hidden_layers), ids.c_str());
   }
-  // An --overwrite start killed before its run began (by a signal: nothing
+  // An --overwrite start killed before its first checkpoint (by a signal: nothing
   // put its earlier run back) left that run set aside: back it goes, under
   // the folder's lock, before anything looks for a run.  A restarted worker
   // whose predecessor died so is a first start again (--overwrite anew).
@@ -1267,7 +1272,26 @@ int run_training(const run_options& ro, const worker_context& wc) {
     std::fprintf(stderr, "tandem run: %s: %s\n", ro.config.c_str(), e.what());
     return 2;
   }
-  overwritten.discard();
+  // --overwrite: the earlier run goes once this one has a checkpoint of its
+  // own (in checkpoint.dir, or a "checkpoint" event: a member's disk) — a
+  // start killed before that leaves nothing to resume, so the next start
+  // puts the earlier run back.
+  std::streamoff metrics_read = 0;
+  auto discard_once_checkpointed = [&] {
+    if (!overwritten.pending())
+      return;
+    bool checkpointed = !gpu::list_checkpoints(cfg.checkpoint_dir()).empty();
+    if (!checkpointed && !cfg.metrics_file().empty()) {
+      std::ifstream in(cfg.metrics_file());
+      in.seekg(metrics_read);
+      for (std::string line; !checkpointed && std::getline(in, line) && !in.eof();) {  // whole lines only
+        metrics_read += static_cast<std::streamoff>(line.size()) + 1;
+        checkpointed = line.find("\"event\":\"checkpoint\"") != std::string::npos;
+      }
+    }
+    if (checkpointed)
+      overwritten.discard();
+  };
   const auto control_file = cfg.run.output_dir / "control.json";
   if (run.control_http) {
     try {
@@ -1334,6 +1358,7 @@ int run_training(const run_options& ro, const worker_context& wc) {
         }
       },
       caf::after(std::chrono::milliseconds(200)) >> [&] {
+        discard_once_checkpointed();
         if (stop_signal.load() != 0 && !stop_sent) {
           stop_sent = true;
           std::fprintf(stderr, plan.checkpoint_on_signal
@@ -1350,6 +1375,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
   // mailbox; they are on disk, and the file closed, once it is gone.
   // Nothing after this point (a crash in teardown included) can lose them.
   self->wait_for(run.peers.metrics);
+  if (exit_code == 0)
+    overwritten.discard();  // ended well, checkpoint or not: this run is the folder's now
+  else
+    discard_once_checkpointed();
   members_end.code = exit_code;
   if (run.control_http)
     ::unlink(control_file.c_str());  // the endpoint is gone
