@@ -192,6 +192,21 @@ check grep -q "an --overwrite start in .* was stopped before its first checkpoin
 check grep -q "already holds a run (.*step-00000030)" "$work/after-kill.log"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten' -o -name cluster.json -o -name .overwrite-pending)"
+# The same once the killed start has trained steps (its metrics.jsonl has lines) but not yet checkpointed.
+"$tandem" run "$work/run.toml" --set run.output_dir="$work/whole" "${extra[@]}" --set checkpoint.every_steps=500 \
+  --set data.epochs=100 --set train.max_steps=5000 --overwrite > "$work/overwrite-killed2.log" 2>&1 &
+starter=$!
+for _ in $(seq 300); do  # its own metrics.jsonl (the earlier one set aside) with 3 steps: before step 44's epoch checkpoint
+  [ -e "$work/whole/metrics.jsonl.overwritten" ] && [ "$(grep -c '"event":"step"' "$work/whole/metrics.jsonl" 2>/dev/null)" -ge 3 ] && break
+  sleep 0.05
+done
+kill -KILL "$starter"; wait "$starter" 2>/dev/null || true
+check test -e "$work/whole/metrics.jsonl.overwritten"
+rc=0; run whole > "$work/after-kill2.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "already holds a run (.*step-00000030)" "$work/after-kill2.log"
+check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
+check test -z "$(find "$work/whole" -name '*.overwritten' -o -name .overwrite-pending)"
 # checkpoint.host_dir is the restore points' own folder (a run empties it): a file, the run
 # folder, a folder above it or one holding other files is refused (exit 2) and left alone.
 echo keep > "$work/keep.txt"; mkdir -p "$work/users"; echo mine > "$work/users/notes.txt"

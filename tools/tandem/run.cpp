@@ -367,6 +367,14 @@ class earlier_run_aside {
   /// Whether the earlier run is set aside (not yet discarded).
   bool pending() const { return !marker_.empty(); }
 
+  /// Whether run.output_dir holds a marker (or a marker's cut-short write).
+  static bool marker_in(const run_config& cfg) {
+    std::error_code ec;
+    const auto m = marker_path(cfg.run.output_dir);
+    return std::filesystem::exists(std::filesystem::symlink_status(m, ec))
+           || std::filesystem::exists(std::filesystem::symlink_status(m.string() + ".tmp", ec));
+  }
+
   /// The new run has a checkpoint (or ended well): the earlier one's files go.
   void discard() {
     if (marker_.empty())
@@ -883,10 +891,17 @@ int run_training(const run_options& ro, const worker_context& wc) {
   }
   // An --overwrite start killed before its first checkpoint (by a signal: nothing
   // put its earlier run back) left that run set aside: back it goes, under
-  // the folder's lock, before anything looks for a run.  A restarted worker
-  // whose predecessor died so is a first start again (--overwrite anew).
+  // the folder's lock (taken here when its marker is there), before anything
+  // looks for a run.  A restarted worker whose predecessor died so is a first
+  // start again (--overwrite anew).
+  bool locked = wc.folder_locked;
+  if (!locked && earlier_run_aside::marker_in(cfg)) {
+    if (int rc = lock_run_folder(cfg); rc != 0)
+      return rc;
+    locked = true;
+  }
   bool resume_if_any = wc.resume_if_any;
-  if (wc.folder_locked && earlier_run_aside::recover(cfg) > 0)
+  if (locked && earlier_run_aside::recover(cfg) > 0)
     resume_if_any = false;
   std::string earlier_run;  // what --overwrite removes once the checks have passed
   if (!ro.resume && !resume_if_any)
@@ -1005,10 +1020,10 @@ int run_training(const run_options& ro, const worker_context& wc) {
                    why->c_str());
       return 2;
     }
-  if (!wc.folder_locked) {
+  if (!locked) {
     if (int rc = lock_run_folder(cfg); rc != 0)
       return rc;
-    if (earlier_run_aside::recover(cfg) > 0 && !ro.resume)  // after the check above: again
+    if (earlier_run_aside::recover(cfg) > 0 && !ro.resume)  // a marker that came after the check above
       if (int rc = check_fresh_start(cfg, ro.overwrite, earlier_run); rc != 0)
         return rc;
   }
