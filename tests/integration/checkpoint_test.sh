@@ -207,6 +207,10 @@ check test "$rc" = 2
 check grep -q "already holds a run (.*step-00000030)" "$work/after-kill2.log"
 check test "$(md5sum < "$work/whole/metrics.jsonl")" = "$metrics_sum"
 check test -z "$(find "$work/whole" -name '*.overwritten' -o -name .overwrite-pending)"
+# The killed start's control.json is still there: the shell says the run is gone (exit 2), not "connection refused".
+rc=0; "$tandem" shell "$work/whole" -c status > "$work/shell-gone.log" 2>&1 || rc=$?
+check test "$rc" = 2
+check grep -q "is not running: its control.json names process $starter, which is gone" "$work/shell-gone.log"
 # checkpoint.host_dir is the restore points' own folder (a run empties it): a file, the run
 # folder, a folder above it or one holding other files is refused (exit 2) and left alone.
 echo keep > "$work/keep.txt"; mkdir -p "$work/users"; echo mine > "$work/users/notes.txt"

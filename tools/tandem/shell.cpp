@@ -2,9 +2,11 @@
 // (its control endpoint, actors/control_http.hpp; the API is docs/control.md).
 #include <poll.h>
 #include <termios.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -260,6 +262,14 @@ endpoint find_endpoint(const std::string& target, const std::string& token_file,
     throw std::runtime_error(file.string() + ": not a control file (host, port, token)");
   ep.host = j["host"].get<std::string>();
   ep.port = std::to_string(j["port"].get<int>());
+  // A run on this host (a loopback address) whose process is gone was killed
+  // before it could remove the file: nothing answers there.
+  const bool here = ep.host == "localhost" || ep.host == "::1" || ep.host.rfind("127.", 0) == 0;
+  const auto pid = j.value("pid", int64_t{-1});
+  if (here && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+    throw std::runtime_error(target + " is not running: its control.json names process " + std::to_string(pid)
+                             + ", which is gone (killed before it could remove the file); `tandem run --resume` "
+                               "continues the run");
   ep.token = token.empty() ? j["token"].get<std::string>() : token;
   if (token.empty())
     ep.token_from = file.string();
@@ -1153,7 +1163,7 @@ void add_shell(CLI::App& app, int& exit_code) {
               "     do it now (409: a step already taken, a run that is stopping), or the run failed it (5xx)\n"
               "  2  misuse: a command unknown or malformed (the shell's checks, or the endpoint's 400, 404, 422:\n"
               "     a bad value, an actor or role the run lacks), a bad HOST:PORT, no token for it, no\n"
-              "     control.json in the run folder\n");
+              "     control.json in the run folder, or one whose process is gone\n");
   // --follow: until the endpoint answers again (a run folder's control.json
   // is read afresh: a resumed run or a new worker listens elsewhere).
   auto wait_for_endpoint = [o](endpoint& ep) {
