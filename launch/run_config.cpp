@@ -1052,7 +1052,7 @@ run_config read_config(toml::table& root, const fs::path& source,
 
   run_config c;
   c.source = source;
-  std::map<std::string, std::string> where;  // field → where its value came from
+  auto& where = c.origin;  // field → where its value came from
   for (auto& f : fields) {
     std::string name = std::string(f.section) + "." + std::string(f.key);
     auto sec = root[f.section].as_table();
@@ -1070,7 +1070,6 @@ run_config read_config(toml::table& root, const fs::path& source,
     f.read(c, v);
     where[name] = v.where();
   }
-  c.origin = where;
 
   if (auto faults = root["faults"].as_table()) {
     auto inject_node = faults->get("inject");
@@ -1101,41 +1100,40 @@ run_config read_config(toml::table& root, const fs::path& source,
   if (c.data.tokenizer.empty()) c.data.tokenizer = c.model.target;
   if (c.control.tls_cert.empty() != c.control.tls_key.empty()) {
     const char* k = c.control.tls_cert.empty() ? "control.tls_key" : "control.tls_cert";
-    throw config_error((where.count(k) ? where[k] : file) + ": '" + k
+    throw config_error(c.at(k) + "'" + k
                        + "' needs its partner (control.tls_cert and control.tls_key go together)");
   }
   if (!c.control.listen.empty() && c.control.tls_cert.empty() && !parse_listen(c.control.listen)->loopback())
-    throw config_error((where.count("control.listen") ? where["control.listen"] : file) + ": 'control.listen' ("
+    throw config_error(c.at("control.listen") + "'control.listen' ("
                        + c.control.listen + ") is not a loopback address: off loopback the endpoint serves only "
                        "TLS; set control.tls_cert and control.tls_key (PEM files), or listen on 127.0.0.1 and reach "
                        "it through an SSH tunnel (ssh -L PORT:127.0.0.1:PORT host)");
   if (!c.cluster.listen.empty() && c.cluster.certs.empty() && !parse_listen(c.cluster.listen)->loopback())
-    throw config_error((where.count("cluster.listen") ? where["cluster.listen"] : file) + ": 'cluster.listen' ("
+    throw config_error(c.at("cluster.listen") + "'cluster.listen' ("
                        + c.cluster.listen + ") is not a loopback address: between hosts the nodes speak TLS only; "
                        "set cluster.certs to the leader's folder of `tandem certs DIR --nodes ...` (and give each "
                        "member --certs), or listen on 127.0.0.1 (members on this host)");
   if (!c.cluster.listen.empty() && !c.cluster.certs.empty() && c.cluster.secret.empty())
-    throw config_error((where.count("cluster.certs") ? where["cluster.certs"] : file)
-                       + ": 'cluster.certs' needs 'cluster.secret' too: CAF's TLS checks that a member's certificate "
+    throw config_error(c.at("cluster.certs") + "'cluster.certs' needs 'cluster.secret' too: CAF's TLS checks that "
+                       "a member's certificate "
                        "is the cluster CA's, not whose it is; the join token binds its name (tandem certs writes "
                        "DIR/cluster.secret)");
   if (c.cluster.transport == "nccl")
     for (const auto* list : {&c.placement.targets, &c.placement.drafters, &c.placement.spares})
       for (const auto& text : *list)
         if (auto d = parse_device(text); d && !d->is_auto && d->device < 0)
-          throw config_error((where.count("cluster.transport") ? where["cluster.transport"] : file)
-                             + ": 'cluster.transport' is \"nccl\" but the placement puts an actor on the CPU ('"
+          throw config_error(c.at("cluster.transport")
+                             + "'cluster.transport' is \"nccl\" but the placement puts an actor on the CPU ('"
                              + text + "'): NCCL moves GPU memory; CPU processes exchange payloads through "
                              "shared memory, on one host (transport = \"auto\")");
   if (c.cluster.timeout_s <= c.cluster.heartbeat_s)
-    throw config_error((where.count("cluster.timeout_s") ? where["cluster.timeout_s"] : file)
-                       + ": 'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)
+    throw config_error(c.at("cluster.timeout_s") + "'cluster.timeout_s' (" + w_num(c.cluster.timeout_s)
                        + ") must be more than 'cluster.heartbeat_s' (" + w_num(c.cluster.heartbeat_s) + ")");
   if (c.data.seq_len < c.drafter.block_size) {
     // Both named where they were set: the file's line, or the --set that
     // changed one of them.
     auto at = [&](const char* name) { return where.count(name) ? where[name] : std::string("its default"); };
-    throw config_error((where.count("data.seq_len") ? where["data.seq_len"] : file) + ": 'data.seq_len' ("
+    throw config_error(c.at("data.seq_len") + "'data.seq_len' ("
                        + std::to_string(c.data.seq_len) + ", " + at("data.seq_len")
                        + ") must be at least 'drafter.block_size' (" + std::to_string(c.drafter.block_size) + ", "
                        + at("drafter.block_size") + ")");

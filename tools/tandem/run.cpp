@@ -892,8 +892,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
   // An --overwrite start killed before its first checkpoint (by a signal: nothing
   // put its earlier run back) left that run set aside: back it goes, under
   // the folder's lock (taken here when its marker is there), before anything
-  // looks for a run.  A restarted worker whose predecessor died so is a first
-  // start again (--overwrite anew).
+  // looks for a run.  The parent did so before its first worker; a restarted
+  // worker whose predecessor died so is a first start again (--overwrite anew).
   bool locked = wc.folder_locked;
   if (!locked && earlier_run_aside::marker_in(cfg)) {
     if (int rc = lock_run_folder(cfg); rc != 0)
@@ -901,7 +901,8 @@ int run_training(const run_options& ro, const worker_context& wc) {
     locked = true;
   }
   bool resume_if_any = wc.resume_if_any;
-  if (locked && earlier_run_aside::recover(cfg) > 0)
+  const bool recovered_by_parent = wc.folder_locked && !wc.restarted;
+  if (locked && !recovered_by_parent && earlier_run_aside::recover(cfg) > 0)
     resume_if_any = false;
   std::string earlier_run;  // what --overwrite removes once the checks have passed
   if (!ro.resume && !resume_if_any)
